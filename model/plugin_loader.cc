@@ -1,0 +1,125 @@
+#include "model/plugin_loader.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <cstring>
+#include <set>
+
+#include "runtime/check.h"
+
+namespace keel {
+namespace {
+
+std::string exe_dir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  buf[n] = '\0';
+  return std::filesystem::path(buf).parent_path().string();
+}
+
+std::string resolve(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::exists(path)) return fs::absolute(path).string();
+  if (fs::path(path).is_relative()) {
+    fs::path beside = fs::path(exe_dir()) / path;
+    if (fs::exists(beside)) return beside.string();
+    fs::path by_name = fs::path(exe_dir()) / fs::path(path).filename();
+    if (fs::exists(by_name)) return by_name.string();
+  }
+  throw InputError(detail::concat("plugin ", path,
+                                  ": file not found (looked in the working directory and in ",
+                                  exe_dir(), ")"));
+}
+
+}  // namespace
+
+std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
+  std::shared_ptr<Plugin> p(new Plugin());
+  p->path_ = resolve(path);
+  // RTLD_LOCAL so that two versions of one plugin can be loaded side by side (hot update).
+  p->handle_ = dlopen(p->path_.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!p->handle_)
+    throw InputError(detail::concat("plugin ", p->path_, ": dlopen failed: ", dlerror()));
+  auto entry =
+      reinterpret_cast<keel_plugin_entry_fn>(dlsym(p->handle_, KEEL_PLUGIN_ENTRY_SYMBOL));
+  if (!entry)
+    throw InputError(detail::concat("plugin ", p->path_, ": missing symbol ",
+                                    KEEL_PLUGIN_ENTRY_SYMBOL,
+                                    " (is it built against model/plugin.h and exported?)"));
+  p->table_ = entry(KEEL_PLUGIN_ABI_VERSION);
+  if (!p->table_)
+    throw InputError(detail::concat("plugin ", p->path_, ": ", KEEL_PLUGIN_ENTRY_SYMBOL,
+                                    " returned no table for ABI version ",
+                                    KEEL_PLUGIN_ABI_VERSION));
+  const keel_plugin& t = *p->table_;
+  if (t.abi_version != KEEL_PLUGIN_ABI_VERSION)
+    throw InputError(detail::concat("plugin ", p->path_, ": abi_version is ", t.abi_version,
+                                    ", this runtime needs ", KEEL_PLUGIN_ABI_VERSION));
+  if (t.struct_size < sizeof(keel_plugin))
+    throw InputError(detail::concat("plugin ", p->path_, ": struct_size is ", t.struct_size,
+                                    ", this runtime needs at least ", sizeof(keel_plugin)));
+  const std::pair<const char*, const void*> fns[] = {
+      {"validate", reinterpret_cast<const void*>(t.validate)},
+      {"describe_params", reinterpret_cast<const void*>(t.describe_params)},
+      {"activation_floats", reinterpret_cast<const void*>(t.activation_floats)},
+      {"scratch_floats", reinterpret_cast<const void*>(t.scratch_floats)},
+      {"forward", reinterpret_cast<const void*>(t.forward)},
+      {"backward", reinterpret_cast<const void*>(t.backward)}};
+  for (const auto& [name, fn] : fns)
+    if (!fn)
+      throw InputError(
+          detail::concat("plugin ", p->path_, ": table field ", name, " is NULL"));
+  return p;
+}
+
+Plugin::~Plugin() {
+  if (handle_) dlclose(handle_);
+}
+
+std::vector<keel_param_desc> Plugin::describe(const keel_model_dims& dims,
+                                              const keel_stage& stage) const {
+  char err[512] = {0};
+  if (table_->validate(&dims, &stage, err, sizeof(err)) != 0)
+    throw InputError(detail::concat("plugin ", path_, " (", name(), " ", version(),
+                                    ") refuses the config: ", err));
+  int n = table_->describe_params(&dims, &stage, nullptr, 0);
+  if (n <= 0)
+    throw InputError(detail::concat("plugin ", path_, ": describe_params returned ", n));
+  std::vector<keel_param_desc> descs(n);
+  int m = table_->describe_params(&dims, &stage, descs.data(), n);
+  if (m != n)
+    throw InputError(detail::concat("plugin ", path_, ": describe_params returned ", n,
+                                    " then ", m, " parameters for the same config"));
+  check_param_descs(descs, stage, path_);
+  return descs;
+}
+
+void check_param_descs(const std::vector<keel_param_desc>& descs, const keel_stage& stage,
+                       const std::string& path) {
+  std::set<std::string> names;
+  for (const auto& d : descs) {
+    std::string name(d.name, strnlen(d.name, KEEL_PARAM_NAME_MAX));
+    auto fail = [&](const auto&... what) {
+      throw InputError(detail::concat("plugin ", path, ": parameter '", name, "': ", what...));
+    };
+    if (name.empty() || name.size() == KEEL_PARAM_NAME_MAX) fail("name is empty or unterminated");
+    if (!names.insert(name).second) fail("name is described twice");
+    if (d.ndim < 1 || d.ndim > KEEL_PARAM_MAX_DIMS) fail("ndim is ", d.ndim);
+    for (int i = 0; i < d.ndim; ++i)
+      if (d.shape[i] < 1) fail("shape[", i, "] is ", d.shape[i]);
+    if (d.tp_dim >= d.ndim || d.tp_dim < -1) fail("tp_dim is ", d.tp_dim, " for ndim ", d.ndim);
+    if (d.tp_blocks < 1) fail("tp_blocks is ", d.tp_blocks);
+    if (d.tp_dim >= 0 && d.shape[d.tp_dim] % (int64_t(d.tp_blocks) * stage.tp_size) != 0)
+      fail("shape[", d.tp_dim, "] = ", d.shape[d.tp_dim], " does not split into ", d.tp_blocks,
+           " block(s) over tp = ", stage.tp_size);
+    if (d.init < KEEL_INIT_ZEROS || d.init > KEEL_INIT_NORMAL) fail("init is ", d.init);
+    if (d.init == KEEL_INIT_NORMAL && !(d.init_std > 0)) fail("init_std is ", d.init_std);
+    if (d.flags & ~uint32_t(KEEL_PARAM_WEIGHT_DECAY | KEEL_PARAM_TIED_COPY))
+      fail("unknown flags ", d.flags);
+  }
+}
+
+}  // namespace keel

@@ -1,0 +1,53 @@
+// The rendezvous key-value store that communicators meet through. Keys are namespaced by a
+// prefix that includes the job epoch ("3/tp/1/addr/0"), so a rebuild for epoch E+1 never
+// meets an address published for epoch E. Implementations: TcpStore (a server any local or
+// remote process can reach; tcp_store.h). The launcher will back it by the controller.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/comm_error.h"
+
+namespace keel {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Waits until key exists and returns its value; throws CommTimeout after `timeout`.
+  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Waits until all keys exist; throws CommTimeout naming the missing ones after `timeout`.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  // Atomically adds delta to the integer at key (0 if absent) and returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+};
+
+// Prepends a prefix to every key of another store.
+class PrefixStore : public Store {
+ public:
+  PrefixStore(std::string prefix, std::shared_ptr<Store> inner)
+      : prefix_(std::move(prefix)), inner_(std::move(inner)) {}
+  void set(const std::string& key, const std::string& value) override {
+    inner_->set(prefix_ + key, value);
+  }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return inner_->get(prefix_ + key, timeout);
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    std::vector<std::string> full;
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    inner_->wait(full, timeout);
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return inner_->add(prefix_ + key, delta);
+  }
+
+ private:
+  std::string prefix_;
+  std::shared_ptr<Store> inner_;
+};
+
+}  // namespace keel

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Configures and builds keel into build/ (override with KEEL_BUILD_DIR). CUDA is built when
+# nvcc is found (KEEL_CUDA=AUTO); pass e.g. KEEL_CUDA=OFF to skip it.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KEEL_BUILD_DIR:-$root/build}
+"$root/scripts/install-deps.sh"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA="${KEEL_CUDA:-AUTO}" >/dev/null
+cmake --build "$build" -j "$(nproc)" "$@"
