@@ -39,6 +39,7 @@ typedef struct keel_model_dims {
   int32_t seq_len;           /* T, also the number of learned positions */
   int32_t vocab_size;        /* V: real tokens */
   int32_t padded_vocab_size; /* Vp >= V, divisible by tp; rows past V are never targets */
+  float init_std;            /* std of normal inits (model.init_std) */
 } keel_model_dims;
 
 /* The coordinate this plugin instance serves. Layers [layer_begin, layer_end) of the global
@@ -130,7 +131,8 @@ typedef struct keel_ops {
   /* Vocab-parallel softmax cross-entropy: logits [N, V_local] hold columns
    * [vocab_begin, vocab_begin + V_local) of the vocabulary; columns >= vocab_size are padding
    * and excluded. Writes losses[N] (identical on every TP rank) and, if dlogits is not NULL,
-   * OVERWRITES dlogits with loss_scale·(softmax − onehot). Never gathers the full logits.
+   * OVERWRITES dlogits with loss_scale·(softmax − onehot); dlogits may alias logits (the
+   * softmax is then computed in place). Never gathers the full logits.
    * Returns non-zero if the TP communicator failed. */
   int (*cross_entropy)(void* impl, float* losses, float* dlogits, const float* logits,
                        const int32_t* targets, int N, int V_local, int vocab_begin,

@@ -92,6 +92,7 @@ class Backend {
                             int vocab_begin, int vocab_size) = 0;
   // 3. given global sum_exp and target_logit: losses[i] = log(sum_exp) + max − target_logit,
   //    and if dlogits != nullptr, dlogits = loss_scale·(softmax − onehot), 0 on padding.
+  //    dlogits may alias logits (elementwise in place).
   virtual void xent_finish(float* losses, float* dlogits, const float* logits,
                            const float* row_max, const float* sum_exp, const float* target_logit,
                            const int32_t* targets, int N, int V_local, int vocab_begin,
