@@ -151,7 +151,9 @@ typedef struct keel_ops {
   void (*grad_ready)(void* impl, int index);
 } keel_ops;
 
-/* Arguments of one forward or backward call for one micro-batch of B sequences of T tokens. */
+/* Arguments of one forward or backward call for one micro-batch of B sequences of T tokens.
+ * The backward of a micro-batch gets the same tokens, targets, input and activations
+ * pointers as its forward, still holding the same values. */
 typedef struct keel_stage_args {
   const keel_ops* ops;
   float* const* params; /* this coordinate's parameters, in describe order */

@@ -1,0 +1,138 @@
+#include "launcher/run_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/check.h"
+
+namespace keel {
+namespace {
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// Enough digits that a float survives the round trip, so tests can compare exactly.
+std::string num(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
+std::string array(const std::vector<double>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + num(v[i]);
+  return s + "]";
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    if (!f) throw InputError("cannot write " + tmp);
+    f << text;
+    if (!f.flush()) throw InputError("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw InputError("cannot rename to " + path);
+}
+
+}  // namespace
+
+void write_report_json(const std::string& path, const RunReport& r) {
+  std::ostringstream o;
+  o << "{\n"
+    << "  \"plugin\": " << json_string(r.plugin) << ",\n"
+    << "  \"plugin_version\": " << json_string(r.plugin_version) << ",\n"
+    << "  \"backend\": " << json_string(r.backend) << ",\n"
+    << "  \"layout\": " << json_string(r.layout) << ",\n"
+    << "  \"world_size\": " << r.world_size << ",\n"
+    << "  \"num_params\": " << r.num_params << ",\n"
+    << "  \"steps_completed\": " << r.steps_completed << ",\n"
+    << "  \"final_loss\": " << num(r.final_loss) << ",\n"
+    << "  \"param_checksum\": " << json_string(r.param_checksum) << ",\n"
+    << "  \"tokens_per_s\": " << num(r.tokens_per_s) << ",\n"
+    << "  \"mfu\": " << num(r.mfu) << ",\n"
+    << "  \"mfu_peak_flops\": " << num(r.mfu_peak_flops) << ",\n"
+    << "  \"mfu_peak_source\": " << json_string(r.mfu_peak_source) << ",\n"
+    << "  \"wall_s\": " << num(r.wall_s) << ",\n"
+    << "  \"time_split_s\": {\"compute\": " << num(r.compute_s) << ", \"comm\": "
+    << num(r.comm_s) << ", \"bubble\": " << num(r.bubble_s) << "},\n"
+    << "  \"bytes_sent\": {\"tp\": " << r.bytes_tp << ", \"pp\": " << r.bytes_pp
+    << ", \"dp\": " << r.bytes_dp << ", \"emb\": " << r.bytes_emb << "},\n"
+    << "  \"losses\": " << array(r.losses) << ",\n"
+    << "  \"grad_norms\": " << array(r.grad_norms) << ",\n"
+    << "  \"lrs\": " << array(r.lrs) << "\n"
+    << "}\n";
+  write_file(path, o.str());
+}
+
+void write_loss_svg(const std::string& path, const RunReport& r) {
+  const double W = 720, H = 360, L = 60, R = 20, T = 30, B = 40;
+  std::ostringstream o;
+  o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
+    << "' font-family='sans-serif' font-size='12'>\n"
+    << "<rect width='100%' height='100%' fill='white'/>\n"
+    << "<text x='" << L << "' y='18'>keel: training loss (" << r.layout << ", "
+    << r.losses.size() << " steps, final " << num(r.final_loss) << ")</text>\n";
+  if (!r.losses.empty()) {
+    double lo = *std::min_element(r.losses.begin(), r.losses.end());
+    double hi = *std::max_element(r.losses.begin(), r.losses.end());
+    if (hi - lo < 1e-9) hi = lo + 1;
+    const double n = std::max<double>(1, double(r.losses.size() - 1));
+    auto x = [&](double i) { return L + (W - L - R) * i / n; };
+    auto y = [&](double v) { return T + (H - T - B) * (hi - v) / (hi - lo); };
+    o << "<line x1='" << L << "' y1='" << H - B << "' x2='" << W - R << "' y2='" << H - B
+      << "' stroke='black'/>\n<line x1='" << L << "' y1='" << T << "' x2='" << L << "' y2='"
+      << H - B << "' stroke='black'/>\n";
+    for (int k = 0; k <= 4; ++k) {
+      double v = lo + (hi - lo) * k / 4;
+      o << "<text x='" << L - 6 << "' y='" << y(v) + 4 << "' text-anchor='end'>" << num(v).substr(0, 5)
+        << "</text>\n";
+      o << "<text x='" << x(n * k / 4) << "' y='" << H - B + 16 << "' text-anchor='middle'>"
+        << int(n * k / 4) << "</text>\n";
+    }
+    o << "<text x='" << (L + W - R) / 2 << "' y='" << H - 6 << "' text-anchor='middle'>step</text>\n";
+    o << "<polyline fill='none' stroke='#1f77b4' stroke-width='1.5' points='";
+    for (size_t i = 0; i < r.losses.size(); ++i) o << x(double(i)) << "," << y(r.losses[i]) << " ";
+    o << "'/>\n";
+  }
+  o << "</svg>\n";
+  write_file(path, o.str());
+}
+
+void ParamDigest::add(const std::string& name, const std::vector<float>& values) {
+  auto mix = [&](const void* p, size_t n) {
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h_ = (h_ ^ b[i]) * 0x100000001b3ull;
+  };
+  mix(name.data(), name.size());
+  mix(values.data(), values.size() * sizeof(float));
+}
+
+std::string ParamDigest::hex() const {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h_));
+  return buf;
+}
+
+}  // namespace keel

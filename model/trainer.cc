@@ -1,0 +1,336 @@
+#include "model/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "model/job_layout.h"
+#include "model/llmc_checkpoint.h"
+#include "model/lr_schedule.h"
+#include "runtime/check.h"
+
+namespace keel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// One tag for all pipeline traffic: each direction between two stages is FIFO and the
+// schedule fixes the order, so the tag only guards against a protocol bug.
+constexpr uint32_t kPipeTag = 0x1F1B;
+
+}  // namespace
+
+struct Trainer::Slot {
+  Backend* backend;
+  int32_t* tokens = nullptr;   // device
+  int32_t* targets = nullptr;  // device
+  float* input = nullptr;      // [B,T,C], from the previous stage
+  float* activations = nullptr;
+  explicit Slot(Backend* b) : backend(b) {}
+  ~Slot() {
+    for (void* p : {static_cast<void*>(tokens), static_cast<void*>(targets),
+                    static_cast<void*>(input), static_cast<void*>(activations)})
+      backend->free(p);
+  }
+};
+
+Trainer::Trainer(const config::JobConfig& cfg, Backend* backend, std::shared_ptr<Plugin> plugin,
+                 const Topology& topo, int rank, ProcessGroups* groups, DataLoader* data)
+    : cfg_(cfg),
+      backend_(backend),
+      plugin_(std::move(plugin)),
+      topo_(topo),
+      rank_(rank),
+      coord_(topo.coord(rank)),
+      groups_(groups),
+      data_(data) {
+  dims_ = model_dims(cfg_);
+  stage_ = stage_of(cfg_, coord_);
+  first_ = coord_.pp == 0;
+  last_ = coord_.pp == topo_.pp() - 1;
+  const int B = cfg_.train().micro_batch_size(), T = dims_.seq_len, C = dims_.hidden_size;
+  micro_batches_ = cfg_.train().global_batch_size() / (B * topo_.dp());
+
+  std::vector<keel_param_desc> descs = plugin_->describe(dims_, stage_);
+  // The whole model's size, for MFU: the single-rank description counts every parameter once.
+  for (const auto& d : plugin_->describe(dims_, single_rank_stage(cfg_)))
+    global_params_ += int64_t(global_numel(d));
+
+  const bool zero1 = cfg_.parallel().zero1();
+  params_ = std::make_unique<ParamStore>(backend_, descs, coord_.tp, topo_.tp(), topo_.dp());
+  std::vector<GradSegment> segs;
+  for (size_t i = 0; i < params_->slots().size(); ++i) {
+    const ParamSlot& s = params_->slots()[i];
+    param_ptrs_.push_back(params_->param(int(i)));
+    grad_ptrs_.push_back(params_->grad(int(i)));
+    // The embedding shared by the first and last stage is summed over the embedding group
+    // before the DP reduction, so its bucket never starts early.
+    bool shared = topo_.pp() > 1 && (s.tied_copy() || s.name == "wte");
+    if (shared) wte_slot_ = int(i);
+    segs.push_back({s.offset, s.numel, shared});
+  }
+  sync_ = std::make_unique<GradSync>(
+      groups_->dp.get(), params_->grads(), params_->padded_numel(), segs,
+      size_t(cfg_.parallel().bucket_mb() * 1024 * 1024), zero1);
+  params_->allocate_moments(zero1 ? sync_->shard_numel() : 0);
+
+  ops_ = std::make_unique<OpsTable>(backend_, topo_.tp() > 1 ? groups_->tp.get() : nullptr);
+  ops_->set_grad_ready([this](int i) { sync_->mark_ready(i); });
+
+  schedule_ = one_f_one_b(coord_.pp, topo_.pp(), micro_batches_);
+  const int in_flight = max_in_flight(coord_.pp, topo_.pp(), micro_batches_);
+  const size_t act = plugin_->table().activation_floats(&dims_, &stage_, B, T);
+  const size_t hidden = size_t(B) * T * C;
+  for (int i = 0; i < in_flight; ++i) {
+    auto s = std::make_unique<Slot>(backend_);
+    s->tokens = static_cast<int32_t*>(backend_->alloc(size_t(B) * T * sizeof(int32_t)));
+    s->targets = static_cast<int32_t*>(backend_->alloc(size_t(B) * T * sizeof(int32_t)));
+    if (!first_) s->input = static_cast<float*>(backend_->alloc(hidden * sizeof(float)));
+    s->activations = static_cast<float*>(backend_->alloc(std::max<size_t>(act, 1) * sizeof(float)));
+    slots_.push_back(std::move(s));
+  }
+  const size_t scratch = plugin_->table().scratch_floats(&dims_, &stage_, B, T);
+  scratch_ = static_cast<float*>(backend_->alloc(std::max<size_t>(scratch, 1) * sizeof(float)));
+  if (!last_) {
+    output_ = static_cast<float*>(backend_->alloc(hidden * sizeof(float)));
+    dout_ = static_cast<float*>(backend_->alloc(hidden * sizeof(float)));
+  }
+  if (!first_) dinput_ = static_cast<float*>(backend_->alloc(hidden * sizeof(float)));
+}
+
+Trainer::~Trainer() {
+  for (float* p : {scratch_, dout_, dinput_, output_}) backend_->free(p);
+}
+
+void Trainer::init_params() {
+  const std::string& ckpt = cfg_.model().init_checkpoint();
+  if (ckpt.empty()) {
+    params_->init(cfg_.train().seed());
+  } else {
+    params_->load_full(read_llmc_checkpoint(ckpt, dims_), ckpt);
+  }
+}
+
+void Trainer::load_batch(int64_t step, int m, Slot& slot) {
+  if (!first_ && !last_) return;
+  const int B = cfg_.train().micro_batch_size(), T = dims_.seq_len;
+  const int G = cfg_.train().global_batch_size();
+  const int first_sample = coord_.dp * (G / topo_.dp()) + m * B;
+  std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
+  data_->read(step, G, first_sample, B, inputs.data(), targets.data());
+  backend_->copy_from_host(slot.tokens, inputs.data(), inputs.size() * sizeof(int32_t));
+  backend_->copy_from_host(slot.targets, targets.data(), targets.size() * sizeof(int32_t));
+}
+
+StepStats Trainer::step(int64_t step) {
+  const auto t_start = Clock::now();
+  const int B = cfg_.train().micro_batch_size(), T = dims_.seq_len;
+  const size_t hidden_bytes = size_t(B) * T * dims_.hidden_size * sizeof(float);
+  const CommStats tp0 = groups_->tp->stats(), pp0 = groups_->pp->stats(),
+                  dp0 = groups_->dp->stats(), emb0 = groups_->emb->stats(),
+                  world0 = groups_->world->stats();
+  StepStats st;
+  st.step = step;
+  st.tokens = int64_t(cfg_.train().global_batch_size()) * T;
+
+  params_->zero_grads();
+  const float loss_scale = 1.0f / float(int64_t(cfg_.train().global_batch_size()) * T);
+  double loss_sum = 0;
+  bool have_input = false, have_dout = false;  // received by a fused send_recv
+  Communicator* pp = groups_->pp.get();
+  const int prev = coord_.pp - 1, next = coord_.pp + 1;
+  const int n_slots = int(slots_.size());
+
+  auto run = [&](int (*fn)(const keel_model_dims*, const keel_stage*, keel_stage_args*),
+                 keel_stage_args* args) {
+    if (fn(&dims_, &stage_, args) != 0) {
+      ops_->rethrow_if_failed();
+      KEEL_CHECK(false, "plugin ", plugin_->name(), " returned an error without a failed op");
+    }
+  };
+
+  for (size_t i = 0; i < schedule_.size(); ++i) {
+    const PipelineAction& a = schedule_[i];
+    Slot& slot = *slots_[a.micro_batch % n_slots];
+    keel_stage_args args{};
+    args.ops = ops_->ops();
+    args.params = param_ptrs_.data();
+    args.grads = grad_ptrs_.data();
+    args.B = B;
+    args.T = T;
+    args.tokens = slot.tokens;
+    args.targets = slot.targets;
+    args.input = slot.input;
+    args.activations = slot.activations;
+    args.scratch = scratch_;
+    args.loss_scale = loss_scale;
+    if (a.kind == PipelineAction::kForward) {
+      if (a.recv_input && !have_input) pp->recv(slot.input, hidden_bytes, prev, kPipeTag);
+      have_input = false;
+      load_batch(step, a.micro_batch, slot);
+      args.output = output_;
+      run(plugin_->table().forward, &args);
+      if (last_) loss_sum += args.loss_sum;
+      if (a.send_output) {
+        if (a.fused_with_next) {
+          pp->send_recv(output_, hidden_bytes, next, dout_, hidden_bytes, next, kPipeTag);
+          have_dout = true;
+        } else {
+          pp->send(output_, hidden_bytes, next, kPipeTag);
+        }
+      }
+    } else {
+      if (a.recv_grad && !have_dout) pp->recv(dout_, hidden_bytes, next, kPipeTag);
+      have_dout = false;
+      if (a.micro_batch == micro_batches_ - 1) sync_->arm();
+      args.dout = dout_;
+      args.dinput = dinput_;
+      run(plugin_->table().backward, &args);
+      if (a.send_grad) {
+        if (a.fused_with_next) {
+          Slot& next_slot = *slots_[schedule_[i + 1].micro_batch % n_slots];
+          pp->send_recv(dinput_, hidden_bytes, prev, next_slot.input, hidden_bytes, prev,
+                        kPipeTag);
+          have_input = true;
+        } else {
+          pp->send(dinput_, hidden_bytes, prev, kPipeTag);
+        }
+      }
+    }
+  }
+
+  // The tied embedding: its gradient is the sum of the first stage's (embedding) and the
+  // last stage's (head) contributions, as Megatron's embedding group does.
+  if (wte_slot_ >= 0)
+    groups_->emb->all_reduce(params_->grad(wte_slot_), params_->slots()[wte_slot_].numel);
+  const auto t_dp = Clock::now();
+  sync_->finish();
+  const double dp_wait_s = since(t_dp);
+
+  // Global loss and gradient norm in one world all-reduce of two floats.
+  float metrics[2] = {last_ && coord_.tp == 0 ? float(loss_sum) : 0.0f,
+                      float(local_grad_sumsq())};
+  groups_->world->all_reduce(metrics, 2);
+  st.loss = double(metrics[0]) * loss_scale;
+  st.grad_norm = std::sqrt(double(metrics[1]));
+  const float clip = cfg_.optim().grad_clip();
+  float clip_scale = 1.0f;
+  if (clip > 0 && st.grad_norm > clip) clip_scale = float(clip / (st.grad_norm + 1e-6));
+  st.lr = learning_rate(cfg_.optim(), step, cfg_.train().steps());
+  optimizer_step(step, st.lr, clip_scale);
+  backend_->synchronize();
+
+  st.wall_s = since(t_start);
+  auto delta = [](const CommStats& a, const CommStats& b) {
+    CommStats d;
+    d.bytes_sent = a.bytes_sent - b.bytes_sent;
+    d.wait_s = a.wait_s - b.wait_s;
+    return d;
+  };
+  CommStats tp = delta(groups_->tp->stats(), tp0), ppd = delta(groups_->pp->stats(), pp0),
+            dp = delta(groups_->dp->stats(), dp0), emb = delta(groups_->emb->stats(), emb0),
+            world = delta(groups_->world->stats(), world0);
+  st.bytes_tp = tp.bytes_sent;
+  st.bytes_pp = ppd.bytes_sent;
+  st.bytes_dp = dp.bytes_sent;
+  st.bytes_emb = emb.bytes_sent;
+  st.bubble_s = ppd.wait_s;
+  // DP buckets reduce on a background thread while backward computes; only the time the
+  // step itself waited for them (in finish()) counts.
+  st.comm_s = std::min(st.wall_s - st.bubble_s, tp.wait_s + emb.wait_s + world.wait_s + dp_wait_s);
+  st.compute_s = std::max(0.0, st.wall_s - st.bubble_s - st.comm_s);
+  return st;
+}
+
+double Trainer::local_grad_sumsq() {
+  // Each element of the global model's gradient is counted once: TP-replicated parameters on
+  // TP rank 0 only, tied copies never, and (without ZeRO-1, where DP replicas hold equal
+  // gradients) on DP rank 0 only.
+  const bool zero1 = cfg_.parallel().zero1() && topo_.dp() > 1;
+  if (!zero1 && coord_.dp != 0) return 0.0;
+  const size_t lo = zero1 ? sync_->shard_begin() : 0;
+  const size_t hi = zero1 ? lo + sync_->shard_numel() : params_->padded_numel();
+  double sum = 0;
+  for (const ParamSlot& s : params_->slots()) {
+    if (s.tied_copy() || (!s.tp_sharded() && coord_.tp != 0)) continue;
+    size_t b = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
+    if (b < e) sum += backend_->sum_squares(params_->grads() + b, e - b);
+  }
+  return sum;
+}
+
+void Trainer::optimizer_step(int64_t step, double lr, float clip_scale) {
+  const auto& o = cfg_.optim();
+  AdamWParams p;
+  p.lr = float(lr);
+  p.beta1 = o.beta1();
+  p.beta2 = o.beta2();
+  p.eps = o.eps();
+  p.grad_scale = clip_scale;
+  p.t = step + 1;
+  const bool zero1 = cfg_.parallel().zero1() && topo_.dp() > 1;
+  const size_t lo = zero1 ? sync_->shard_begin() : 0;
+  const size_t hi = zero1 ? lo + sync_->shard_numel() : params_->padded_numel();
+  for (const ParamSlot& s : params_->slots()) {
+    size_t b = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
+    if (b >= e) continue;
+    p.weight_decay = s.decays() ? o.weight_decay() : 0.0f;
+    backend_->adamw(params_->params() + b, params_->grads() + b, params_->m() + (b - lo),
+                    params_->v() + (b - lo), e - b, p);
+  }
+  if (zero1) sync_->all_gather_params(params_->params());
+}
+
+std::vector<std::string> Trainer::canonical_names() const {
+  std::vector<std::string> names;
+  for (const auto& d : plugin_->describe(dims_, single_rank_stage(cfg_)))
+    names.emplace_back(d.name, strnlen(d.name, KEEL_PARAM_NAME_MAX));
+  return names;
+}
+
+NamedTensors Trainer::gather_full_params() {
+  // Replicas along DP hold equal parameters, so the dp = 0 column sends its shards to rank 0
+  // over the world group (host memory), coordinate by coordinate in a fixed order.
+  constexpr uint32_t kGatherTag = 0x6A7;
+  Communicator* world = groups_->world.get();
+  NamedTensors full;
+  if (rank_ != 0) {
+    if (coord_.dp != 0) return full;
+    auto local = params_->local_to_host();
+    for (size_t i = 0; i < local.size(); ++i)
+      if (!params_->slots()[i].tied_copy())
+        world->send(local[i].data(), local[i].size() * sizeof(float), 0, kGatherTag);
+    return full;
+  }
+  for (int p = 0; p < topo_.pp(); ++p)
+    for (int t = 0; t < topo_.tp(); ++t) {
+      const int src = topo_.rank({0, p, t});
+      const keel_stage st = stage_of(cfg_, {0, p, t});
+      std::vector<keel_param_desc> descs = plugin_->describe(dims_, st);
+      std::vector<std::vector<float>> local;
+      if (src == 0) local = params_->local_to_host();
+      for (size_t i = 0; i < descs.size(); ++i) {
+        const keel_param_desc& d = descs[i];
+        if (d.flags & KEEL_PARAM_TIED_COPY) continue;
+        std::string name(d.name, strnlen(d.name, KEEL_PARAM_NAME_MAX));
+        size_t n = global_numel(d) / (d.tp_dim >= 0 ? size_t(topo_.tp()) : 1);
+        std::vector<float> shard;
+        if (src == 0) {
+          shard = std::move(local[i]);
+        } else {
+          shard.resize(n);
+          world->recv(shard.data(), n * sizeof(float), src, kGatherTag);
+        }
+        auto& dst = full[name];
+        dst.resize(global_numel(d));
+        full_from_shard(d, t, topo_.tp(), shard.data(), dst.data());
+      }
+    }
+  return full;
+}
+
+}  // namespace keel

@@ -1,0 +1,44 @@
+#include "parallel/hash_store.h"
+
+namespace keel {
+
+void HashStore::set(const std::string& key, const std::string& value) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    map_[key] = value;
+  }
+  cv_.notify_all();
+}
+
+std::string HashStore::get(const std::string& key, std::chrono::milliseconds timeout) {
+  wait({key}, timeout);
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.at(key);
+}
+
+void HashStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto missing = [&] {
+    std::string m;
+    for (const auto& k : keys)
+      if (!map_.count(k)) m += (m.empty() ? "" : ", ") + k;
+    return m;
+  };
+  if (!cv_.wait_for(lock, timeout, [&] { return missing().empty(); }))
+    throw CommTimeout("store: timed out after " + std::to_string(timeout.count()) +
+                      " ms waiting for " + missing());
+}
+
+int64_t HashStore::add(const std::string& key, int64_t delta) {
+  int64_t v;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    v = (it == map_.end() ? 0 : std::stoll(it->second)) + delta;
+    map_[key] = std::to_string(v);
+  }
+  cv_.notify_all();
+  return v;
+}
+
+}  // namespace keel
