@@ -1,0 +1,54 @@
+// The keel_ops table (model/plugin.h) a plugin computes with, bound to one Backend and the
+// tensor-parallel Communicator of this rank. The table is plain C; this class is the C++ side
+// that owns it and turns the C boundary's status codes back into typed exceptions.
+#pragma once
+
+#include <cstddef>
+#include <exception>
+#include <functional>
+
+#include "model/plugin.h"
+
+namespace keel {
+
+class Backend;
+class Communicator;
+
+class OpsTable {
+ public:
+  // `tp` is the TP group's communicator, or nullptr when tp == 1. Both must outlive the table.
+  OpsTable(Backend* backend, Communicator* tp);
+  ~OpsTable();
+  OpsTable(const OpsTable&) = delete;
+  OpsTable& operator=(const OpsTable&) = delete;
+
+  // The table to put in keel_stage_args::ops; valid as long as this object.
+  const keel_ops* ops() const { return &ops_; }
+
+  // Called for keel_ops::grad_ready(index); without one, grad_ready does nothing.
+  void set_grad_ready(std::function<void(int)> fn) { grad_ready_ = std::move(fn); }
+
+  // No exception ever crosses the C boundary. An op that threw (a CommError from the
+  // communicator, an Error from the backend) records the first such exception; communicating
+  // ops then return 1 and every later op does nothing until the failure is collected here.
+  // The Trainer calls this after each plugin call (certainly after one returned non-zero) to
+  // rethrow that exception with its type; it clears the record.
+  void rethrow_if_failed();
+  bool failed() const { return static_cast<bool>(error_); }
+
+ private:
+  friend struct OpsThunks;
+  // The cross-entropy temporaries: row_max [N], then sum_exp [N] and target_logit [N]
+  // adjacent so that one all-reduce carries both.
+  float* xent_buffer(size_t n_rows);
+
+  Backend* backend_;
+  Communicator* tp_;
+  keel_ops ops_{};
+  std::function<void(int)> grad_ready_;
+  std::exception_ptr error_;
+  float* xent_ = nullptr;
+  size_t xent_rows_ = 0;
+};
+
+}  // namespace keel

@@ -1,0 +1,404 @@
+#include "proto/config_loader.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "runtime/check.h"
+
+namespace keel {
+namespace {
+
+namespace pb = google::protobuf;
+
+// Keeps the first error protobuf reports, with its position (protobuf counts from 0).
+class FirstErrorCollector : public pb::io::ErrorCollector {
+ public:
+  void AddError(int line, pb::io::ColumnNumber column, const std::string& message) override {
+    if (!has_error) {
+      has_error = true;
+      this->line = line;
+      this->column = column;
+      this->message = message;
+    }
+  }
+  bool has_error = false;
+  int line = -1;
+  int column = -1;
+  std::string message;
+};
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+void record_lines(const pb::Descriptor* d, const pb::TextFormat::ParseInfoTree* tree,
+                  const std::string& prefix, std::map<std::string, int>* lines) {
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    std::string path = prefix + f->name();
+    pb::TextFormat::ParseLocation loc = tree->GetLocation(f, f->is_repeated() ? 0 : -1);
+    if (loc.line >= 0) (*lines)[path] = loc.line + 1;
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE && !f->is_repeated()) {
+      if (const auto* nested = tree->GetTreeForNested(f, -1)) {
+        record_lines(f->message_type(), nested, path + ".", lines);
+      }
+    }
+  }
+}
+
+// The paths of every field set in `m` (recursively), for a --set that assigned a message.
+void list_set_paths(const pb::Message& m, const std::string& prefix,
+                    std::vector<std::string>* out) {
+  std::vector<const pb::FieldDescriptor*> fields;
+  m.GetReflection()->ListFields(m, &fields);
+  for (const auto* f : fields) {
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE && !f->is_repeated()) {
+      list_set_paths(m.GetReflection()->GetMessage(m, f), prefix + f->name() + ".", out);
+    } else {
+      out->push_back(prefix + f->name());
+    }
+  }
+}
+
+// Sets every unset singular field to its default, so that printing shows it.
+void materialize_defaults(pb::Message* m) {
+  const pb::Reflection* r = m->GetReflection();
+  const pb::Descriptor* d = m->GetDescriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) continue;
+    switch (f->cpp_type()) {
+      case pb::FieldDescriptor::CPPTYPE_MESSAGE:
+        materialize_defaults(r->MutableMessage(m, f));
+        continue;
+      default:
+        break;
+    }
+    if (r->HasField(*m, f)) continue;
+    switch (f->cpp_type()) {
+      case pb::FieldDescriptor::CPPTYPE_INT32: r->SetInt32(m, f, r->GetInt32(*m, f)); break;
+      case pb::FieldDescriptor::CPPTYPE_INT64: r->SetInt64(m, f, r->GetInt64(*m, f)); break;
+      case pb::FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(m, f, r->GetUInt32(*m, f)); break;
+      case pb::FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(m, f, r->GetUInt64(*m, f)); break;
+      case pb::FieldDescriptor::CPPTYPE_FLOAT: r->SetFloat(m, f, r->GetFloat(*m, f)); break;
+      case pb::FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(m, f, r->GetDouble(*m, f)); break;
+      case pb::FieldDescriptor::CPPTYPE_BOOL: r->SetBool(m, f, r->GetBool(*m, f)); break;
+      case pb::FieldDescriptor::CPPTYPE_ENUM: r->SetEnum(m, f, r->GetEnum(*m, f)); break;
+      case pb::FieldDescriptor::CPPTYPE_STRING: r->SetString(m, f, r->GetString(*m, f)); break;
+      case pb::FieldDescriptor::CPPTYPE_MESSAGE: break;
+    }
+  }
+}
+
+[[noreturn]] void override_error(const std::string& assignment, const std::string& why) {
+  throw InputError("--set " + assignment + ": " + why);
+}
+
+}  // namespace
+
+std::string ConfigOrigin::where(const std::string& path) const {
+  std::string label = name.empty() ? "config" : name;
+  // A --set of a whole message ("model={...}") is recorded per field it set, so an exact
+  // match is enough here.
+  if (auto it = sets.find(path); it != sets.end()) return label + " (--set " + it->second + ")";
+  if (auto it = lines.find(path); it != lines.end()) return label + ":" + std::to_string(it->second);
+  return label + " (default)";
+}
+
+std::vector<std::string> apply_override(config::JobConfig* cfg, const std::string& assignment) {
+  auto fail = [&](const std::string& why) { override_error(assignment, why); };
+  size_t eq = assignment.find('=');
+  if (eq == std::string::npos) fail("expected path.to.field=value");
+  std::string path = trim(assignment.substr(0, eq));
+  std::string value = trim(assignment.substr(eq + 1));
+  if (path.empty()) fail("empty field path");
+
+  // Walk the path through the schema, creating sub-messages as needed.
+  pb::Message* msg = cfg;
+  const pb::FieldDescriptor* field = nullptr;
+  std::string walked;
+  size_t start = 0;
+  while (true) {
+    size_t dot = path.find('.', start);
+    std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    std::string here = walked.empty() ? part : walked + "." + part;
+    field = msg->GetDescriptor()->FindFieldByName(part);
+    if (!field) {
+      fail("unknown field " + here + " (" + (walked.empty() ? "the config" : walked) +
+           " has no field \"" + part + "\")");
+    }
+    walked = here;
+    if (dot == std::string::npos) break;
+    if (field->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE || field->is_repeated()) {
+      fail(walked + " has no fields (it is not a message)");
+    }
+    msg = msg->GetReflection()->MutableMessage(msg, field);
+    start = dot + 1;
+  }
+
+  const pb::Reflection* refl = msg->GetReflection();
+  FirstErrorCollector errors;
+  pb::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  auto parse_into = [&](pb::Message* target, const std::string& text) {
+    if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING) {
+      // Paths and globs on a command line come unquoted; take them as they are.
+      if (field->is_repeated()) {
+        target->GetReflection()->AddString(target, field, text);
+      } else {
+        target->GetReflection()->SetString(target, field, text);
+      }
+      return;
+    }
+    if (!parser.ParseFieldValueFromString(text, field, target)) {
+      fail(walked + " = " + text + ": " +
+           (errors.has_error ? errors.message : std::string("not a valid value")));
+    }
+  };
+
+  std::vector<std::string> assigned;
+  if (field->is_repeated()) {
+    if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      fail(walked + " is a repeated message; set it in the config file");
+    }
+    refl->ClearField(msg, field);
+    if (!value.empty()) {
+      std::stringstream ss(value);
+      std::string item;
+      while (std::getline(ss, item, ',')) parse_into(msg, trim(item));
+    }
+    assigned.push_back(walked);
+  } else if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+    // Parsed into a scratch copy first, to learn which fields the text sets.
+    std::unique_ptr<pb::Message> scratch(msg->New());
+    parse_into(scratch.get(), value);
+    const pb::Message& part = scratch->GetReflection()->GetMessage(*scratch, field);
+    refl->MutableMessage(msg, field)->MergeFrom(part);
+    list_set_paths(part, walked + ".", &assigned);
+  } else {
+    parse_into(msg, value);
+    assigned.push_back(walked);
+  }
+  return assigned;
+}
+
+void fill_derived_defaults(config::JobConfig* cfg) {
+  config::ModelConfig* m = cfg->mutable_model();
+  if (m->ffn_hidden_size() == 0) m->set_ffn_hidden_size(4 * m->hidden_size());
+  if (m->padded_vocab_size() == 0 && m->vocab_size() > 0) {
+    // llm.c pads 50257 to 50304 so that the head's matmul tiles evenly.
+    m->set_padded_vocab_size((m->vocab_size() + 127) / 128 * 128);
+  }
+}
+
+config::JobConfig parse_config_text(const std::string& text, const std::string& name_for_errors,
+                                    const std::vector<std::string>& overrides) {
+  config::JobConfig cfg;
+  FirstErrorCollector errors;
+  pb::TextFormat::ParseInfoTree tree;
+  pb::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  parser.WriteLocationsTo(&tree);
+  if (!parser.ParseFromString(text, &cfg)) {
+    if (errors.has_error) {
+      throw InputError(detail::concat(name_for_errors, ":", errors.line + 1, ":",
+                                      errors.column + 1, ": ", errors.message));
+    }
+    throw InputError(name_for_errors + ": not a valid keel.config.JobConfig");
+  }
+  ConfigOrigin origin;
+  origin.name = name_for_errors;
+  record_lines(cfg.GetDescriptor(), &tree, "", &origin.lines);
+  for (const auto& o : overrides) {
+    for (const auto& path : apply_override(&cfg, o)) origin.sets[path] = trim(o);
+  }
+  fill_derived_defaults(&cfg);
+  validate_config(cfg, origin);
+  return cfg;
+}
+
+config::JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot open: " + std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw InputError(path + ": read failed");
+  return parse_config_text(ss.str(), path, overrides);
+}
+
+namespace {
+
+// Longest sequence keel accepts: attention keeps B·NH·T² floats, so beyond this even one
+// head of one sequence needs 16 GiB.
+constexpr int kMaxSeqLen = 1 << 16;
+// Token shards store tokens as uint16.
+constexpr int kMaxVocab = 1 << 16;
+
+// A value shown as is (an enum name, a list), where a string would be quoted.
+struct Raw {
+  std::string text;
+};
+std::string show(const Raw& v) { return v.text; }
+std::string show(const std::string& v) { return "\"" + v + "\""; }
+template <typename T>
+std::string show(const T& v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// Collects violations, each located by the origin of the field it blames.
+class Violations {
+ public:
+  explicit Violations(const ConfigOrigin& origin) : origin_(origin) {}
+  template <typename T>
+  void require(bool ok, const std::string& path, const T& value, const std::string& rule) {
+    if (ok) return;
+    if (!text_.empty()) text_ += "\n";
+    text_ += origin_.where(path) + ": " + path + " = " + show(value) + ": " + rule;
+  }
+  void throw_if_any() const {
+    if (!text_.empty()) throw InputError(text_);
+  }
+
+ private:
+  const ConfigOrigin& origin_;
+  std::string text_;
+};
+
+}  // namespace
+
+void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
+  Violations v(origin);
+  const auto& m = cfg.model();
+  const auto& p = cfg.parallel();
+  const auto& t = cfg.train();
+  const auto& o = cfg.optim();
+  auto ref = [](const std::string& path, auto value) { return path + " = " + show(value); };
+
+  v.require(!m.plugin().empty(), "model.plugin", m.plugin(), "must name a plugin .so");
+  bool dims_ok = true;
+  for (auto [path, value] : {std::pair{"model.num_layers", m.num_layers()},
+                             {"model.hidden_size", m.hidden_size()},
+                             {"model.num_heads", m.num_heads()},
+                             {"model.ffn_hidden_size", m.ffn_hidden_size()},
+                             {"model.seq_len", m.seq_len()},
+                             {"model.vocab_size", m.vocab_size()},
+                             {"model.padded_vocab_size", m.padded_vocab_size()}}) {
+    v.require(value > 0, path, value, "must be positive");
+    dims_ok = dims_ok && value > 0;
+  }
+  v.require(m.seq_len() <= kMaxSeqLen, "model.seq_len", m.seq_len(),
+            "must be at most " + show(kMaxSeqLen));
+  v.require(m.vocab_size() <= kMaxVocab, "model.vocab_size", m.vocab_size(),
+            "must be at most 65536 (token shards hold uint16 tokens)");
+  v.require(std::isfinite(m.init_std()) && m.init_std() >= 0, "model.init_std", m.init_std(),
+            "must be >= 0");
+  if (dims_ok) {
+    v.require(m.hidden_size() % m.num_heads() == 0, "model.num_heads", m.num_heads(),
+              "must divide " + ref("model.hidden_size", m.hidden_size()));
+    v.require(m.padded_vocab_size() >= m.vocab_size(), "model.padded_vocab_size",
+              m.padded_vocab_size(), "must be >= " + ref("model.vocab_size", m.vocab_size()));
+  }
+
+  bool sizes_ok = true;
+  for (auto [path, value] :
+       {std::pair{"parallel.tp", p.tp()}, {"parallel.pp", p.pp()}, {"parallel.dp", p.dp()}}) {
+    v.require(value >= 1, path, value, "must be >= 1");
+    sizes_ok = sizes_ok && value >= 1;
+  }
+  if (dims_ok && sizes_ok) {
+    v.require(m.num_heads() % p.tp() == 0, "parallel.tp", p.tp(),
+              "must divide " + ref("model.num_heads", m.num_heads()));
+    v.require(m.padded_vocab_size() % p.tp() == 0, "parallel.tp", p.tp(),
+              "must divide " + ref("model.padded_vocab_size", m.padded_vocab_size()));
+    v.require(m.ffn_hidden_size() % p.tp() == 0, "parallel.tp", p.tp(),
+              "must divide " + ref("model.ffn_hidden_size", m.ffn_hidden_size()));
+    v.require(p.pp() <= m.num_layers(), "parallel.pp", p.pp(),
+              "must be <= " + ref("model.num_layers", m.num_layers()));
+  }
+  if (p.stage_layers_size() > 0) {
+    std::string list = "[";
+    int64_t sum = 0;
+    bool each_ok = true;
+    for (int i = 0; i < p.stage_layers_size(); ++i) {
+      if (i > 0) list += ",";
+      list += show(p.stage_layers(i));
+      sum += p.stage_layers(i);
+      each_ok = each_ok && p.stage_layers(i) >= 1;
+    }
+    list += "]";
+    // Printed as a raw list, not a quoted string.
+    auto require_list = [&](bool ok, const std::string& rule) {
+      v.require(ok, "parallel.stage_layers", Raw{list}, rule);
+    };
+    require_list(p.stage_layers_size() == p.pp(),
+                 "must have one entry per stage, " + ref("parallel.pp", p.pp()));
+    require_list(each_ok, "every stage needs at least one layer");
+    require_list(sum == m.num_layers(), "must sum to " + ref("model.num_layers", m.num_layers()));
+  }
+  v.require(p.bucket_mb() > 0, "parallel.bucket_mb", p.bucket_mb(), "must be positive");
+  v.require(p.comm_timeout_ms() > 0, "parallel.comm_timeout_ms", p.comm_timeout_ms(),
+            "must be positive");
+
+  v.require(t.micro_batch_size() >= 1, "train.micro_batch_size", t.micro_batch_size(),
+            "must be >= 1");
+  v.require(t.global_batch_size() >= 1, "train.global_batch_size", t.global_batch_size(),
+            "must be >= 1");
+  if (t.micro_batch_size() >= 1 && t.global_batch_size() >= 1 && p.dp() >= 1) {
+    int64_t unit = int64_t(t.micro_batch_size()) * p.dp();
+    v.require(t.global_batch_size() % unit == 0, "train.global_batch_size",
+              t.global_batch_size(),
+              "must be a multiple of train.micro_batch_size · parallel.dp = " +
+                  show(t.micro_batch_size()) + " · " + show(p.dp()) + " = " + show(unit));
+  }
+  v.require(t.steps() >= 0, "train.steps", t.steps(), "must be >= 0");
+  v.require(t.log_every() >= 1, "train.log_every", t.log_every(), "must be >= 1");
+
+  v.require(std::isfinite(o.lr()) && o.lr() > 0, "optim.lr", o.lr(), "must be positive");
+  v.require(o.beta1() >= 0 && o.beta1() < 1, "optim.beta1", o.beta1(), "must be in [0, 1)");
+  v.require(o.beta2() >= 0 && o.beta2() < 1, "optim.beta2", o.beta2(), "must be in [0, 1)");
+  v.require(o.eps() > 0, "optim.eps", o.eps(), "must be positive");
+  v.require(o.warmup_steps() >= 0, "optim.warmup_steps", o.warmup_steps(), "must be >= 0");
+  v.require(o.min_lr_ratio() >= 0 && o.min_lr_ratio() <= 1, "optim.min_lr_ratio",
+            o.min_lr_ratio(), "must be in [0, 1]");
+  v.require(o.weight_decay() >= 0, "optim.weight_decay", o.weight_decay(), "must be >= 0");
+  v.require(o.grad_clip() >= 0, "optim.grad_clip", o.grad_clip(), "must be >= 0 (0 disables)");
+
+  v.require(!cfg.data().train_files().empty(), "data.train_files", cfg.data().train_files(),
+            "must name the training shards");
+
+  const auto& c = cfg.checkpoint();
+  v.require(c.persistent_every_steps() >= 0, "checkpoint.persistent_every_steps",
+            c.persistent_every_steps(), "must be >= 0 (0 disables)");
+  v.require(c.persistent_every_steps() == 0 || !c.dir().empty(), "checkpoint.dir", c.dir(),
+            "must be set when checkpoint.persistent_every_steps > 0");
+
+  const auto& r = cfg.runtime();
+  v.require(r.precision() != config::RuntimeConfig::bf16 || r.device() == config::RuntimeConfig::cuda,
+            "runtime.precision", Raw{config::RuntimeConfig::Precision_Name(r.precision())},
+            "needs runtime.device = cuda, not " + config::RuntimeConfig::Device_Name(r.device()));
+  v.require(r.threads() >= 0, "runtime.threads", r.threads(), "must be >= 0 (0: automatic)");
+  v.throw_if_any();
+}
+
+std::string config_to_text(const config::JobConfig& cfg) {
+  config::JobConfig full = cfg;
+  materialize_defaults(&full);
+  pb::TextFormat::Printer printer;
+  printer.SetUseShortRepeatedPrimitives(true);
+  std::string out;
+  printer.PrintToString(full, &out);
+  return out;
+}
+
+}  // namespace keel

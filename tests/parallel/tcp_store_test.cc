@@ -1,0 +1,180 @@
+// TcpStoreServer and TcpStore: the operations, blocking and timeouts, concurrency, a server
+// that starts late, and one that dies or stops under a waiting client.
+#include "parallel/tcp_store.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "runtime/check.h"
+
+namespace keel {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::string kHost = "127.0.0.1";
+
+// A port nobody listens on right now.
+int free_port() {
+  TcpStoreServer s(kHost, 0);
+  return s.port();
+}
+
+TEST(TcpStore, SetGetWaitAdd) {
+  TcpStoreServer server;
+  TcpStore store(kHost, server.port());
+  store.set("a", "1");
+  EXPECT_EQ(store.get("a", 1s), "1");
+  store.set("a", "two");  // overwrite
+  EXPECT_EQ(store.get("a", 1s), "two");
+  std::string binary("x\0y\xff", 4);
+  store.set("bin", binary);
+  EXPECT_EQ(store.get("bin", 1s), binary);
+  store.wait({"a", "bin"}, 1s);
+  EXPECT_EQ(store.add("n", 5), 5);
+  EXPECT_EQ(store.add("n", -7), -2);
+  EXPECT_EQ(store.get("n", 1s), "-2");
+  // An empty key and value are fine too.
+  store.set("", "");
+  EXPECT_EQ(store.get("", 1s), "");
+}
+
+TEST(TcpStore, AddToNonIntegerFailsAndKeepsTheConnection) {
+  TcpStoreServer server;
+  TcpStore store(kHost, server.port());
+  store.set("s", "abc");
+  EXPECT_THROW(store.add("s", 1), Error);
+  EXPECT_EQ(store.get("s", 1s), "abc");
+}
+
+TEST(TcpStore, GetAndWaitAreAnsweredWhenAnotherClientSets) {
+  TcpStoreServer server;
+  TcpStore waiter(kHost, server.port());
+  std::thread setter([&] {
+    TcpStore other(kHost, server.port());
+    std::this_thread::sleep_for(50ms);
+    other.set("late", "v");
+    std::this_thread::sleep_for(50ms);
+    other.add("late2", 3);
+  });
+  EXPECT_EQ(waiter.get("late", 20s), "v");
+  waiter.wait({"late", "late2"}, 20s);
+  EXPECT_EQ(waiter.get("late2", 1s), "3");
+  setter.join();
+}
+
+TEST(TcpStore, TimeoutsNameTheMissingKeys) {
+  TcpStoreServer server;
+  TcpStore store(kHost, server.port());
+  store.set("present", "x");
+  try {
+    store.get("absent-key", 100ms);
+    FAIL() << "get of a missing key returned";
+  } catch (const CommTimeout& e) {
+    EXPECT_NE(std::string(e.what()).find("absent-key"), std::string::npos) << e.what();
+  }
+  try {
+    store.wait({"present", "gone-1", "gone-2"}, 100ms);
+    FAIL() << "wait for missing keys returned";
+  } catch (const CommTimeout& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("gone-1"), std::string::npos) << what;
+    EXPECT_NE(what.find("gone-2"), std::string::npos) << what;
+    EXPECT_EQ(what.find("present"), std::string::npos) << what;
+  }
+  // A timeout is an answer, not a broken connection.
+  EXPECT_EQ(store.get("present", 1s), "x");
+}
+
+TEST(TcpStore, ConcurrentAddsFromManyClientsAndThreads) {
+  TcpStoreServer server;
+  TcpStore shared(kHost, server.port());
+  constexpr int kThreads = 4, kAdds = 200;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      TcpStore own(kHost, server.port());
+      for (int i = 0; i < kAdds; ++i) {
+        own.add("counter", 1);
+        shared.add("counter", 2);  // one client from several threads
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(shared.add("counter", 0), kThreads * kAdds * 3);
+}
+
+TEST(TcpStore, ClientWaitsForAServerThatStartsLater) {
+  int port = free_port();
+  std::unique_ptr<TcpStoreServer> server;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(200ms);
+    server = std::make_unique<TcpStoreServer>(kHost, port);
+  });
+  TcpStore store(kHost, port, 20s);
+  starter.join();
+  store.set("k", "v");
+  EXPECT_EQ(store.get("k", 1s), "v");
+}
+
+TEST(TcpStore, ConnectTimesOutWithoutAServer) {
+  int port = free_port();
+  EXPECT_THROW(TcpStore(kHost, port, 100ms), CommTimeout);
+}
+
+TEST(TcpStore, StoppedServerFailsABlockedGetWithCommError) {
+  TcpStoreServer server;
+  TcpStore store(kHost, server.port());
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(100ms);
+    server.stop();
+  });
+  try {
+    store.get("never", 20s);
+    ADD_FAILURE() << "get returned after the server stopped";
+  } catch (const CommTimeout& e) {
+    ADD_FAILURE() << "a stopped server must not read as a timeout: " << e.what();
+  } catch (const CommError&) {
+  }
+  stopper.join();
+  EXPECT_THROW(store.set("a", "b"), CommError);  // the client stays broken
+}
+
+TEST(TcpStore, KilledServerProcessGivesCommError) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    TcpStoreServer server(kHost, 0);
+    int port = server.port();
+    [[maybe_unused]] ssize_t n = ::write(fds[1], &port, sizeof(port));
+    for (;;) ::pause();
+  }
+  int port = 0;
+  ASSERT_EQ(::read(fds[0], &port, sizeof(port)), ssize_t(sizeof(port)));
+  ::close(fds[0]);
+  ::close(fds[1]);
+  TcpStore store(kHost, port);
+  store.set("k", "v");
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  EXPECT_THROW(store.get("other", 20s), CommError);
+}
+
+TEST(TcpStore, ParseHostPort) {
+  EXPECT_EQ(parse_host_port("127.0.0.1:29500"), (std::pair<std::string, int>{"127.0.0.1", 29500}));
+  EXPECT_EQ(parse_host_port("node-3.cluster:0"),
+            (std::pair<std::string, int>{"node-3.cluster", 0}));
+  EXPECT_EQ(parse_host_port("[::1]:80"), (std::pair<std::string, int>{"::1", 80}));
+  for (const char* bad : {"", "host", "host:", ":80", "host:80x", "host:-1", "host:65536", "::1:80",
+                          "[]:80", "host: 80"}) {
+    EXPECT_THROW(parse_host_port(bad), InputError) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace keel
