@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <utility>
 
 #include "runtime/check.h"
 #include "runtime/rng.h"
@@ -40,7 +41,7 @@ int64_t permute_index(int64_t index, int64_t n, uint64_t seed, uint64_t stream) 
   uint64_t x = uint64_t(index);
   // A Feistel network is a bijection of [0, 4^half) whatever its round function; walking
   // the cycle until the value lands below n restricts it to a bijection of [0, n), and since
-  // 4^half < 4n the walk takes fewer than four rounds on average.
+  // 4^half < 4n the walk takes fewer than four passes on average.
   do {
     uint64_t left = x >> half, right = x & mask;
     for (uint64_t round = 0; round < 6; ++round) {
@@ -80,10 +81,9 @@ DataLoader::DataLoader(const std::string& glob, int seq_len, Order order, uint64
 
 DataLoader DataLoader::from_config(const config::JobConfig& cfg, bool val) {
   // Validation always reads in file order so that every evaluation sees the same samples.
-  return DataLoader(val ? cfg.data().val_files() : cfg.data().train_files(),
-                    cfg.model().seq_len(), val ? config::DataConfig::sequential : cfg.data().order(),
-                    cfg.train().seed(), val ? "data.val_files" : "data.train_files",
-                    cfg.model().vocab_size());
+  return DataLoader(val ? cfg.data().val_files() : cfg.data().train_files(), cfg.model().seq_len(),
+                    val ? config::DataConfig::sequential : cfg.data().order(), cfg.train().seed(),
+                    val ? "data.val_files" : "data.train_files", cfg.model().vocab_size());
 }
 
 std::vector<int64_t> DataLoader::batches_per_shard(int global_batch) const {
@@ -93,10 +93,10 @@ std::vector<int64_t> DataLoader::batches_per_shard(int global_batch) const {
   for (const auto& s : shards_) {
     // As llm.c's dataloader_init, every shard must hold at least one batch.
     if (s.size() < batch_tokens + 1) {
-      throw InputError(detail::concat(
-          s.path(), ": ", s.size(), " tokens, fewer than one batch of ",
-          "train.global_batch_size · model.seq_len + 1 = ", global_batch, " · ", T_, " + 1 = ", batch_tokens + 1, " (", field_,
-          ")"));
+      throw InputError(
+          detail::concat(s.path(), ": ", s.size(), " tokens, fewer than one batch of ",
+                         "train.global_batch_size · model.seq_len + 1 = ", global_batch, " · ", T_,
+                         " + 1 = ", batch_tokens + 1, " (", field_, ")"));
     }
     batches.push_back((s.size() - 1) / batch_tokens);
   }
@@ -109,14 +109,15 @@ int64_t DataLoader::steps_per_epoch(int global_batch) const {
   return total;
 }
 
-void DataLoader::copy_sample(size_t shard, int64_t offset, int32_t* inputs, int32_t* targets) const {
+void DataLoader::copy_sample(size_t shard, int64_t offset, int32_t* inputs,
+                             int32_t* targets) const {
   const TokenShard& s = shards_[shard];
   const uint16_t* tok = s.tokens() + offset;
   if (vocab_size_ > 0) {
     for (int64_t i = 0; i <= T_; ++i) {
       if (tok[i] >= vocab_size_) {
-        throw InputError(detail::concat(s.path(), ": token ", tok[i], " at position ",
-                                        offset + i, " >= model.vocab_size = ", vocab_size_));
+        throw InputError(detail::concat(s.path(), ": token ", tok[i], " at position ", offset + i,
+                                        " >= model.vocab_size = ", vocab_size_));
       }
     }
   }
@@ -128,10 +129,9 @@ void DataLoader::copy_sample(size_t shard, int64_t offset, int32_t* inputs, int3
 
 void DataLoader::read(int64_t step, int global_batch, int first, int count, int32_t* inputs,
                       int32_t* targets) const {
-  KEEL_CHECK(step >= 0 && global_batch > 0 && first >= 0 && count >= 0 &&
-                 first + count <= global_batch,
-             "step ", step, ", samples [", first, ", ", first + count, ") of a batch of ",
-             global_batch);
+  KEEL_CHECK(
+      step >= 0 && global_batch > 0 && first >= 0 && count >= 0 && first + count <= global_batch,
+      "step ", step, ", samples [", first, ", ", first + count, ") of a batch of ", global_batch);
   if (order_ == config::DataConfig::sequential) {
     // Recomputed per call (a pass over the shard list) so that the loader holds no mutable
     // state and concurrent reads need no lock.
@@ -152,9 +152,11 @@ void DataLoader::read(int64_t step, int global_batch, int first, int count, int3
   for (int i = 0; i < count; ++i) {
     int64_t g = step * global_batch + first + i;
     int64_t epoch = g / windows;
-    int64_t w = permute_index(g % windows, windows, seed_, rng::stream("data.shuffle", uint64_t(epoch)));
+    int64_t w =
+        permute_index(g % windows, windows, seed_, rng::stream("data.shuffle", uint64_t(epoch)));
     size_t shard = size_t(std::upper_bound(window_prefix_.begin(), window_prefix_.end(), w) -
-                          window_prefix_.begin()) - 1;
+                          window_prefix_.begin()) -
+                   1;
     copy_sample(shard, (w - window_prefix_[shard]) * T_, inputs + int64_t(i) * T_,
                 targets + int64_t(i) * T_);
   }

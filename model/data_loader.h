@@ -11,6 +11,7 @@
 
 #include "model/token_shards.h"
 #include "proto/config.pb.h"
+#include "runtime/check.h"  // keel::InputError, which these functions throw
 
 namespace keel {
 

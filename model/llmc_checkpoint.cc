@@ -22,13 +22,15 @@ struct FileCloser {
 };
 using File = std::unique_ptr<FILE, FileCloser>;
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 void check_ffn(const std::string& path, const keel_model_dims& d) {
   if (int64_t(d.ffn_hidden_size) != 4 * int64_t(d.hidden_size)) {
-    throw InputError(detail::concat(path, ": llm.c checkpoints have an MLP of 4·channels = ",
-                                    4 * int64_t(d.hidden_size),
-                                    ", config model.ffn_hidden_size = ", d.ffn_hidden_size));
+    throw InputError(detail::concat(
+        path, ": llm.c checkpoints have an MLP of 4·channels = ", 4 * int64_t(d.hidden_size),
+        ", config model.ffn_hidden_size = ", d.ffn_hidden_size));
   }
 }
 
@@ -47,12 +49,18 @@ std::vector<LlmcTensor> llmc_tensor_layout(const keel_model_dims& d) {
   out.push_back({"wpe", {d.seq_len, C}});
   // llm.c stores each per-layer tensor for all layers contiguously ([L, ...]), in this order.
   const std::vector<LlmcTensor> per_layer = {
-      {"ln1.weight", {C}},           {"ln1.bias", {C}},
-      {"attn.qkv.weight", {3 * C, C}}, {"attn.qkv.bias", {3 * C}},
-      {"attn.proj.weight", {C, C}},  {"attn.proj.bias", {C}},
-      {"ln2.weight", {C}},           {"ln2.bias", {C}},
-      {"mlp.fc.weight", {4 * C, C}}, {"mlp.fc.bias", {4 * C}},
-      {"mlp.proj.weight", {C, 4 * C}}, {"mlp.proj.bias", {C}},
+      {"ln1.weight", {C}},
+      {"ln1.bias", {C}},
+      {"attn.qkv.weight", {3 * C, C}},
+      {"attn.qkv.bias", {3 * C}},
+      {"attn.proj.weight", {C, C}},
+      {"attn.proj.bias", {C}},
+      {"ln2.weight", {C}},
+      {"ln2.bias", {C}},
+      {"mlp.fc.weight", {4 * C, C}},
+      {"mlp.fc.bias", {4 * C}},
+      {"mlp.proj.weight", {C, 4 * C}},
+      {"mlp.proj.bias", {C}},
   };
   for (const auto& t : per_layer) {
     for (int64_t l = 0; l < L; ++l) out.push_back({detail::concat("h.", l, ".", t.name), t.shape});

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/plugin.h"
+#include "runtime/check.h"  // keel::InputError, which these functions throw
 
 namespace keel {
 

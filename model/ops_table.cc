@@ -1,11 +1,10 @@
 #include "model/ops_table.h"
 
-#include <cmath>
 #include <limits>
 
 #include "parallel/communicator.h"
-#include "runtime/check.h"
 #include "runtime/backend.h"
+#include "runtime/check.h"
 
 namespace keel {
 
@@ -52,9 +51,8 @@ struct OpsThunks {
       t.backend_->embedding_backward(dwte, dwpe, dout, tokens, B, T, C, vocab_begin, vocab_end);
     });
   }
-  static void layernorm_forward(void* impl, float* out, float* mean, float* rstd,
-                                const float* inp, const float* weight, const float* bias, int N,
-                                int C) {
+  static void layernorm_forward(void* impl, float* out, float* mean, float* rstd, const float* inp,
+                                const float* weight, const float* bias, int N, int C) {
     guard(impl, [&](OpsTable& t) {
       t.backend_->layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
     });
@@ -68,8 +66,7 @@ struct OpsThunks {
   }
   static void matmul_forward(void* impl, float* out, const float* inp, const float* weight,
                              const float* bias, int N, int C, int OC) {
-    guard(impl,
-          [&](OpsTable& t) { t.backend_->matmul_forward(out, inp, weight, bias, N, C, OC); });
+    guard(impl, [&](OpsTable& t) { t.backend_->matmul_forward(out, inp, weight, bias, N, C, OC); });
   }
   static void matmul_backward(void* impl, float* dinp, float* dweight, float* dbias,
                               const float* dout, const float* inp, const float* weight, int N,
@@ -78,14 +75,12 @@ struct OpsThunks {
       t.backend_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
     });
   }
-  static void attention_forward(void* impl, float* out, float* att, const float* qkv, int B,
-                                int T, int NH, int HS) {
-    guard(impl,
-          [&](OpsTable& t) { t.backend_->attention_forward(out, att, qkv, B, T, NH, HS); });
+  static void attention_forward(void* impl, float* out, float* att, const float* qkv, int B, int T,
+                                int NH, int HS) {
+    guard(impl, [&](OpsTable& t) { t.backend_->attention_forward(out, att, qkv, B, T, NH, HS); });
   }
   static void attention_backward(void* impl, float* dqkv, float* scratch, const float* dout,
-                                 const float* qkv, const float* att, int B, int T, int NH,
-                                 int HS) {
+                                 const float* qkv, const float* att, int B, int T, int NH, int HS) {
     guard(impl, [&](OpsTable& t) {
       t.backend_->attention_backward(dqkv, scratch, dout, qkv, att, B, T, NH, HS);
     });
@@ -115,8 +110,8 @@ struct OpsThunks {
       b.xent_sum_exp(sum_exp, target_logit, logits, row_max, targets, N, V_local, vocab_begin,
                      vocab_size);
       if (t.tp_) t.tp_->all_reduce(sum_exp, 2 * size_t(N), ReduceOp::kSum);
-      b.xent_finish(losses, dlogits, logits, row_max, sum_exp, target_logit, targets, N,
-                    V_local, vocab_begin, vocab_size, loss_scale);
+      b.xent_finish(losses, dlogits, logits, row_max, sum_exp, target_logit, targets, N, V_local,
+                    vocab_begin, vocab_size, loss_scale);
     });
   }
 
@@ -164,7 +159,9 @@ OpsTable::OpsTable(Backend* backend, Communicator* tp) : backend_(backend), tp_(
   ops_.grad_ready = &OpsThunks::grad_ready;
 }
 
-OpsTable::~OpsTable() { backend_->free(xent_); }
+OpsTable::~OpsTable() {
+  backend_->free(xent_);
+}
 
 void OpsTable::rethrow_if_failed() {
   if (!error_) return;

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <utility>
 
 #include "model/plugin.h"
 
@@ -30,9 +31,10 @@ class OpsTable {
 
   // No exception ever crosses the C boundary. An op that threw (a CommError from the
   // communicator, an Error from the backend) records the first such exception; communicating
-  // ops then return 1 and every later op does nothing until the failure is collected here.
-  // The Trainer calls this after each plugin call (certainly after one returned non-zero) to
-  // rethrow that exception with its type; it clears the record.
+  // ops then return 1 and every later op does nothing (sum returns NaN) until the failure is
+  // collected here. Call this after every plugin call, not only after one that returned
+  // non-zero: a backend op that failed on a stage without communication has no status to
+  // return through. Rethrows the recorded exception with its type and clears the record.
   void rethrow_if_failed();
   bool failed() const { return static_cast<bool>(error_); }
 

@@ -15,7 +15,9 @@
 namespace keel {
 namespace {
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 // Writes all of buf or throws; write(2) may return short counts on large buffers.
 void write_all(int fd, const void* buf, size_t n, const std::string& path) {
@@ -74,8 +76,8 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
     throw InputError(path + ": " + what);
   };
   if (file_bytes < kShardHeaderBytes) {
-    fail(detail::concat("file size = ", file_bytes, " bytes, shorter than the ",
-                        kShardHeaderBytes, "-byte header"));
+    fail(detail::concat("file size = ", file_bytes, " bytes, shorter than the ", kShardHeaderBytes,
+                        "-byte header"));
   }
   void* map = ::mmap(nullptr, size_t(file_bytes), PROT_READ, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) fail("mmap failed: " + errno_text());
@@ -104,9 +106,13 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
   tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + kShardHeaderBytes);
 }
 
-TokenShard::~TokenShard() { release(); }
+TokenShard::~TokenShard() {
+  release();
+}
 
-TokenShard::TokenShard(TokenShard&& other) noexcept { *this = std::move(other); }
+TokenShard::TokenShard(TokenShard&& other) noexcept {
+  *this = std::move(other);
+}
 
 TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
   if (this != &other) {

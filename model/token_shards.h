@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/check.h"  // keel::InputError, which these functions throw
+
 namespace keel {
 
 inline constexpr int32_t kShardMagic = 20240520;

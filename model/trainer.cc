@@ -147,10 +147,11 @@ StepStats Trainer::step(int64_t step) {
 
   auto run = [&](int (*fn)(const keel_model_dims*, const keel_stage*, keel_stage_args*),
                  keel_stage_args* args) {
-    if (fn(&dims_, &stage_, args) != 0) {
-      ops_->rethrow_if_failed();
-      KEEL_CHECK(false, "plugin ", plugin_->name(), " returned an error without a failed op");
-    }
+    const int rc = fn(&dims_, &stage_, args);
+    // A failed op is rethrown even if the plugin returned 0: a backend error inside a
+    // non-communicating op has no status to travel back through.
+    ops_->rethrow_if_failed();
+    KEEL_CHECK(rc == 0, "plugin ", plugin_->name(), " returned ", rc, " (bad arguments)");
   };
 
   for (size_t i = 0; i < schedule_.size(); ++i) {

@@ -4,6 +4,7 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -85,18 +86,65 @@ void materialize_defaults(pb::Message* m) {
     }
     if (r->HasField(*m, f)) continue;
     switch (f->cpp_type()) {
-      case pb::FieldDescriptor::CPPTYPE_INT32: r->SetInt32(m, f, r->GetInt32(*m, f)); break;
-      case pb::FieldDescriptor::CPPTYPE_INT64: r->SetInt64(m, f, r->GetInt64(*m, f)); break;
-      case pb::FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(m, f, r->GetUInt32(*m, f)); break;
-      case pb::FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(m, f, r->GetUInt64(*m, f)); break;
-      case pb::FieldDescriptor::CPPTYPE_FLOAT: r->SetFloat(m, f, r->GetFloat(*m, f)); break;
-      case pb::FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(m, f, r->GetDouble(*m, f)); break;
-      case pb::FieldDescriptor::CPPTYPE_BOOL: r->SetBool(m, f, r->GetBool(*m, f)); break;
-      case pb::FieldDescriptor::CPPTYPE_ENUM: r->SetEnum(m, f, r->GetEnum(*m, f)); break;
-      case pb::FieldDescriptor::CPPTYPE_STRING: r->SetString(m, f, r->GetString(*m, f)); break;
-      case pb::FieldDescriptor::CPPTYPE_MESSAGE: break;
+      case pb::FieldDescriptor::CPPTYPE_INT32:
+        r->SetInt32(m, f, r->GetInt32(*m, f));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_INT64:
+        r->SetInt64(m, f, r->GetInt64(*m, f));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_UINT32:
+        r->SetUInt32(m, f, r->GetUInt32(*m, f));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_UINT64:
+        r->SetUInt64(m, f, r->GetUInt64(*m, f));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_FLOAT:
+        r->SetFloat(m, f, r->GetFloat(*m, f));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+        r->SetDouble(m, f, r->GetDouble(*m, f));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_BOOL:
+        r->SetBool(m, f, r->GetBool(*m, f));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_ENUM:
+        r->SetEnum(m, f, r->GetEnum(*m, f));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_STRING:
+        r->SetString(m, f, r->GetString(*m, f));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_MESSAGE:
+        break;
     }
   }
+}
+
+// Protobuf reports an unknown field or enum value once it has read past it, at the next
+// token, which may be on the next line ("schedule: cosin\n}" is reported at the "}"). Move the
+// position back to the last occurrence of the quoted name before that point.
+void point_at_culprit(const std::string& text, FirstErrorCollector* e) {
+  std::string name;
+  for (const char* marker : {"Unknown enumeration value of \"", "has no field named \""}) {
+    size_t at = e->message.find(marker);
+    if (at == std::string::npos) continue;
+    at += std::strlen(marker);
+    size_t end = e->message.find('"', at);
+    if (end != std::string::npos) name = e->message.substr(at, end - at);
+  }
+  if (name.empty()) return;
+  size_t offset = 0;
+  for (int line = 0; line < e->line && offset != std::string::npos; ++line) {
+    offset = text.find('\n', offset);
+    if (offset != std::string::npos) ++offset;
+  }
+  if (offset == std::string::npos) return;
+  offset = std::min(text.size(), offset + size_t(std::max(0, e->column)));
+  size_t found = offset == 0 ? std::string::npos : text.rfind(name, offset - 1);
+  if (found == std::string::npos) return;
+  size_t line_start = text.rfind('\n', found);
+  line_start = line_start == std::string::npos ? 0 : line_start + 1;
+  e->line = int(std::count(text.begin(), text.begin() + long(found), '\n'));
+  e->column = int(found - line_start);
 }
 
 [[noreturn]] void override_error(const std::string& assignment, const std::string& why) {
@@ -110,7 +158,8 @@ std::string ConfigOrigin::where(const std::string& path) const {
   // A --set of a whole message ("model={...}") is recorded per field it set, so an exact
   // match is enough here.
   if (auto it = sets.find(path); it != sets.end()) return label + " (--set " + it->second + ")";
-  if (auto it = lines.find(path); it != lines.end()) return label + ":" + std::to_string(it->second);
+  if (auto it = lines.find(path); it != lines.end())
+    return label + ":" + std::to_string(it->second);
   return label + " (default)";
 }
 
@@ -122,14 +171,17 @@ std::vector<std::string> apply_override(config::JobConfig* cfg, const std::strin
   std::string value = trim(assignment.substr(eq + 1));
   if (path.empty()) fail("empty field path");
 
+  // Work on a copy so that a failed assignment leaves *cfg as it was.
+  config::JobConfig work = *cfg;
   // Walk the path through the schema, creating sub-messages as needed.
-  pb::Message* msg = cfg;
+  pb::Message* msg = &work;
   const pb::FieldDescriptor* field = nullptr;
   std::string walked;
   size_t start = 0;
   while (true) {
     size_t dot = path.find('.', start);
-    std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    std::string part =
+        path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     std::string here = walked.empty() ? part : walked + "." + part;
     field = msg->GetDescriptor()->FindFieldByName(part);
     if (!field) {
@@ -150,7 +202,8 @@ std::vector<std::string> apply_override(config::JobConfig* cfg, const std::strin
   pb::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
   auto parse_into = [&](pb::Message* target, const std::string& text) {
-    if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING) {
+    bool quoted = text.size() >= 2 && text.front() == '"' && text.back() == '"';
+    if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING && !quoted) {
       // Paths and globs on a command line come unquoted; take them as they are.
       if (field->is_repeated()) {
         target->GetReflection()->AddString(target, field, text);
@@ -188,12 +241,14 @@ std::vector<std::string> apply_override(config::JobConfig* cfg, const std::strin
     parse_into(msg, value);
     assigned.push_back(walked);
   }
+  *cfg = std::move(work);
   return assigned;
 }
 
 void fill_derived_defaults(config::JobConfig* cfg) {
   config::ModelConfig* m = cfg->mutable_model();
-  if (m->ffn_hidden_size() == 0) m->set_ffn_hidden_size(4 * m->hidden_size());
+  if (m->ffn_hidden_size() == 0 && m->hidden_size() > 0)
+    m->set_ffn_hidden_size(4 * m->hidden_size());
   if (m->padded_vocab_size() == 0 && m->vocab_size() > 0) {
     // llm.c pads 50257 to 50304 so that the head's matmul tiles evenly.
     m->set_padded_vocab_size((m->vocab_size() + 127) / 128 * 128);
@@ -210,8 +265,9 @@ config::JobConfig parse_config_text(const std::string& text, const std::string& 
   parser.WriteLocationsTo(&tree);
   if (!parser.ParseFromString(text, &cfg)) {
     if (errors.has_error) {
-      throw InputError(detail::concat(name_for_errors, ":", errors.line + 1, ":",
-                                      errors.column + 1, ": ", errors.message));
+      point_at_culprit(text, &errors);
+      throw InputError(detail::concat(name_for_errors, ":", errors.line + 1, ":", errors.column + 1,
+                                      ": ", errors.message));
     }
     throw InputError(name_for_errors + ": not a valid keel.config.JobConfig");
   }
@@ -247,8 +303,12 @@ constexpr int kMaxVocab = 1 << 16;
 struct Raw {
   std::string text;
 };
-std::string show(const Raw& v) { return v.text; }
-std::string show(const std::string& v) { return "\"" + v + "\""; }
+std::string show(const Raw& v) {
+  return v.text;
+}
+std::string show(const std::string& v) {
+  return "\"" + v + "\"";
+}
 template <typename T>
 std::string show(const T& v) {
   std::ostringstream os;
@@ -290,13 +350,23 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
   for (auto [path, value] : {std::pair{"model.num_layers", m.num_layers()},
                              {"model.hidden_size", m.hidden_size()},
                              {"model.num_heads", m.num_heads()},
-                             {"model.ffn_hidden_size", m.ffn_hidden_size()},
                              {"model.seq_len", m.seq_len()},
-                             {"model.vocab_size", m.vocab_size()},
-                             {"model.padded_vocab_size", m.padded_vocab_size()}}) {
+                             {"model.vocab_size", m.vocab_size()}}) {
     v.require(value > 0, path, value, "must be positive");
     dims_ok = dims_ok && value > 0;
   }
+  // 0 means "derive" (fill_derived_defaults); a 0 that cannot be derived because its source
+  // is bad is reported through the source alone.
+  config::JobConfig derived;
+  *derived.mutable_model() = m;
+  fill_derived_defaults(&derived);
+  const int ffn = derived.model().ffn_hidden_size();
+  const int padded = derived.model().padded_vocab_size();
+  v.require(m.ffn_hidden_size() >= 0, "model.ffn_hidden_size", m.ffn_hidden_size(),
+            "must be positive (0: 4·model.hidden_size)");
+  v.require(m.padded_vocab_size() >= 0, "model.padded_vocab_size", m.padded_vocab_size(),
+            "must be positive (0: model.vocab_size rounded up to 128)");
+  dims_ok = dims_ok && ffn > 0 && padded > 0;
   v.require(m.seq_len() <= kMaxSeqLen, "model.seq_len", m.seq_len(),
             "must be at most " + show(kMaxSeqLen));
   v.require(m.vocab_size() <= kMaxVocab, "model.vocab_size", m.vocab_size(),
@@ -306,8 +376,8 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
   if (dims_ok) {
     v.require(m.hidden_size() % m.num_heads() == 0, "model.num_heads", m.num_heads(),
               "must divide " + ref("model.hidden_size", m.hidden_size()));
-    v.require(m.padded_vocab_size() >= m.vocab_size(), "model.padded_vocab_size",
-              m.padded_vocab_size(), "must be >= " + ref("model.vocab_size", m.vocab_size()));
+    v.require(padded >= m.vocab_size(), "model.padded_vocab_size", padded,
+              "must be >= " + ref("model.vocab_size", m.vocab_size()));
   }
 
   bool sizes_ok = true;
@@ -319,10 +389,10 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
   if (dims_ok && sizes_ok) {
     v.require(m.num_heads() % p.tp() == 0, "parallel.tp", p.tp(),
               "must divide " + ref("model.num_heads", m.num_heads()));
-    v.require(m.padded_vocab_size() % p.tp() == 0, "parallel.tp", p.tp(),
-              "must divide " + ref("model.padded_vocab_size", m.padded_vocab_size()));
-    v.require(m.ffn_hidden_size() % p.tp() == 0, "parallel.tp", p.tp(),
-              "must divide " + ref("model.ffn_hidden_size", m.ffn_hidden_size()));
+    v.require(padded % p.tp() == 0, "parallel.tp", p.tp(),
+              "must divide " + ref("model.padded_vocab_size", padded));
+    v.require(ffn % p.tp() == 0, "parallel.tp", p.tp(),
+              "must divide " + ref("model.ffn_hidden_size", ffn));
     v.require(p.pp() <= m.num_layers(), "parallel.pp", p.pp(),
               "must be <= " + ref("model.num_layers", m.num_layers()));
   }
@@ -356,8 +426,7 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
             "must be >= 1");
   if (t.micro_batch_size() >= 1 && t.global_batch_size() >= 1 && p.dp() >= 1) {
     int64_t unit = int64_t(t.micro_batch_size()) * p.dp();
-    v.require(t.global_batch_size() % unit == 0, "train.global_batch_size",
-              t.global_batch_size(),
+    v.require(t.global_batch_size() % unit == 0, "train.global_batch_size", t.global_batch_size(),
               "must be a multiple of train.micro_batch_size · parallel.dp = " +
                   show(t.micro_batch_size()) + " · " + show(p.dp()) + " = " + show(unit));
   }
@@ -369,8 +438,8 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
   v.require(o.beta2() >= 0 && o.beta2() < 1, "optim.beta2", o.beta2(), "must be in [0, 1)");
   v.require(o.eps() > 0, "optim.eps", o.eps(), "must be positive");
   v.require(o.warmup_steps() >= 0, "optim.warmup_steps", o.warmup_steps(), "must be >= 0");
-  v.require(o.min_lr_ratio() >= 0 && o.min_lr_ratio() <= 1, "optim.min_lr_ratio",
-            o.min_lr_ratio(), "must be in [0, 1]");
+  v.require(o.min_lr_ratio() >= 0 && o.min_lr_ratio() <= 1, "optim.min_lr_ratio", o.min_lr_ratio(),
+            "must be in [0, 1]");
   v.require(o.weight_decay() >= 0, "optim.weight_decay", o.weight_decay(), "must be >= 0");
   v.require(o.grad_clip() >= 0, "optim.grad_clip", o.grad_clip(), "must be >= 0 (0 disables)");
 
@@ -384,9 +453,10 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
             "must be set when checkpoint.persistent_every_steps > 0");
 
   const auto& r = cfg.runtime();
-  v.require(r.precision() != config::RuntimeConfig::bf16 || r.device() == config::RuntimeConfig::cuda,
-            "runtime.precision", Raw{config::RuntimeConfig::Precision_Name(r.precision())},
-            "needs runtime.device = cuda, not " + config::RuntimeConfig::Device_Name(r.device()));
+  v.require(
+      r.precision() != config::RuntimeConfig::bf16 || r.device() == config::RuntimeConfig::cuda,
+      "runtime.precision", Raw{config::RuntimeConfig::Precision_Name(r.precision())},
+      "needs runtime.device = cuda, not " + config::RuntimeConfig::Device_Name(r.device()));
   v.require(r.threads() >= 0, "runtime.threads", r.threads(), "must be >= 0 (0: automatic)");
   v.throw_if_any();
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "proto/config.pb.h"
+#include "runtime/check.h"  // keel::InputError, which these functions throw
 
 namespace keel {
 
@@ -34,9 +35,9 @@ config::JobConfig parse_config_text(const std::string& text, const std::string& 
 // Applies one "path.to.field=value" assignment. The path is resolved through the schema
 // (an unknown component is named in the error); the value is parsed as text format would
 // (enums by name, e.g. optim.schedule=cosine; a message as {a: 1 b: 2}), except that string
-// fields take the value verbatim and repeated fields take a comma-separated list that
-// replaces the old one (parallel.stage_layers=1,2; an empty value clears it). Returns the
-// paths of the fields it assigned.
+// fields take the value verbatim unless it is in double quotes, and repeated fields take a
+// comma-separated list that replaces the old one (parallel.stage_layers=1,2; an empty value
+// clears it). On error *cfg is unchanged. Returns the paths of the fields it assigned.
 std::vector<std::string> apply_override(config::JobConfig* cfg, const std::string& assignment);
 
 // Replaces the 0 ("derive me") values of model.ffn_hidden_size and model.padded_vocab_size.

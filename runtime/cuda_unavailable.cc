@@ -5,7 +5,9 @@
 
 namespace keel {
 
-bool cuda_available() { return false; }
+bool cuda_available() {
+  return false;
+}
 
 std::unique_ptr<Backend> make_cuda_backend(int /*device*/, Precision /*precision*/) {
   throw Error("keel was built without CUDA");

@@ -135,8 +135,8 @@ int run(const Args& a) {
   }
   if (a.val_fraction > 0 && n_val < 2) {
     throw keel::InputError(keel::detail::concat("only ", n_val, " validation tokens (",
-                                                "--val-fraction ", a.val_fraction,
-                                                " of ", n, "); need at least 2"));
+                                                "--val-fraction ", a.val_fraction, " of ", n,
+                                                "); need at least 2"));
   }
   fs::create_directories(a.out);
   int train_shards = write_split(a, "train", tokens, 0, n_train);

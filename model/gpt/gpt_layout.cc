@@ -30,7 +30,9 @@ namespace {
 
 constexpr size_t kAlignFloats = 64;
 
-size_t round_up(size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+size_t round_up(size_t n) {
+  return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+}
 
 // Hands out consecutive aligned pieces of `base`; with base == nullptr it only counts.
 class Carver {

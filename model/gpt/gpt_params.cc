@@ -1,8 +1,8 @@
 // Which configs the GPT-2 plugin serves and the parameters it asks the runtime for.
 #include <cmath>
 #include <cstdarg>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <initializer_list>
 
@@ -23,7 +23,9 @@ namespace {
 
 // Every product that becomes an int kernel argument must fit one; 2^31 floats is far above
 // any TP-local size this plugin is meant for, so hitting it means a config typo.
-bool fits_int(int64_t v) { return v > 0 && v <= INT32_MAX; }
+bool fits_int(int64_t v) {
+  return v > 0 && v <= INT32_MAX;
+}
 
 }  // namespace
 
@@ -43,8 +45,8 @@ int validate(const keel_model_dims* d, const keel_stage* s, char* err, size_t er
   KEEL_GPT_REQUIRE(d->seq_len >= 1, "seq_len = %d, must be >= 1", d->seq_len);
   KEEL_GPT_REQUIRE(d->vocab_size >= 1, "vocab_size = %d, must be >= 1", d->vocab_size);
   KEEL_GPT_REQUIRE(d->padded_vocab_size >= d->vocab_size,
-                   "padded_vocab_size = %d is smaller than vocab_size = %d",
-                   d->padded_vocab_size, d->vocab_size);
+                   "padded_vocab_size = %d is smaller than vocab_size = %d", d->padded_vocab_size,
+                   d->vocab_size);
   KEEL_GPT_REQUIRE(std::isfinite(d->init_std) && d->init_std > 0,
                    "init_std = %g, must be a positive number", double(d->init_std));
   KEEL_GPT_REQUIRE(fits_int(3 * int64_t(d->hidden_size)) &&
@@ -67,14 +69,14 @@ int validate(const keel_model_dims* d, const keel_stage* s, char* err, size_t er
                    "ffn_hidden_size = %d is not divisible by tp_size = %d", d->ffn_hidden_size,
                    s->tp_size);
   KEEL_GPT_REQUIRE(d->padded_vocab_size % s->tp_size == 0,
-                   "padded_vocab_size = %d is not divisible by tp_size = %d",
-                   d->padded_vocab_size, s->tp_size);
+                   "padded_vocab_size = %d is not divisible by tp_size = %d", d->padded_vocab_size,
+                   s->tp_size);
   KEEL_GPT_REQUIRE(s->layer_begin >= 0 && s->layer_begin < d->num_layers,
                    "layer_begin = %d is outside [0, num_layers = %d)", s->layer_begin,
                    d->num_layers);
   KEEL_GPT_REQUIRE(s->layer_end > s->layer_begin && s->layer_end <= d->num_layers,
-                   "layer_end = %d is outside (layer_begin = %d, num_layers = %d]",
-                   s->layer_end, s->layer_begin, d->num_layers);
+                   "layer_end = %d is outside (layer_begin = %d, num_layers = %d]", s->layer_end,
+                   s->layer_begin, d->num_layers);
   KEEL_GPT_REQUIRE(s->pp_rank != 0 || s->layer_begin == 0,
                    "layer_begin = %d on pp_rank 0, which must start at layer 0", s->layer_begin);
   KEEL_GPT_REQUIRE(s->pp_rank != s->pp_size - 1 || s->layer_end == d->num_layers,

@@ -13,9 +13,9 @@ namespace keel::gpt {
 namespace {
 
 // A communicating op failed: the runtime recorded why; hand its status back untouched.
-#define KEEL_GPT_COMM(call)     \
-  do {                          \
-    int keel_rc_ = (call);      \
+#define KEEL_GPT_COMM(call)             \
+  do {                                  \
+    int keel_rc_ = (call);              \
     if (keel_rc_ != 0) return keel_rc_; \
   } while (0)
 
@@ -55,8 +55,8 @@ int forward(const keel_model_dims* dims, const keel_stage* stage, keel_stage_arg
   if (s.first) {
     // Each rank embeds the tokens of its vocab rows (zero elsewhere); the sum over TP
     // assembles the embedding, with wpe added by one rank so it is counted once.
-    o.embedding_forward(h, a.x0, args->tokens, P[pi.wte], bias_rank ? P[pi.wpe] : nullptr, B,
-                        T, C, s.vocab_begin, s.vocab_begin + s.V_l);
+    o.embedding_forward(h, a.x0, args->tokens, P[pi.wte], bias_rank ? P[pi.wpe] : nullptr, B, T, C,
+                        s.vocab_begin, s.vocab_begin + s.V_l);
     if (tp) KEEL_GPT_COMM(o.tp_all_reduce(h, a.x0, NC));
     x = a.x0;
   }
@@ -75,8 +75,8 @@ int forward(const keel_model_dims* dims, const keel_stage* stage, keel_stage_arg
     o.layernorm_forward(h, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, p[kLn2W], p[kLn2B], N, C);
     o.matmul_forward(h, la.fch, la.ln2, p[kFcW], p[kFcB], N, C, s.F_l);
     o.gelu_forward(h, la.fch_gelu, la.fch, size_t(N) * s.F_l);
-    o.matmul_forward(h, la.res3, la.fch_gelu, p[kMlpProjW], bias_rank ? p[kMlpProjB] : nullptr,
-                     N, s.F_l, C);
+    o.matmul_forward(h, la.res3, la.fch_gelu, p[kMlpProjW], bias_rank ? p[kMlpProjB] : nullptr, N,
+                     s.F_l, C);
     if (tp) KEEL_GPT_COMM(o.tp_all_reduce(h, la.res3, NC));
     o.add(h, la.res3, la.res3, la.res2, NC);
     x = la.res3;
@@ -127,8 +127,8 @@ int backward(const keel_model_dims* dims, const keel_stage* stage, keel_stage_ar
     if (s.head_copy) o.grad_ready(h, pi.head_wte);
     o.fill(h, g.dres, NC, 0.0f);
     o.layernorm_backward(h, g.dres, G[pi.lnf_w], G[pi.lnf_b], g.dln,
-                         layer_out(s.num_local_layers - 1), P[pi.lnf_w], a.lnf_mean, a.lnf_rstd,
-                         N, C);
+                         layer_out(s.num_local_layers - 1), P[pi.lnf_w], a.lnf_mean, a.lnf_rstd, N,
+                         C);
     o.grad_ready(h, pi.lnf_b);
     o.grad_ready(h, pi.lnf_w);
   } else {
@@ -162,12 +162,11 @@ int backward(const keel_model_dims* dims, const keel_stage* stage, keel_stage_ar
     o.fill(h, g.datty, size_t(N) * s.C_l, 0.0f);
     o.fill(h, g.dqkv, size_t(N) * 3 * s.C_l, 0.0f);
     o.fill(h, g.att_tmp, att_n, 0.0f);
-    o.matmul_backward(h, g.datty, dp[kAttnProjW], dp[kAttnProjB], g.dres, la.atty,
-                      p[kAttnProjW], N, s.C_l, C);
+    o.matmul_backward(h, g.datty, dp[kAttnProjW], dp[kAttnProjB], g.dres, la.atty, p[kAttnProjW], N,
+                      s.C_l, C);
     o.attention_backward(h, g.dqkv, g.att_tmp, g.datty, la.qkv, la.att, B, T, s.NH_l, s.HS);
     o.fill(h, g.dln, NC, 0.0f);
-    o.matmul_backward(h, g.dln, dp[kQkvW], dp[kQkvB], g.dqkv, la.ln1, p[kQkvW], N, C,
-                      3 * s.C_l);
+    o.matmul_backward(h, g.dln, dp[kQkvW], dp[kQkvB], g.dqkv, la.ln1, p[kQkvW], N, C, 3 * s.C_l);
     if (tp) KEEL_GPT_COMM(o.tp_all_reduce(h, g.dln, NC));
     o.layernorm_backward(h, g.dres, dp[kLn1W], dp[kLn1B], g.dln, layer_out(l - 1), p[kLn1W],
                          la.ln1_mean, la.ln1_rstd, N, C);

@@ -23,10 +23,10 @@ namespace keel::detail {
 
 }  // namespace keel::detail
 
-#define KEEL_CHECK_NCCL(call)                                                  \
-  do {                                                                         \
-    ncclResult_t keel_nccl_result_ = (call);                                   \
-    if (keel_nccl_result_ != ncclSuccess) {                                    \
+#define KEEL_CHECK_NCCL(call)                                                   \
+  do {                                                                          \
+    ncclResult_t keel_nccl_result_ = (call);                                    \
+    if (keel_nccl_result_ != ncclSuccess) {                                     \
       ::keel::detail::throw_nccl(__FILE__, __LINE__, #call, keel_nccl_result_); \
-    }                                                                          \
+    }                                                                           \
   } while (0)

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -64,6 +65,26 @@ void backoff(int& spins) {
   }
 }
 
+// Makes `device` current for a scope and restores the caller's device after: abort() and the
+// destructor may run on a thread that drives another GPU.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+    cudaSetDevice(device);
+    cudaGetLastError();
+  }
+  ~DeviceScope() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+    cudaGetLastError();
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   explicit NcclCommunicator(const NcclCommOptions& opts)
@@ -75,36 +96,50 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override {
     // A destructor must not wait on peers that may be gone, so the NCCL communicator is
-    // aborted (local teardown) rather than finalized (which flushes with the peers). By the
-    // time a communicator is destroyed no operation of ours is in flight: every call waits.
-    cudaSetDevice(device_);
+    // aborted (local teardown) rather than finalized (which flushes with the peers). A call
+    // that completed left nothing in flight; one that failed aborted its kernels already.
+    DeviceScope device(device_);
     {
       std::lock_guard<std::mutex> lock(nccl_mu_);
       destroy_comm_locked();
     }
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    // Should a kernel outlive the abort anyway, leak the few bytes it may touch rather than
+    // hang here: cudaFree would wait for the device.
+    bool idle = stream_ == nullptr;
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (!idle && Clock::now() < until) {
+      idle = cudaStreamQuery(stream_) != cudaErrorNotReady;
+      cudaGetLastError();  // see run()
+      if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);  // released once its work is done
+    if (!idle) return;
     if (ready_ != nullptr) cudaEventDestroy(ready_);
     if (done_ != nullptr) cudaEventDestroy(done_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (device_scratch_ != nullptr) cudaFree(device_scratch_);
     if (host_headers_ != nullptr) cudaFreeHost(host_headers_);
   }
 
   void init(Store& store) {
-    KEEL_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, "bad NCCL group for '", name_,
-               "': rank ", rank_, " of ", size_);
+    KEEL_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, "bad NCCL group for '", name_, "': rank ",
+               rank_, " of ", size_);
     KEEL_CHECK(timeout_.count() > 0, "NCCL communicator '", name_, "' needs a positive timeout");
     const auto deadline = Clock::now() + timeout_;
-    KEEL_CHECK_CUDA_(cudaSetDevice(device_));
+    check_cuda("init", cudaSetDevice(device_), "cudaSetDevice");
     // Non-blocking: a collective stuck on a dead peer must not stall the legacy default stream,
     // which every call below uses to order itself after compute.
-    KEEL_CHECK_CUDA_(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    KEEL_CHECK_CUDA_(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-    KEEL_CHECK_CUDA_(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    check_cuda("init", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+               "cudaStreamCreateWithFlags");
+    check_cuda("init", cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming),
+               "cudaEventCreateWithFlags");
+    check_cuda("init", cudaEventCreateWithFlags(&done_, cudaEventDisableTiming),
+               "cudaEventCreateWithFlags");
     // Device scratch: send header | receive header | barrier word.
-    KEEL_CHECK_CUDA_(cudaMalloc(&device_scratch_, 2 * sizeof(P2pHeader) + sizeof(float)));
-    KEEL_CHECK_CUDA_(cudaMemset(device_scratch_, 0, 2 * sizeof(P2pHeader) + sizeof(float)));
-    KEEL_CHECK_CUDA_(cudaMallocHost(&host_headers_, 2 * sizeof(P2pHeader)));
+    check_cuda("init", cudaMalloc(&device_scratch_, 2 * sizeof(P2pHeader) + sizeof(float)),
+               "cudaMalloc");
+    check_cuda("init", cudaMemset(device_scratch_, 0, 2 * sizeof(P2pHeader) + sizeof(float)),
+               "cudaMemset");
+    check_cuda("init", cudaMallocHost(&host_headers_, 2 * sizeof(P2pHeader)), "cudaMallocHost");
 
     ncclUniqueId id;
     const std::string key = name_ + "/nccl_id";
@@ -139,9 +174,8 @@ class NcclCommunicator final : public Communicator {
     Call call(this, "all_reduce", timeout);
     if (n == 0) return;
     const ncclRedOp_t nop = op == ReduceOp::kMax ? ncclMax : ncclSum;
-    run(call, -1, [&](ncclComm_t c) {
-      return ncclAllReduce(buf, buf, n, ncclFloat32, nop, c, stream_);
-    });
+    run(call, -1,
+        [&](ncclComm_t c) { return ncclAllReduce(buf, buf, n, ncclFloat32, nop, c, stream_); });
     // Ring-algorithm volume, the convention of nccl-tests' bus bandwidth.
     count(2 * (size_ - 1) * n * sizeof(float) / size_, 2 * (size_ - 1) * n * sizeof(float) / size_);
   }
@@ -168,14 +202,9 @@ class NcclCommunicator final : public Communicator {
     Call call(this, "broadcast", timeout);
     KEEL_CHECK(root >= 0 && root < size_, "broadcast root ", root, " outside group of ", size_);
     if (bytes == 0) return;
-    run(call, -1, [&](ncclComm_t c) {
-      return ncclBroadcast(buf, buf, bytes, ncclUint8, root, c, stream_);
-    });
-    if (rank_ == root) {
-      count(bytes, 0);
-    } else {
-      count(0, bytes);
-    }
+    run(call, -1,
+        [&](ncclComm_t c) { return ncclBroadcast(buf, buf, bytes, ncclUint8, root, c, stream_); });
+    if (size_ > 1) count(rank_ == root ? bytes : 0, rank_ == root ? 0 : bytes);
   }
 
   void send(const void* buf, size_t bytes, int peer, uint32_t tag, Millis timeout) override {
@@ -195,14 +224,14 @@ class NcclCommunicator final : public Communicator {
     Call call(this, "send_recv", timeout);
     if (send_buf != nullptr) check_peer(send_peer);
     if (recv_buf != nullptr) check_peer(recv_peer);
-    exchange(call, send_buf, send_bytes, send_buf != nullptr ? send_peer : -1, recv_buf,
-             recv_bytes, recv_buf != nullptr ? recv_peer : -1, tag);
+    exchange(call, send_buf, send_bytes, send_buf != nullptr ? send_peer : -1, recv_buf, recv_bytes,
+             recv_buf != nullptr ? recv_peer : -1, tag);
   }
 
   void barrier(Millis timeout) override {
     Call call(this, "barrier", timeout);
-    float* word = reinterpret_cast<float*>(static_cast<char*>(device_scratch_) +
-                                           2 * sizeof(P2pHeader));
+    float* word =
+        reinterpret_cast<float*>(static_cast<char*>(device_scratch_) + 2 * sizeof(P2pHeader));
     run(call, -1, [&](ncclComm_t c) {
       return ncclAllReduce(word, word, 1, ncclFloat32, ncclSum, c, stream_);
     });
@@ -210,7 +239,7 @@ class NcclCommunicator final : public Communicator {
 
   void abort() override {
     aborted_.store(true);
-    cudaSetDevice(device_);
+    DeviceScope device(device_);
     std::lock_guard<std::mutex> lock(nccl_mu_);
     if (comm_ == nullptr) return;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
@@ -229,7 +258,9 @@ class NcclCommunicator final : public Communicator {
     destroy_comm_locked();
   }
 
-  bool aborted() const override { return aborted_.load(); }
+  bool aborted() const override {
+    return aborted_.load();
+  }
 
   CommStats stats() const override {
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -246,7 +277,7 @@ class NcclCommunicator final : public Communicator {
         : self(comm), what(what), start(Clock::now()) {
       deadline = start + (timeout.count() > 0 ? timeout : comm->timeout_);
       self->check_usable(what);
-      KEEL_CHECK_CUDA_(cudaSetDevice(self->device_));
+      self->check_cuda(what, cudaSetDevice(self->device_), "cudaSetDevice");
     }
     ~Call() {
       std::chrono::duration<double> d = Clock::now() - start;
@@ -268,8 +299,6 @@ class NcclCommunicator final : public Communicator {
                         cudaGetErrorString(err)),
          -1);
   }
-#define KEEL_CHECK_CUDA_(call) check_cuda(what_or_init(), (call), #call)
-  const char* what_or_init() const { return "init"; }
 
   void check_peer(int peer) const {
     KEEL_CHECK(peer >= 0 && peer < size_, "peer ", peer, " outside NCCL group '", name_,
@@ -282,13 +311,14 @@ class NcclCommunicator final : public Communicator {
     }
     std::lock_guard<std::mutex> lock(failure_mu_);
     if (failure_ == Failure::kNone) return;
-    const std::string msg =
-        detail::concat(prefix(), what, ": communicator is broken by an earlier failure: ",
-                       failure_msg_);
+    const std::string msg = detail::concat(
+        prefix(), what, ": communicator is broken by an earlier failure: ", failure_msg_);
     throw_typed(failure_, msg, failure_peer_);
   }
 
-  std::string prefix() const { return detail::concat("NCCL '", name_, "' rank ", rank_, ": "); }
+  std::string prefix() const {
+    return detail::concat("NCCL '", name_, "' rank ", rank_, ": ");
+  }
 
   [[noreturn]] static void throw_typed(Failure kind, const std::string& msg, int peer) {
     switch (kind) {
@@ -324,9 +354,9 @@ class NcclCommunicator final : public Communicator {
   // failure of ours.
   [[noreturn]] void fail_nccl(const char* what, ncclResult_t r, int peer) {
     const char* last = ncclGetLastError(nullptr);
-    std::string msg = detail::concat(what, ": ", ncclGetErrorString(r),
-                                     (last != nullptr && *last) ? ": " : "",
-                                     last != nullptr ? last : "");
+    std::string msg =
+        detail::concat(what, ": ", ncclGetErrorString(r), (last != nullptr && *last) ? ": " : "",
+                       last != nullptr ? last : "");
     const bool peer_side = r == ncclRemoteError || r == ncclSystemError;
     fail(peer_side ? Failure::kPeer : Failure::kError, msg, peer);
   }
@@ -393,6 +423,9 @@ class NcclCommunicator final : public Communicator {
       cudaError_t e = cudaEventQuery(done_);
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) check_cuda(what, e, "cudaEventQuery");
+      // "Not ready" is recorded as the thread's last error; left there, the next kernel launch
+      // check anywhere on this thread (cudaGetLastError) would report it as a failure.
+      cudaGetLastError();
       ncclResult_t state = ncclSuccess;
       {
         std::lock_guard<std::mutex> lock(nccl_mu_);

@@ -11,7 +11,8 @@
 //   one), so the caller need not synchronize, and returns only once the operation has finished,
 //   so the result is ready for whatever the caller queues next.
 // - abort() revokes and aborts the NCCL communicator, which ends kernels stuck on a dead peer;
-//   a timeout does the same before throwing. A communicator that threw is broken for good.
+//   a timeout does the same before throwing. A communicator that threw a CommError is broken
+//   for good (a bad argument, e.g. a peer outside the group, is a keel::Error and is not).
 // - Floats are reduced by NCCL's fixed algorithms for a fixed group, so results are the same on
 //   every run and every rank (don't vary NCCL_ALGO/NCCL_PROTO between runs of one job).
 //
@@ -32,8 +33,8 @@ namespace keel {
 struct NcclCommOptions {
   std::string name;  // group name, e.g. "3/tp/1": messages, and the store key "<name>/nccl_id"
   int rank = 0, size = 1;
-  int device = 0;           // CUDA device of this rank
-  Millis timeout{60000};    // creation, and every call that passes no timeout
+  int device = 0;         // CUDA device of this rank
+  Millis timeout{60000};  // creation, and every call that passes no timeout
 };
 
 // Rendezvous through `store` (rank 0 publishes the NCCL unique id under "<name>/nccl_id", the

@@ -15,9 +15,11 @@
 namespace keel::cpu {
 
 // C[M,N] = alpha·op(A)·op(B) + beta·C, row-major, with the M rows split over nt OpenMP
-// threads that each call a single-threaded OpenBLAS sgemm. One thread pool (OpenMP) serves
-// every kernel; letting OpenBLAS's own pthread pool take turns with OpenMP's makes both spin
-// for the two cores. Must not be called from inside a parallel region.
+// threads that each call a single-threaded OpenBLAS sgemm. So one thread pool (OpenMP) serves
+// every kernel: on Debian's openblas-pthread, sgemm called from inside an OpenMP loop with
+// OpenBLAS's own threads on runs slower than with them off, and on the GPT shapes this row
+// split matches or beats OpenBLAS's own threading. Must not be called from inside a parallel
+// region.
 void gemm(int nt, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
           int lda, const float* B, int ldb, float beta, float* C, int ldc);
 // The same on the calling thread only, for kernels that parallelise over independent GEMMs.
@@ -55,6 +57,7 @@ void layernorm_backward(int nt, float* dinp, float* dweight, float* dbias, const
 // Linear layers (matmul.cc).
 void matmul_forward(int nt, float* out, const float* inp, const float* weight, const float* bias,
                     int N, int C, int OC);
+// dinp, dweight and dbias may each be nullptr to skip that gradient.
 void matmul_backward(int nt, float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int N, int C, int OC);
 

@@ -17,7 +17,12 @@ struct PeakFlops {
 // is cached in $KEEL_CACHE_DIR, else $HOME/.cache/keel, as sgemm_peak_<threads>t.txt keyed by
 // the CPU model name; a cache for another CPU model is measured again and overwritten.
 // Concurrent callers on one machine serialise on a lock file so that they do not measure
-// each other. Leaves OpenBLAS single-threaded, as the CPU backend runs it.
+// each other. A measurement during which the threads did not have their cores (process CPU
+// time under 90% of wall time × threads) is returned but not cached, and its source says
+// "(machine busy, not cached)". Leaves OpenBLAS single-threaded, as the CPU backend runs it.
 PeakFlops cpu_sgemm_peak(int threads);
+
+// The CPU model as /proc/cpuinfo names it ("unknown CPU" if it does not); the cache key.
+std::string cpu_model_name();
 
 }  // namespace keel

@@ -59,9 +59,8 @@ __global__ void permute_kernel(T* __restrict__ q, T* __restrict__ k, T* __restri
 
 // dqkv[b,t,0,h,d] += dq[b,h,t,d], and likewise for dk, dv (the interface accumulates).
 __global__ void permute_backward_kernel(float* __restrict__ dqkv, const float* __restrict__ dq,
-                                        const float* __restrict__ dk,
-                                        const float* __restrict__ dv, int B, int Tn, int NH,
-                                        int HS) {
+                                        const float* __restrict__ dk, const float* __restrict__ dv,
+                                        int B, int Tn, int NH, int HS) {
   const size_t total = static_cast<size_t>(B) * NH * Tn * HS;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -93,8 +92,8 @@ __global__ void unpermute_kernel(float* __restrict__ out, const float* __restric
 
 // dy[b,h,t,d] = dout[b,t,h,d] (the backward of unpermute; dy is a fresh buffer).
 template <typename T>
-__global__ void unpermute_backward_kernel(T* __restrict__ dy, const float* __restrict__ dout,
-                                          int B, int Tn, int NH, int HS) {
+__global__ void unpermute_backward_kernel(T* __restrict__ dy, const float* __restrict__ dout, int B,
+                                          int Tn, int NH, int HS) {
   const size_t total = static_cast<size_t>(B) * NH * Tn * HS;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -164,8 +163,8 @@ template <typename T>
 void launch_permute(Context& ctx, T* q, T* k, T* v, const float* qkv, int B, int Tn, int NH,
                     int HS) {
   const size_t total = static_cast<size_t>(B) * NH * Tn * HS;
-  permute_kernel<T><<<grid_for(total, kBlock), kBlock, 0, ctx.stream>>>(q, k, v, qkv, B, Tn, NH,
-                                                                        HS);
+  permute_kernel<T>
+      <<<grid_for(total, kBlock), kBlock, 0, ctx.stream>>>(q, k, v, qkv, B, Tn, NH, HS);
   KEEL_CHECK_LAUNCH();
 }
 
@@ -181,8 +180,8 @@ void attention_forward(Context& ctx, float* out, float* att, const float* qkv, i
   const bool bf16 = ctx.precision == Precision::kBf16;
   const size_t btc = static_cast<size_t>(B) * Tn * NH * HS;
   const size_t rows = static_cast<size_t>(B) * NH * Tn;
-  const long long sh = static_cast<long long>(Tn) * HS;   // stride between heads of q/k/v/y
-  const long long sa = static_cast<long long>(Tn) * Tn;   // stride between heads of att
+  const long long sh = static_cast<long long>(Tn) * HS;  // stride between heads of q/k/v/y
+  const long long sa = static_cast<long long>(Tn) * Tn;  // stride between heads of att
   const int heads = B * NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
 
@@ -199,8 +198,8 @@ void attention_forward(Context& ctx, float* out, float* att, const float* qkv, i
   }
 
   // scores[t1, t2] = scale · q[t1]·k[t2]; column-major: scoresᵀ = kᵀ-view · q, per head.
-  gemm_strided_batched(ctx, true, false, Tn, Tn, HS, scale, k, HS, sh, q, HS, sh, 0.0f, att, Tn,
-                       sa, heads, bf16);
+  gemm_strided_batched(ctx, true, false, Tn, Tn, HS, scale, k, HS, sh, q, HS, sh, 0.0f, att, Tn, sa,
+                       heads, bf16);
   softmax_causal_kernel<<<softmax_grid(rows), kWarpsPerBlock * kWarpSize, 0, ctx.stream>>>(
       att, rows, Tn);
   KEEL_CHECK_LAUNCH();
@@ -212,8 +211,8 @@ void attention_forward(Context& ctx, float* out, float* att, const float* qkv, i
     att_operand = att16;
   }
   // y[t, d] = Σ_t2 att[t, t2]·v[t2, d]
-  gemm_strided_batched(ctx, false, false, HS, Tn, Tn, 1.0f, v, HS, sh, att_operand, Tn, sa, 0.0f,
-                       y, HS, sh, heads, bf16);
+  gemm_strided_batched(ctx, false, false, HS, Tn, Tn, 1.0f, v, HS, sh, att_operand, Tn, sa, 0.0f, y,
+                       HS, sh, heads, bf16);
   unpermute_kernel<<<grid_for(btc, kBlock), kBlock, 0, ctx.stream>>>(out, y, B, Tn, NH, HS);
   KEEL_CHECK_LAUNCH();
 }
@@ -265,22 +264,22 @@ void attention_backward(Context& ctx, float* dqkv, float* scratch, const float* 
     auto* ds16 = ctx.scratch.get<__nv_bfloat16>(Slot::kOperandD, rows * Tn);
     softmax_causal_backward_kernel<__nv_bfloat16>
         <<<softmax_grid(rows), kWarpsPerBlock * kWarpSize, 0, ctx.stream>>>(ds16, datt, att, rows,
-                                                                           Tn, scale);
+                                                                            Tn, scale);
     dscores = ds16;
   } else {
     softmax_causal_backward_kernel<float>
         <<<softmax_grid(rows), kWarpsPerBlock * kWarpSize, 0, ctx.stream>>>(datt, datt, att, rows,
-                                                                           Tn, scale);
+                                                                            Tn, scale);
     dscores = datt;
   }
   KEEL_CHECK_LAUNCH();
   // dq[t, d] = Σ_t2 dscores[t, t2]·k[t2, d];  dk[t2, d] = Σ_t dscores[t, t2]·q[t, d]
   gemm_strided_batched(ctx, false, false, HS, Tn, Tn, 1.0f, k, HS, sh, dscores, Tn, sa, 0.0f, dq,
                        HS, sh, heads, bf16);
-  gemm_strided_batched(ctx, false, true, HS, Tn, Tn, 1.0f, q, HS, sh, dscores, Tn, sa, 0.0f, dk,
-                       HS, sh, heads, bf16);
-  permute_backward_kernel<<<grid_for(btc, kBlock), kBlock, 0, ctx.stream>>>(dqkv, dq, dk, dv, B,
-                                                                            Tn, NH, HS);
+  gemm_strided_batched(ctx, false, true, HS, Tn, Tn, 1.0f, q, HS, sh, dscores, Tn, sa, 0.0f, dk, HS,
+                       sh, heads, bf16);
+  permute_backward_kernel<<<grid_for(btc, kBlock), kBlock, 0, ctx.stream>>>(dqkv, dq, dk, dv, B, Tn,
+                                                                            NH, HS);
   KEEL_CHECK_LAUNCH();
 }
 

@@ -25,10 +25,10 @@
 namespace keel::cuda {
 
 struct AllocatorStats {
-  uint64_t cuda_mallocs = 0;   // blocks obtained from the driver since creation
-  uint64_t cache_hits = 0;     // allocations served from a free list
-  size_t bytes_in_use = 0;     // size-class bytes held by callers
-  size_t bytes_cached = 0;     // size-class bytes in free lists
+  uint64_t cuda_mallocs = 0;  // blocks obtained from the driver since creation
+  uint64_t cache_hits = 0;    // allocations served from a free list
+  size_t bytes_in_use = 0;    // size-class bytes held by callers
+  size_t bytes_cached = 0;    // size-class bytes in free lists
 };
 
 class CachingAllocator {

@@ -18,7 +18,9 @@ namespace keel::cuda {
 
 constexpr int kWarpSize = 32;
 
-inline __host__ __device__ constexpr size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+inline __host__ __device__ constexpr size_t ceil_div(size_t a, size_t b) {
+  return (a + b - 1) / b;
+}
 
 // Blocks for a grid-stride loop over n elements: enough to fill an H100/H200 several times,
 // capped so that huge n is covered by striding rather than by a giant grid.
@@ -126,7 +128,8 @@ __global__ void column_finish_kernel(ColumnOutputs<K> outs, const float* partial
   for (int k = 0; k < K; ++k) {
     if (outs.out[k] == nullptr) continue;
     float s = 0.0f;
-    for (int c = 0; c < chunks; ++c) s += partials[(static_cast<size_t>(k) * chunks + c) * cols + col];
+    for (int c = 0; c < chunks; ++c)
+      s += partials[(static_cast<size_t>(k) * chunks + c) * cols + col];
     outs.out[k][col] += s;
   }
 }
@@ -138,8 +141,8 @@ void column_sums_accumulate(Context& ctx, ColumnOutputs<K> outs, int rows, int c
   KEEL_CHECK(chunks <= 65535, "column reduction over ", rows, " rows exceeds the grid limit");
   float* partials = ctx.scratch.get<float>(Slot::kPartials, static_cast<size_t>(K) * chunks * cols);
   dim3 grid(static_cast<unsigned>(ceil_div(cols, kColTile)), static_cast<unsigned>(chunks));
-  column_partials_kernel<K><<<grid, dim3(kColTile, kRowLanes), 0, ctx.stream>>>(partials, rows,
-                                                                                cols, load);
+  column_partials_kernel<K>
+      <<<grid, dim3(kColTile, kRowLanes), 0, ctx.stream>>>(partials, rows, cols, load);
   KEEL_CHECK_LAUNCH();
   column_finish_kernel<K><<<static_cast<unsigned>(ceil_div(cols, 256)), 256, 0, ctx.stream>>>(
       outs, partials, chunks, cols);

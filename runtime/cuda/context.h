@@ -71,7 +71,10 @@ class PinnedBuffer {
 struct Context {
   Context(int device, cudaStream_t stream, cublasHandle_t cublas, Precision precision,
           CachingAllocator* allocator)
-      : device(device), stream(stream), cublas(cublas), precision(precision),
+      : device(device),
+        stream(stream),
+        cublas(cublas),
+        precision(precision),
         scratch(allocator),
         pinned(stream) {}
 

@@ -55,9 +55,9 @@ __global__ void sum_exp_kernel(float* sum_exp, float* target_logit, const float*
 }
 
 __global__ void finish_kernel(float* losses, float* dlogits, const float* logits,
-                              const float* row_max, const float* sum_exp,
-                              const float* target_logit, const int32_t* targets, int V_local,
-                              int vocab_begin, int vocab_size, float loss_scale) {
+                              const float* row_max, const float* sum_exp, const float* target_logit,
+                              const int32_t* targets, int V_local, int vocab_begin, int vocab_size,
+                              float loss_scale) {
   const int row = blockIdx.x;
   const float m = row_max[row];
   const float s = sum_exp[row];
@@ -87,8 +87,8 @@ void xent_row_max(Context& ctx, float* row_max, const float* logits, int N, int 
 }
 
 void xent_sum_exp(Context& ctx, float* sum_exp, float* target_logit, const float* logits,
-                  const float* row_max, const int32_t* targets, int N, int V_local,
-                  int vocab_begin, int vocab_size) {
+                  const float* row_max, const int32_t* targets, int N, int V_local, int vocab_begin,
+                  int vocab_size) {
   if (N <= 0) return;
   sum_exp_kernel<<<N, kBlock, 0, ctx.stream>>>(sum_exp, target_logit, logits, row_max, targets,
                                                V_local, vocab_begin, vocab_size);

@@ -25,33 +25,15 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, Precision precision) : device_(device) {
-    KEEL_CHECK_CUDA(cudaSetDevice(device_));
-    cudaDeviceProp prop{};
-    KEEL_CHECK_CUDA(cudaGetDeviceProperties(&prop, device_));
-    name_ = "cuda:" + std::to_string(device_) + " " + prop.name;
-    KEEL_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamDefault));
-    KEEL_CHECK_CUBLAS(cublasCreate(&cublas_));
-    KEEL_CHECK_CUBLAS(cublasSetStream(cublas_, stream_));
-    KEEL_CHECK_CUDA(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
-    KEEL_CHECK_CUBLAS(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
-    // No atomics inside cuBLAS (the default, stated here because determinism depends on it),
-    // and no TF32: kFp32 means true fp32, kBf16 asks for bf16 operands explicitly.
-    KEEL_CHECK_CUBLAS(cublasSetAtomicsMode(cublas_, CUBLAS_ATOMICS_NOT_ALLOWED));
-    KEEL_CHECK_CUBLAS(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
-    allocator_ = std::make_unique<cuda::CachingAllocator>(device_, stream_);
-    ctx_ = std::make_unique<cuda::Context>(device_, stream_, cublas_, precision, allocator_.get());
+    try {
+      init(precision);
+    } catch (...) {
+      release();  // the destructor does not run for a constructor that throws
+      throw;
+    }
   }
 
-  ~CudaBackend() override {
-    // Nothing here may throw; errors while tearing down are ignored.
-    cudaSetDevice(device_);
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-    ctx_.reset();
-    allocator_.reset();
-    if (cublas_ != nullptr) cublasDestroy(cublas_);
-    if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
+  ~CudaBackend() override { release(); }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
@@ -119,8 +101,8 @@ class CudaBackend final : public Backend {
     activate();
     cuda::embedding_forward(*ctx_, out, tokens, wte, wpe, B, T, C, vocab_begin, vocab_end);
   }
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                          int B, int T, int C, int vocab_begin, int vocab_end) override {
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                          int T, int C, int vocab_begin, int vocab_end) override {
     activate();
     cuda::embedding_backward(*ctx_, dwte, dwpe, dout, tokens, B, T, C, vocab_begin, vocab_end);
   }
@@ -135,8 +117,8 @@ class CudaBackend final : public Backend {
     activate();
     cuda::layernorm_backward(*ctx_, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
-                      int N, int C, int OC) override {
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                      int C, int OC) override {
     activate();
     cuda::matmul_forward(*ctx_, out, inp, weight, bias, N, C, OC);
   }
@@ -169,17 +151,16 @@ class CudaBackend final : public Backend {
     activate();
     cuda::xent_row_max(*ctx_, row_max, logits, N, V_local, vocab_begin, vocab_size);
   }
-  void xent_sum_exp(float* sum_exp, float* target_logit, const float* logits,
-                    const float* row_max, const int32_t* targets, int N, int V_local,
-                    int vocab_begin, int vocab_size) override {
+  void xent_sum_exp(float* sum_exp, float* target_logit, const float* logits, const float* row_max,
+                    const int32_t* targets, int N, int V_local, int vocab_begin,
+                    int vocab_size) override {
     activate();
     cuda::xent_sum_exp(*ctx_, sum_exp, target_logit, logits, row_max, targets, N, V_local,
                        vocab_begin, vocab_size);
   }
   void xent_finish(float* losses, float* dlogits, const float* logits, const float* row_max,
-                   const float* sum_exp, const float* target_logit, const int32_t* targets,
-                   int N, int V_local, int vocab_begin, int vocab_size,
-                   float loss_scale) override {
+                   const float* sum_exp, const float* target_logit, const int32_t* targets, int N,
+                   int V_local, int vocab_begin, int vocab_size, float loss_scale) override {
     activate();
     cuda::xent_finish(*ctx_, losses, dlogits, logits, row_max, sum_exp, target_logit, targets, N,
                       V_local, vocab_begin, vocab_size, loss_scale);
@@ -190,6 +171,36 @@ class CudaBackend final : public Backend {
   // several GPUs), so every entry point selects ours first; cudaSetDevice is cheap when it is
   // already current.
   void activate() { KEEL_CHECK_CUDA(cudaSetDevice(device_)); }
+
+  void init(Precision precision) {
+    KEEL_CHECK_CUDA(cudaSetDevice(device_));
+    cudaDeviceProp prop{};
+    KEEL_CHECK_CUDA(cudaGetDeviceProperties(&prop, device_));
+    name_ = "cuda:" + std::to_string(device_) + " " + prop.name;
+    KEEL_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamDefault));
+    KEEL_CHECK_CUBLAS(cublasCreate(&cublas_));
+    KEEL_CHECK_CUBLAS(cublasSetStream(cublas_, stream_));
+    KEEL_CHECK_CUDA(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
+    KEEL_CHECK_CUBLAS(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes));
+    // No atomics inside cuBLAS (the default, stated here because determinism depends on it),
+    // and no TF32: kFp32 means true fp32, kBf16 asks for bf16 operands explicitly.
+    KEEL_CHECK_CUBLAS(cublasSetAtomicsMode(cublas_, CUBLAS_ATOMICS_NOT_ALLOWED));
+    KEEL_CHECK_CUBLAS(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    allocator_ = std::make_unique<cuda::CachingAllocator>(device_, stream_);
+    ctx_ = std::make_unique<cuda::Context>(device_, stream_, cublas_, precision, allocator_.get());
+  }
+
+  // Frees whatever init created. Nothing here may throw; errors while tearing down are ignored.
+  void release() noexcept {
+    cudaSetDevice(device_);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    ctx_.reset();
+    allocator_.reset();
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    cudaGetLastError();
+  }
 
   int device_;
   std::string name_;

@@ -13,10 +13,11 @@
 
 namespace keel::detail {
 
-[[noreturn]] inline void throw_cuda(const char* file, int line, const char* expr,
-                                    cudaError_t err) {
-  throw_check(file, line, expr,
-              concat(cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+[[noreturn]] inline void throw_cuda(const char* file, int line, const char* expr, cudaError_t err) {
+  // A failed call is also recorded as the thread's last error; reported here, it must not be
+  // reported again by the next launch check (cudaGetLastError) of unrelated work.
+  cudaGetLastError();
+  throw_check(file, line, expr, concat(cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
 }
 
 [[noreturn]] inline void throw_cublas(const char* file, int line, const char* expr,
@@ -37,12 +38,12 @@ namespace keel::detail {
   } while (0)
 
 // KEEL_CHECK_CUBLAS(cublasSgemm(...)): throws keel::Error unless CUBLAS_STATUS_SUCCESS.
-#define KEEL_CHECK_CUBLAS(call)                                                  \
-  do {                                                                           \
-    cublasStatus_t keel_cublas_status_ = (call);                                 \
-    if (keel_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                          \
+#define KEEL_CHECK_CUBLAS(call)                                                     \
+  do {                                                                              \
+    cublasStatus_t keel_cublas_status_ = (call);                                    \
+    if (keel_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                             \
       ::keel::detail::throw_cublas(__FILE__, __LINE__, #call, keel_cublas_status_); \
-    }                                                                            \
+    }                                                                               \
   } while (0)
 
 // After a kernel launch: launch errors (bad configuration, no kernel image for this GPU)

@@ -54,8 +54,7 @@ __global__ void sum_partials_kernel(double* partials, const float* x, size_t n, 
   __shared__ double shared[kWarpSize];
   double acc = 0.0;
   const size_t stride = static_cast<size_t>(kSumBlocks) * kSumThreads;
-  for (size_t i = blockIdx.x * static_cast<size_t>(kSumThreads) + threadIdx.x; i < n;
-       i += stride) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(kSumThreads) + threadIdx.x; i < n; i += stride) {
     double v = x[i];
     acc += squares ? v * v : v;
   }
@@ -107,7 +106,8 @@ double reduce_sum(Context& ctx, const float* x, size_t n, bool squares) {
   sum_finish_kernel<<<1, kSumThreads, 0, ctx.stream>>>(result, partials);
   KEEL_CHECK_LAUNCH();
   auto* host = static_cast<double*>(ctx.pinned.get(sizeof(double)));
-  KEEL_CHECK_CUDA(cudaMemcpyAsync(host, result, sizeof(double), cudaMemcpyDeviceToHost, ctx.stream));
+  KEEL_CHECK_CUDA(
+      cudaMemcpyAsync(host, result, sizeof(double), cudaMemcpyDeviceToHost, ctx.stream));
   KEEL_CHECK_CUDA(cudaStreamSynchronize(ctx.stream));
   return *host;
 }

@@ -25,7 +25,8 @@ namespace {
 constexpr int kBlock = 256;
 constexpr int kChannelBlock = 128;
 
-__global__ void embedding_forward_kernel(float* __restrict__ out, const int32_t* __restrict__ tokens,
+__global__ void embedding_forward_kernel(float* __restrict__ out,
+                                         const int32_t* __restrict__ tokens,
                                          const float* __restrict__ wte,
                                          const float* __restrict__ wpe, int B, int T, int C,
                                          int vocab_begin, int vocab_end) {
@@ -45,20 +46,21 @@ __global__ void embedding_forward_kernel(float* __restrict__ out, const int32_t*
   }
 }
 
-// dwpe[t, c] += Σ_b dout[b, t, c], b in increasing order.
+// dwpe[t, c] += dout[b, t, c] for b = 0, 1, ... in turn (the order of a sequential loop over
+// positions, so the bits match the CPU backend's).
 __global__ void dwpe_kernel(float* __restrict__ dwpe, const float* __restrict__ dout, int B, int T,
                             int C) {
   const size_t total = static_cast<size_t>(T) * C;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    float s = 0.0f;
+    float s = dwpe[i];
     for (int b = 0; b < B; ++b) s += dout[static_cast<size_t>(b) * T * C + i];
-    dwpe[i] += s;
+    dwpe[i] = s;
   }
 }
 
-// Block (bucket, channel tile): dwte[row[bucket], c] += Σ dout[pos, c] over the bucket's
-// positions, which the host sorted in increasing order.
+// Block (bucket, channel tile): dwte[row[bucket], c] += dout[pos, c] for the bucket's
+// positions in increasing order, one addition at a time (as a sequential loop would).
 __global__ void dwte_kernel(float* __restrict__ dwte, const float* __restrict__ dout,
                             const int32_t* __restrict__ bucket_row,
                             const int32_t* __restrict__ bucket_begin,
@@ -66,11 +68,12 @@ __global__ void dwte_kernel(float* __restrict__ dwte, const float* __restrict__ 
   const int bucket = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  float s = 0.0f;
+  float* w = dwte + static_cast<size_t>(bucket_row[bucket]) * C + c;
+  float s = *w;
   for (int j = bucket_begin[bucket]; j < bucket_begin[bucket + 1]; ++j) {
     s += dout[static_cast<size_t>(positions[j]) * C + c];
   }
-  dwte[static_cast<size_t>(bucket_row[bucket]) * C + c] += s;
+  *w = s;
 }
 
 }  // namespace
@@ -90,8 +93,8 @@ void embedding_backward(Context& ctx, float* dwte, float* dwpe, const float* dou
   const int N = B * T;
   if (N == 0 || C == 0) return;
   if (dwpe != nullptr) {
-    dwpe_kernel<<<grid_for(static_cast<size_t>(T) * C, kBlock), kBlock, 0, ctx.stream>>>(
-        dwpe, dout, B, T, C);
+    dwpe_kernel<<<grid_for(static_cast<size_t>(T) * C, kBlock), kBlock, 0, ctx.stream>>>(dwpe, dout,
+                                                                                         B, T, C);
     KEEL_CHECK_LAUNCH();
   }
   if (dwte == nullptr || vocab_end <= vocab_begin) return;
@@ -99,9 +102,10 @@ void embedding_backward(Context& ctx, float* dwte, float* dwpe, const float* dou
   // One pinned buffer holds the tokens ([N]) followed by the tables the kernel reads:
   // bucket_row [K], bucket_begin [K + 1], positions [M], with K <= M <= N. Sized once, up front,
   // because get() may reallocate.
-  auto* host = static_cast<int32_t*>(ctx.pinned.get((4 * static_cast<size_t>(N) + 1) * sizeof(int32_t)));
-  KEEL_CHECK_CUDA(cudaMemcpyAsync(host, tokens, N * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                  ctx.stream));
+  auto* host =
+      static_cast<int32_t*>(ctx.pinned.get((4 * static_cast<size_t>(N) + 1) * sizeof(int32_t)));
+  KEEL_CHECK_CUDA(
+      cudaMemcpyAsync(host, tokens, N * sizeof(int32_t), cudaMemcpyDeviceToHost, ctx.stream));
   KEEL_CHECK_CUDA(cudaStreamSynchronize(ctx.stream));
 
   // (token, position) pairs sorted: positions of one token end up contiguous and ascending.
@@ -132,11 +136,10 @@ void embedding_backward(Context& ctx, float* dwte, float* dwpe, const float* dou
   // The pinned table stays untouched until this copy has run: every later writer of the
   // pinned buffer is a copy queued behind it on the same stream, or runs after a stream
   // synchronize (this function, and PinnedBuffer::get when it grows).
-  KEEL_CHECK_CUDA(cudaMemcpyAsync(dev, table, table_len * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                  ctx.stream));
+  KEEL_CHECK_CUDA(
+      cudaMemcpyAsync(dev, table, table_len * sizeof(int32_t), cudaMemcpyHostToDevice, ctx.stream));
   dim3 grid(static_cast<unsigned>(K), static_cast<unsigned>(ceil_div(C, kChannelBlock)));
-  dwte_kernel<<<grid, kChannelBlock, 0, ctx.stream>>>(dwte, dout, dev, dev + K, dev + 2 * K + 1,
-                                                      C);
+  dwte_kernel<<<grid, kChannelBlock, 0, ctx.stream>>>(dwte, dout, dev, dev + K, dev + 2 * K + 1, C);
   KEEL_CHECK_LAUNCH();
 }
 

@@ -30,15 +30,14 @@ void adamw(Context& ctx, float* param, const float* grad, float* m, float* v, si
 void embedding_forward(Context& ctx, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int B, int T, int C, int vocab_begin, int vocab_end);
 void embedding_backward(Context& ctx, float* dwte, float* dwpe, const float* dout,
-                        const int32_t* tokens, int B, int T, int C, int vocab_begin,
-                        int vocab_end);
+                        const int32_t* tokens, int B, int T, int C, int vocab_begin, int vocab_end);
 
 // layernorm.cu
 void layernorm_forward(Context& ctx, float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int N, int C);
-void layernorm_backward(Context& ctx, float* dinp, float* dweight, float* dbias,
-                        const float* dout, const float* inp, const float* weight,
-                        const float* mean, const float* rstd, int N, int C);
+void layernorm_backward(Context& ctx, float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
 
 // matmul.cu
 void matmul_forward(Context& ctx, float* out, const float* inp, const float* weight,
@@ -54,8 +53,8 @@ void gemm_strided_batched(Context& ctx, bool trans_a, bool trans_b, int m, int n
                           long long stride_c, int batch, bool bf16);
 
 // attention.cu
-void attention_forward(Context& ctx, float* out, float* att, const float* qkv, int B, int T,
-                       int NH, int HS);
+void attention_forward(Context& ctx, float* out, float* att, const float* qkv, int B, int T, int NH,
+                       int HS);
 void attention_backward(Context& ctx, float* dqkv, float* scratch, const float* dout,
                         const float* qkv, const float* att, int B, int T, int NH, int HS);
 
@@ -67,8 +66,8 @@ void gelu_backward(Context& ctx, float* dinp, const float* inp, const float* dou
 void xent_row_max(Context& ctx, float* row_max, const float* logits, int N, int V_local,
                   int vocab_begin, int vocab_size);
 void xent_sum_exp(Context& ctx, float* sum_exp, float* target_logit, const float* logits,
-                  const float* row_max, const int32_t* targets, int N, int V_local,
-                  int vocab_begin, int vocab_size);
+                  const float* row_max, const int32_t* targets, int N, int V_local, int vocab_begin,
+                  int vocab_size);
 void xent_finish(Context& ctx, float* losses, float* dlogits, const float* logits,
                  const float* row_max, const float* sum_exp, const float* target_logit,
                  const int32_t* targets, int N, int V_local, int vocab_begin, int vocab_size,

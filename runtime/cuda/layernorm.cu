@@ -108,9 +108,9 @@ void layernorm_forward(Context& ctx, float* out, float* mean, float* rstd, const
   KEEL_CHECK_LAUNCH();
 }
 
-void layernorm_backward(Context& ctx, float* dinp, float* dweight, float* dbias,
-                        const float* dout, const float* inp, const float* weight,
-                        const float* mean, const float* rstd, int N, int C) {
+void layernorm_backward(Context& ctx, float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
   if (N <= 0 || C <= 0) return;
   if (dinp != nullptr) {
     const unsigned grid = static_cast<unsigned>(ceil_div(N, kWarpsPerBlock));

@@ -60,10 +60,10 @@ void gemm_strided_batched(Context& ctx, bool trans_a, bool trans_b, int m, int n
                                    ab_type, ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                                    CUBLAS_GEMM_DEFAULT));
   } else {
-    KEEL_CHECK_CUBLAS(cublasGemmStridedBatchedEx(
-        ctx.cublas, op_a, op_b, m, n, k, &alpha, A, ab_type, lda, stride_a, B, ab_type, ldb,
-        stride_b, &beta, C, CUDA_R_32F, ldc, stride_c, batch, CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT));
+    KEEL_CHECK_CUBLAS(cublasGemmStridedBatchedEx(ctx.cublas, op_a, op_b, m, n, k, &alpha, A,
+                                                 ab_type, lda, stride_a, B, ab_type, ldb, stride_b,
+                                                 &beta, C, CUDA_R_32F, ldc, stride_c, batch,
+                                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 }
 
@@ -91,14 +91,14 @@ void matmul_backward(Context& ctx, float* dinp, float* dweight, float* dbias, co
   if (dinp != nullptr) {
     const void* w = gemm_operand(ctx, weight, static_cast<size_t>(OC) * C, Slot::kOperandA);
     // dinpᵀ[C, N] += weightᵀ[C, OC]·doutᵀ[OC, N]
-    gemm_strided_batched(ctx, false, false, C, N, OC, 1.0f, w, C, 0, g, OC, 0, 1.0f, dinp, C, 0,
-                         1, bf16);
+    gemm_strided_batched(ctx, false, false, C, N, OC, 1.0f, w, C, 0, g, OC, 0, 1.0f, dinp, C, 0, 1,
+                         bf16);
   }
   if (dweight != nullptr) {
     const void* x = gemm_operand(ctx, inp, static_cast<size_t>(N) * C, Slot::kOperandB);
     // dweightᵀ[C, OC] += inpᵀ[C, N]·dout[N, OC]
-    gemm_strided_batched(ctx, false, true, C, OC, N, 1.0f, x, C, 0, g, OC, 0, 1.0f, dweight, C,
-                         0, 1, bf16);
+    gemm_strided_batched(ctx, false, true, C, OC, N, 1.0f, x, C, 0, g, OC, 0, 1.0f, dweight, C, 0,
+                         1, bf16);
   }
   if (dbias != nullptr) {
     column_sums_accumulate<1>(ctx, ColumnOutputs<1>{{dbias}}, N, OC, RowsOf{dout, OC});

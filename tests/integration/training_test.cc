@@ -38,17 +38,19 @@ void expect_params_close(const std::string& a, const std::string& b, double tol,
 TEST(Training, SingleRankLearnsTheCorpus) {
   std::string dir = temp_dir("learn");
   std::string cfg = write_config(dir);
-  WorkerRun r = run_worker(dir, "--config " + cfg + " --set train.steps=200 --set optim.lr=3e-3");
+  WorkerRun r = run_worker(dir, "--config " + cfg +
+                                     " --set train.steps=400 --set train.global_batch_size=16"
+                                     " --set model.hidden_size=64 --set model.seq_len=64");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<double> losses = json_array_field(r.report, "losses");
-  ASSERT_EQ(losses.size(), 200u);
+  ASSERT_EQ(losses.size(), 400u);
   EXPECT_NEAR(losses[0], std::log(256.0), 0.3);  // uniform over the byte vocabulary at init
   double tail = 0;
-  for (size_t i = 190; i < 200; ++i) tail += losses[i] / 10;
-  // Bytes of English: unigram entropy is ~3 nats' worth of bits; a model that learned
-  // something real gets well under 3.
-  EXPECT_LT(tail, 2.9) << r.output;
-  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 200);
+  for (size_t i = 390; i < 400; ++i) tail += losses[i] / 10;
+  // English bytes have a unigram entropy of about 2.9 nats; getting well under it means the
+  // model learned context, not just letter frequencies.
+  EXPECT_LT(tail, 2.75) << r.output;
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 400);
   EXPECT_GT(json_number_field(r.report, "tokens_per_s"), 0);
   EXPECT_GT(json_number_field(r.report, "mfu"), 0);
   EXPECT_GT(json_number_field(r.report, "mfu_peak_flops"), 0);
@@ -106,9 +108,15 @@ TEST_P(LayoutTest, MatchesSingleRankAndIsBitwiseRepeatable) {
     size_t p = a.report.find(std::string("\"") + k + "\": ", a.report.find("bytes_sent"));
     return std::stod(a.report.substr(p + std::string(k).size() + 4));
   };
-  if (l.tp > 1) EXPECT_GT(bytes("tp"), 0) << name;
-  if (l.pp > 1) EXPECT_GT(bytes("pp"), 0) << name;
-  if (l.dp > 1) EXPECT_GT(bytes("dp"), 0) << name;
+  if (l.tp > 1) {
+    EXPECT_GT(bytes("tp"), 0) << name;
+  }
+  if (l.pp > 1) {
+    EXPECT_GT(bytes("pp"), 0) << name;
+  }
+  if (l.dp > 1) {
+    EXPECT_GT(bytes("dp"), 0) << name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, LayoutTest,
@@ -122,7 +130,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LayoutTest,
 
 TEST(Training, ZeroOneMatchesPlainDataParallel) {
   std::string dir = temp_dir("zero");
-  std::string cfg = write_config(dir, "parallel { dp: 2 }");
+  std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
   WorkerRun plain = run_worker(dir, "--config " + cfg + " --nproc 2");
   WorkerRun zero = run_worker(dir, "--config " + cfg + " --nproc 2 --set parallel.zero1=true");
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
@@ -134,11 +142,13 @@ TEST(Training, ZeroOneMatchesPlainDataParallel) {
 TEST(Training, OneFOneBMicroBatchesEqualOneBatch) {
   // M = 4 micro-batches of 1 sequence through two stages vs one batch of 4 on one rank.
   std::string dir = temp_dir("1f1b");
-  std::string cfg = write_config(dir, "train { micro_batch_size: 1 global_batch_size: 4 }");
-  WorkerRun one = run_worker(dir, "--config " + cfg + " --set train.micro_batch_size=4 "
-                                  "--export-llmc " + dir + "/one.bin");
-  WorkerRun pipe = run_worker(dir, "--config " + cfg + " --nproc 2 --set parallel.pp=2 "
-                                   "--export-llmc " + dir + "/pipe.bin");
+  std::string cfg = write_config(dir);
+  const std::string batch = " --set train.global_batch_size=4";
+  WorkerRun one = run_worker(dir, "--config " + cfg + batch + " --set train.micro_batch_size=4 " +
+                                      "--export-llmc " + dir + "/one.bin");
+  WorkerRun pipe = run_worker(dir, "--config " + cfg + batch + " --set train.micro_batch_size=1 " +
+                                       "--nproc 2 --set parallel.pp=2 --export-llmc " + dir +
+                                       "/pipe.bin");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(pipe.exit_code, 0) << pipe.output;
   expect_losses_close(json_array_field(pipe.report, "losses"),
@@ -148,7 +158,7 @@ TEST(Training, OneFOneBMicroBatchesEqualOneBatch) {
 
 TEST(Training, ShuffledOrderIsDeterministicAndDiffers) {
   std::string dir = temp_dir("shuf");
-  std::string cfg = write_config(dir, "data { order: shuffled }");
+  std::string cfg = write_config(dir) + " --set data.order=shuffled";
   WorkerRun a = run_worker(dir, "--config " + cfg);
   WorkerRun b = run_worker(dir, "--config " + cfg);
   ASSERT_EQ(a.exit_code, 0) << a.output;

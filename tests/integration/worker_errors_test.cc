@@ -24,10 +24,10 @@ bool contains(const std::string& s, const std::string& part) {
 
 TEST(WorkerErrors, ConfigTypoNamesFileLineAndField) {
   std::string dir = temp_dir("typo");
-  std::string cfg = write_config(dir, "model { num_layer: 3 }");
+  std::string cfg = write_config(dir, {{"model", "num_layer: 3"}});
   WorkerRun r = run_worker(dir, "--config " + cfg);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "job.pbtxt:8")) << r.output;
+  EXPECT_TRUE(contains(r.output, "job.pbtxt:1")) << r.output;
   EXPECT_TRUE(contains(r.output, "num_layer")) << r.output;
 }
 
@@ -41,7 +41,7 @@ TEST(WorkerErrors, ImpossibleLayoutNamesTheFields) {
 
 TEST(WorkerErrors, WorldSizeMismatchSaysHowToStart) {
   std::string dir = temp_dir("world");
-  std::string cfg = write_config(dir, "parallel { dp: 2 }");
+  std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
   WorkerRun r = run_worker(dir, "--config " + cfg);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "--nproc 2")) << r.output;
@@ -66,7 +66,7 @@ TEST(WorkerErrors, MissingPluginIsRefused) {
 
 TEST(WorkerErrors, RankKilledMidTrainingFailsItsPeerWithTypedError) {
   std::string dir = temp_dir("kill");
-  std::string cfg = write_config(dir, "parallel { dp: 2 comm_timeout_ms: 15000 }");
+  std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
   TcpStoreServer store("127.0.0.1", 0);
   int out_pipe[2];
   ASSERT_EQ(pipe(out_pipe), 0);

@@ -44,18 +44,23 @@ const std::string& demo_data_dir() {
   return dir;
 }
 
-std::string write_config(const std::string& dir, const std::string& extra) {
+std::string write_config(const std::string& dir,
+                         const std::map<std::string, std::string>& extra) {
+  auto more = [&](const std::string& section) {
+    auto it = extra.find(section);
+    return it == extra.end() ? std::string() : " " + it->second;
+  };
   std::string path = dir + "/job.pbtxt";
   std::ofstream f(path);
-  f << "model { plugin: \"" << bin_dir() << "/libkeel_gpt.so\" num_layers: 2 hidden_size: 32\n"
-    << "        num_heads: 4 seq_len: 32 vocab_size: 256 }\n"
-    << "train { micro_batch_size: 2 global_batch_size: 8 steps: 10 seed: 1234 }\n"
-    << "optim { lr: 3e-3 warmup_steps: 2 schedule: cosine }\n"
+  f << "model { plugin: \"" << bin_dir() << "/libkeel_gpt.so\" num_layers: 2 hidden_size: 32 "
+    << "num_heads: 4 seq_len: 32 vocab_size: 256" << more("model") << " }\n"
+    << "train { micro_batch_size: 2 global_batch_size: 8 steps: 10 seed: 1234" << more("train")
+    << " }\n"
+    << "optim { lr: 3e-3 warmup_steps: 2 schedule: cosine" << more("optim") << " }\n"
     << "data { train_files: \"" << demo_data_dir() << "/train_*.bin\" val_files: \""
-    << demo_data_dir() << "/val_*.bin\" order: sequential }\n"
-    << "parallel { comm_timeout_ms: 20000 }\n"
-    << "runtime { threads: 1 }\n"
-    << extra << "\n";
+    << demo_data_dir() << "/val_*.bin\" order: sequential" << more("data") << " }\n"
+    << "parallel { comm_timeout_ms: 20000" << more("parallel") << " }\n"
+    << "runtime { threads: 1" << more("runtime") << " }\n";
   return path;
 }
 

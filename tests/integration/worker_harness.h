@@ -17,8 +17,12 @@ struct WorkerRun {
 // A folder with train_000000.bin / val_000000.bin made from Debian's fortunes text.
 const std::string& demo_data_dir();
 
-// A config for the tiny test GPT on demo_data_dir(); `extra` is appended (text format).
-std::string write_config(const std::string& dir, const std::string& extra = "");
+// A config for the tiny test GPT on demo_data_dir(), one section a line, in this order:
+// model (line 1), train, optim, data, parallel, runtime (line 6). `extra` adds fields to
+// sections by name, e.g. {{"parallel", "dp: 2"}} (text format does not merge a repeated
+// section, so extra fields must go inside it).
+std::string write_config(const std::string& dir,
+                         const std::map<std::string, std::string>& extra = {});
 
 // Runs `keel-worker <args>` (with --report into `dir`) and waits for it.
 WorkerRun run_worker(const std::string& dir, const std::string& args);

@@ -23,8 +23,10 @@ std::string error_of(const std::string& text, const std::vector<std::string>& ov
   return "";
 }
 
-#define EXPECT_HAS(haystack, needle) EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
-    << "expected \"" << (needle) << "\" in:\n" << (haystack)
+#define EXPECT_HAS(haystack, needle)                               \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
+      << "expected \"" << (needle) << "\" in:\n"                   \
+      << (haystack)
 
 TEST(ConfigTest, ExampleConfigsParse) {
   config::JobConfig c = load_config(test::source_dir() + "/examples/configs/tiny-gpt.pbtxt", {});
@@ -40,8 +42,7 @@ TEST(ConfigTest, ExampleConfigsParse) {
   EXPECT_EQ(c.optim().schedule(), config::OptimConfig::cosine);
   EXPECT_EQ(c.data().train_files(), "data/demo/train_*.bin");
 
-  config::JobConfig d =
-      load_config(test::source_dir() + "/examples/configs/tiny-gpt-3d.pbtxt", {});
+  config::JobConfig d = load_config(test::source_dir() + "/examples/configs/tiny-gpt-3d.pbtxt", {});
   EXPECT_EQ(d.parallel().tp() * d.parallel().pp() * d.parallel().dp(), 8);
   EXPECT_EQ(d.train().global_batch_size(), 16);
   EXPECT_EQ(d.parallel().stage_layers_size(), 2);
@@ -79,7 +80,7 @@ TEST(ConfigTest, ParseErrorsCarryLineAndColumn) {
   EXPECT_HAS(e, "num_head");
 
   e = error_of("optim {\n  schedule: cosin\n}\n");
-  EXPECT_HAS(e, "cfg.pbtxt:2:");
+  EXPECT_HAS(e, "cfg.pbtxt:2:13:");  // the value, though protobuf notices at the next token
   EXPECT_HAS(e, "cosin");
   EXPECT_HAS(e, "schedule");
 
@@ -121,7 +122,7 @@ TEST(ConfigTest, EachValidationRuleNamesFileLineFieldAndValue) {
       {"parallel {\n tp: 0\n}", "cfg.pbtxt:2: parallel.tp = 0: must be >= 1"},
       {"parallel {\n pp: -1\n}", "cfg.pbtxt:2: parallel.pp = -1: must be >= 1"},
       {"parallel {\n dp: 0\n}", "cfg.pbtxt:2: parallel.dp = 0: must be >= 1"},
-      {"model { num_heads: 4 hidden_size: 96 ffn_hidden_size: 384 }\nparallel {\n tp: 3\n}",
+      {"model { num_heads: 4 hidden_size: 96 padded_vocab_size: 384 }\nparallel {\n tp: 3\n}",
        "cfg.pbtxt:3: parallel.tp = 3: must divide model.num_heads = 4"},
       {"model { num_heads: 6 hidden_size: 96 }\nparallel {\n tp: 3\n}",
        "cfg.pbtxt:3: parallel.tp = 3: must divide model.padded_vocab_size = 256"},
@@ -139,8 +140,7 @@ TEST(ConfigTest, EachValidationRuleNamesFileLineFieldAndValue) {
       {"parallel {\n bucket_mb: 0\n}", "cfg.pbtxt:2: parallel.bucket_mb = 0: must be positive"},
       {"parallel {\n comm_timeout_ms: 0\n}",
        "cfg.pbtxt:2: parallel.comm_timeout_ms = 0: must be positive"},
-      {"train {\n micro_batch_size: 0\n}",
-       "cfg.pbtxt:2: train.micro_batch_size = 0: must be >= 1"},
+      {"train {\n micro_batch_size: 0\n}", "cfg.pbtxt:2: train.micro_batch_size = 0: must be >= 1"},
       {"train {\n global_batch_size: 0\n}",
        "cfg.pbtxt:2: train.global_batch_size = 0: must be >= 1"},
       {"parallel { dp: 2 }\ntrain {\n micro_batch_size: 4\n global_batch_size: 12\n}",
@@ -154,7 +154,8 @@ TEST(ConfigTest, EachValidationRuleNamesFileLineFieldAndValue) {
       {"optim {\n beta2: -0.5\n}", "cfg.pbtxt:2: optim.beta2 = -0.5: must be in [0, 1)"},
       {"optim {\n eps: 0\n}", "cfg.pbtxt:2: optim.eps = 0: must be positive"},
       {"optim {\n warmup_steps: -5\n}", "cfg.pbtxt:2: optim.warmup_steps = -5: must be >= 0"},
-      {"optim {\n min_lr_ratio: 1.5\n}", "cfg.pbtxt:2: optim.min_lr_ratio = 1.5: must be in [0, 1]"},
+      {"optim {\n min_lr_ratio: 1.5\n}",
+       "cfg.pbtxt:2: optim.min_lr_ratio = 1.5: must be in [0, 1]"},
       {"optim {\n weight_decay: -0.1\n}", "cfg.pbtxt:2: optim.weight_decay = -0.1: must be >= 0"},
       {"optim {\n grad_clip: -1\n}", "cfg.pbtxt:2: optim.grad_clip = -1: must be >= 0"},
       {"data {\n train_files: \"\"\n}", "cfg.pbtxt:2: data.train_files = \"\": must name"},
@@ -191,8 +192,9 @@ TEST(ConfigTest, ViolationsAreAllReported) {
 TEST(ConfigTest, ErrorsSayWhereAValueCameFrom) {
   // From --set: the assignment is quoted instead of a line.
   std::string e = error_of("model {\n num_heads: 4\n}", {"model.num_heads=5"});
-  EXPECT_HAS(e, "cfg.pbtxt (--set model.num_heads=5): model.num_heads = 5: must divide "
-                "model.hidden_size = 64");
+  EXPECT_HAS(e,
+             "cfg.pbtxt (--set model.num_heads=5): model.num_heads = 5: must divide "
+             "model.hidden_size = 64");
   // A default blamed because another field changed.
   e = error_of("model {\n hidden_size: 66\n}");
   EXPECT_HAS(e, "cfg.pbtxt (default): model.num_heads = 4: must divide model.hidden_size = 66");
@@ -249,6 +251,13 @@ TEST(ConfigTest, SetOverrides) {
   EXPECT_EQ(d.runtime().device(), config::RuntimeConfig::cuda);
   EXPECT_EQ(apply_override(&d, "deterministic=false"), std::vector<std::string>{"deterministic"});
   EXPECT_FALSE(d.deterministic());
+  apply_override(&d, R"(model.plugin="lib my\"model.so")");  // quoted: text-format escapes
+  EXPECT_EQ(d.model().plugin(), "lib my\"model.so");
+  // A failed assignment changes nothing, not even the part of a list before the bad item.
+  d.mutable_parallel()->add_stage_layers(5);
+  EXPECT_THROW(apply_override(&d, "parallel.stage_layers=1,x"), InputError);
+  ASSERT_EQ(d.parallel().stage_layers_size(), 1);
+  EXPECT_EQ(d.parallel().stage_layers(0), 5);
 }
 
 TEST(ConfigTest, BadSetIsNamed) {

@@ -22,8 +22,10 @@ namespace {
 namespace fs = std::filesystem;
 using Order = config::DataConfig;
 
-#define EXPECT_HAS(haystack, needle) EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
-    << "expected \"" << (needle) << "\" in:\n" << (haystack)
+#define EXPECT_HAS(haystack, needle)                               \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
+      << "expected \"" << (needle) << "\" in:\n"                   \
+      << (haystack)
 
 template <typename F>
 std::string error_of(F&& f) {
@@ -39,7 +41,7 @@ std::string error_of(F&& f) {
 // Tokens that say where they are: shard s, position i → s·1000 + i (mod 2^16), so a sample
 // identifies its shard and offset by its first token.
 std::vector<uint16_t> tagged_tokens(int shard, int n) {
-  std::vector<uint16_t> t(size_t(n));
+  std::vector<uint16_t> t(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) t[size_t(i)] = uint16_t(shard * 1000 + i);
   return t;
 }
@@ -81,7 +83,8 @@ class LlmcReferenceLoader {
   void load_shard(size_t idx) {
     size_t ntok = shards_[idx].size();
     // "-1 uint16_t due to us taking B*T+1 tokens but moving by B*T tokens"
-    shard_num_samples_ = (ntok * sizeof(uint16_t) - sizeof(uint16_t)) / (B_ * T_ * sizeof(uint16_t));
+    shard_num_samples_ =
+        (ntok * sizeof(uint16_t) - sizeof(uint16_t)) / (B_ * T_ * sizeof(uint16_t));
   }
   void reset() {
     current_shard_idx_ = 0;
@@ -160,7 +163,8 @@ TEST(ShardTest, BadHeaderAndSizeAreNamed) {
   fs::resize_file(p, 100);
   EXPECT_HAS(error_of([&] { TokenShard s(p); }), p + ": file size = 100 bytes, shorter than");
 
-  EXPECT_HAS(error_of([&] { TokenShard s(dir + "/missing.bin"); }), dir + "/missing.bin: cannot open");
+  EXPECT_HAS(error_of([&] { TokenShard s(dir + "/missing.bin"); }),
+             dir + "/missing.bin: cannot open");
 }
 
 TEST(DataLoaderTest, NoMatchNamesGlobAndField) {
@@ -247,7 +251,8 @@ TEST(DataLoaderTest, PermuteIndexIsABijection) {
   }
   // The key matters.
   int same = 0;
-  for (int64_t i = 0; i < 1000; ++i) same += permute_index(i, 1000, 1, 0) == permute_index(i, 1000, 2, 0);
+  for (int64_t i = 0; i < 1000; ++i)
+    same += permute_index(i, 1000, 1, 0) == permute_index(i, 1000, 2, 0);
   EXPECT_LT(same, 50);
 }
 

@@ -58,8 +58,7 @@ TEST(GptOpsTable, CrossEntropyOfUniformLogits) {
   // Twice, so the temporaries are reused; the second call on more rows grows them.
   for (int rows : {2, N}) {
     o->fill(o->impl, logits, size_t(N) * Vp, 0.0f);
-    ASSERT_EQ(o->cross_entropy(o->impl, losses, logits, logits, targets, rows, Vp, 0, V, 0.5f),
-              0);
+    ASSERT_EQ(o->cross_entropy(o->impl, losses, logits, logits, targets, rows, Vp, 0, V, 0.5f), 0);
     std::vector<float> l(rows), d(size_t(rows) * Vp);
     be->copy_to_host(l.data(), losses, l.size() * sizeof(float));
     be->copy_to_host(d.data(), logits, d.size() * sizeof(float));
@@ -73,8 +72,8 @@ TEST(GptOpsTable, CrossEntropyOfUniformLogits) {
     EXPECT_NEAR(o->sum(o->impl, losses, size_t(rows)), rows * std::log(5.0), 1e-5);
   }
   table.rethrow_if_failed();  // nothing failed: returns
-  for (void* p : {static_cast<void*>(logits), static_cast<void*>(losses),
-                  static_cast<void*>(targets)})
+  for (void* p :
+       {static_cast<void*>(logits), static_cast<void*>(losses), static_cast<void*>(targets)})
     be->free(p);
 }
 

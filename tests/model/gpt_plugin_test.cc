@@ -16,7 +16,9 @@ namespace keel::test {
 namespace {
 
 // L=2, C=16, NH=4, F=64, T=8, V=64 padded to 72 so that padding rows exist at every tp.
-keel_model_dims tiny_dims(float init_std) { return {2, 16, 4, 64, 8, 64, 72, init_std}; }
+keel_model_dims tiny_dims(float init_std) {
+  return {2, 16, 4, 64, 8, 64, 72, init_std};
+}
 constexpr int kB = 2, kT = 8;
 constexpr float kLossScale = 1.0f / (kB * kT);
 
@@ -25,7 +27,9 @@ double dot(const std::vector<float>& a, const std::vector<float>& b) {
   for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
   return s;
 }
-double norm(const std::vector<float>& a) { return std::sqrt(dot(a, a)); }
+double norm(const std::vector<float>& a) {
+  return std::sqrt(dot(a, a));
+}
 float max_abs(const std::vector<float>& a) {
   float m = 0;
   for (float v : a) m = std::max(m, std::fabs(v));
@@ -79,12 +83,11 @@ TEST_F(GptPluginTest, GradientMatchesFiniteDifferences) {
     std::vector<std::vector<float>> dirs{g};
     for (int k = 0; k < 3; ++k) {
       std::vector<float> v(g.size());
-      for (size_t i = 0; i < v.size(); ++i)
-        v[i] = rng::normal(3, rng::stream("direction", k), i);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = rng::normal(3, rng::stream("direction", k), i);
       dirs.push_back(v);
     }
     const std::vector<float>& theta = params.at(name);
-    const double eps = 1e-2 * std::max(1.0, norm(theta));
+    const double eps = 5e-3 * std::max(1.0, norm(theta));
     for (size_t k = 0; k < dirs.size(); ++k) {
       std::vector<float>& v = dirs[k];
       const double vn = norm(v);
@@ -96,9 +99,9 @@ TEST_F(GptPluginTest, GradientMatchesFiniteDifferences) {
       }
       const double numeric = (loss(plus) - loss(minus)) / (2 * eps);
       const double analytic = dot(g, v);
-      // fp32 forward passes: the difference quotient carries ~1e-5 absolute noise.
-      if (getenv("GPT_DEBUG")) printf("%-24s %zu num %12.6g ana %12.6g diff %9.2e gnorm %9.2e\n", name.c_str(), k, numeric, analytic, numeric-analytic, gnorm);
-      EXPECT_NEAR(numeric, analytic, 2e-2 * gnorm + 3e-5)
+      // The quotient's own error: ~1e-3 relative from the curvature, and fp32 round-off in
+      // the two losses, ~1e-5 absolute. Observed errors stay under a third of this.
+      EXPECT_NEAR(numeric, analytic, 3e-3 * std::fabs(analytic) + 3e-4 * gnorm + 1e-5)
           << name << " direction " << k << " (|grad| " << gnorm << ")";
       ++checked;
     }
@@ -139,10 +142,13 @@ TEST_F(GptPluginTest, FourWayTensorParallelMatchesOneRank) {
 }
 
 TEST(GptPlugin, LossAtInitIsLogVocab) {
-  GptHarness gpt(tiny_dims(0.02f), kB, kT);
-  GptRun r = gpt.run(gpt.init(11, false), gpt.tokens(5), gpt.tokens(6), 1, 1, false, kLossScale);
+  // Logits of std ~0.02·sqrt(C) = 0.08 add ~0.003 to ln(V) on average; over 128 random
+  // targets the mean loss scatters by ~0.01. ln(72) (padding not excluded) is 0.118 away.
+  const int B = 16;
+  GptHarness gpt(tiny_dims(0.02f), B, kT);
+  GptRun r = gpt.run(gpt.init(11, false), gpt.tokens(5), gpt.tokens(6), 1, 1, false, 1.0f);
   expect_no_problems(r);
-  EXPECT_NEAR(r.loss_sum / (kB * kT), std::log(64.0), 0.02);
+  EXPECT_NEAR(r.loss_sum / (B * kT), std::log(64.0), 0.04);
 }
 
 TEST(GptPlugin, DescribesLlmcParameters) {
@@ -155,11 +161,11 @@ TEST(GptPlugin, DescribesLlmcParameters) {
   EXPECT_EQ(d[0].flags, KEEL_PARAM_WEIGHT_DECAY);
   EXPECT_STREQ(d[1].name, "wpe");
   EXPECT_EQ(d[1].tp_dim, -1);
-  const char* layer1[] = {"ln1.weight", "ln1.bias",        "attn.qkv.weight", "attn.qkv.bias",
-                          "attn.proj.weight", "attn.proj.bias", "ln2.weight", "ln2.bias",
-                          "mlp.fc.weight",    "mlp.fc.bias",    "mlp.proj.weight",
-                          "mlp.proj.bias"};
-  for (int i = 0; i < 12; ++i) EXPECT_EQ(std::string(d[14 + i].name), std::string("h.1.") + layer1[i]);
+  const char* layer1[] = {"ln1.weight",       "ln1.bias",       "attn.qkv.weight", "attn.qkv.bias",
+                          "attn.proj.weight", "attn.proj.bias", "ln2.weight",      "ln2.bias",
+                          "mlp.fc.weight",    "mlp.fc.bias",    "mlp.proj.weight", "mlp.proj.bias"};
+  for (int i = 0; i < 12; ++i)
+    EXPECT_EQ(std::string(d[14 + i].name), std::string("h.1.") + layer1[i]);
   const keel_param_desc &qkv = d[4], &proj = d[6], &fc_b = d[11], &mlp_proj = d[12];
   EXPECT_EQ(qkv.tp_dim, 0);
   EXPECT_EQ(qkv.tp_blocks, 3);
@@ -206,9 +212,11 @@ TEST(GptPlugin, ValidateNamesFieldAndValue) {
       {tiny_dims(0.02f), {0, 3, 0, 1, 0, 2}, "num_heads = 4 is not divisible by tp_size = 3"},
       {dims([](auto& d) { d.hidden_size = 18; }), one,
        "hidden_size = 18 is not divisible by num_heads = 4"},
-      {dims([](auto& d) { d.ffn_hidden_size = 66; }), {0, 4, 0, 1, 0, 2},
+      {dims([](auto& d) { d.ffn_hidden_size = 66; }),
+       {0, 4, 0, 1, 0, 2},
        "ffn_hidden_size = 66 is not divisible by tp_size = 4"},
-      {dims([](auto& d) { d.padded_vocab_size = 70; }), {0, 4, 0, 1, 0, 2},
+      {dims([](auto& d) { d.padded_vocab_size = 70; }),
+       {0, 4, 0, 1, 0, 2},
        "padded_vocab_size = 70 is not divisible by tp_size = 4"},
       {dims([](auto& d) { d.vocab_size = 80; }), one,
        "padded_vocab_size = 72 is smaller than vocab_size = 80"},

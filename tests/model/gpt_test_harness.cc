@@ -20,8 +20,8 @@ void HubComm::all_reduce(float* buf, size_t n, ReduceOp op, Millis) {
   std::vector<float> out(hub_->bufs_[0], hub_->bufs_[0] + n);
   for (int r = 1; r < hub_->n_; ++r)
     for (size_t i = 0; i < n; ++i)
-      out[i] = op == ReduceOp::kSum ? out[i] + hub_->bufs_[r][i]
-                                    : std::max(out[i], hub_->bufs_[r][i]);
+      out[i] =
+          op == ReduceOp::kSum ? out[i] + hub_->bufs_[r][i] : std::max(out[i], hub_->bufs_[r][i]);
   // Nobody may overwrite its buffer while another rank still reads it.
   hub_->barrier_.arrive_and_wait();
   std::memcpy(buf, out.data(), n * sizeof(float));
@@ -62,8 +62,7 @@ void for_shard_rows(const keel_param_desc& d, int tp, int r,
 
 }  // namespace
 
-std::vector<float> shard(const std::vector<float>& whole, const keel_param_desc& d, int tp,
-                         int r) {
+std::vector<float> shard(const std::vector<float>& whole, const keel_param_desc& d, int tp, int r) {
   std::vector<float> part(d.tp_dim < 0 ? whole.size() : whole.size() / size_t(tp));
   for_shard_rows(d, tp, r, [&](size_t w, size_t p, size_t n) {
     std::memcpy(&part[p], &whole[w], n * sizeof(float));
@@ -71,8 +70,8 @@ std::vector<float> shard(const std::vector<float>& whole, const keel_param_desc&
   return part;
 }
 
-void unshard(std::vector<float>& whole, const std::vector<float>& part,
-             const keel_param_desc& d, int tp, int r) {
+void unshard(std::vector<float>& whole, const std::vector<float>& part, const keel_param_desc& d,
+             int tp, int r) {
   for_shard_rows(d, tp, r, [&](size_t w, size_t p, size_t n) {
     std::memcpy(&whole[w], &part[p], n * sizeof(float));
   });
@@ -91,7 +90,7 @@ Tensors GptHarness::init(uint64_t seed, bool perturb) const {
     v.resize(numel(d));
     const uint64_t s = rng::stream(d.name), noise = rng::stream(d.name, 1);
     for (size_t i = 0; i < v.size(); ++i) {
-      v[i] = d.init == KEEL_INIT_ONES ? 1.0f
+      v[i] = d.init == KEEL_INIT_ONES     ? 1.0f
              : d.init == KEEL_INIT_NORMAL ? d.init_std * rng::normal(seed, s, i)
                                           : 0.0f;
       if (perturb) v[i] += 0.1f * rng::normal(seed, noise, i);
@@ -174,8 +173,8 @@ void call(Rank& k, int (*fn)(const keel_model_dims*, const keel_stage*, keel_sta
   int rc = fn(&dims, &k.stage, &k.args);
   k.ops->rethrow_if_failed();
   if (rc != 0)
-    throw std::runtime_error(std::string(what) + " returned " + std::to_string(rc) +
-                             " on pp " + std::to_string(k.stage.pp_rank) + " tp " +
+    throw std::runtime_error(std::string(what) + " returned " + std::to_string(rc) + " on pp " +
+                             std::to_string(k.stage.pp_rank) + " tp " +
                              std::to_string(k.stage.tp_rank));
 }
 
@@ -212,8 +211,7 @@ GptRun GptHarness::run(const Tensors& params, const std::vector<int32_t>& tokens
       a.tokens = reinterpret_cast<int32_t*>(k->alloc(tokens.size()));
       a.targets = reinterpret_cast<int32_t*>(k->alloc(targets.size()));
       k->be->copy_from_host(const_cast<int32_t*>(a.tokens), tokens.data(), tokens.size() * 4);
-      k->be->copy_from_host(const_cast<int32_t*>(a.targets), targets.data(),
-                            targets.size() * 4);
+      k->be->copy_from_host(const_cast<int32_t*>(a.targets), targets.data(), targets.size() * 4);
       a.activations = k->alloc(table.activation_floats(&dims_, &k->stage, B_, T_), true);
       a.scratch = k->alloc(table.scratch_floats(&dims_, &k->stage, B_, T_), true);
       a.input = k->alloc(hidden);
@@ -244,9 +242,8 @@ GptRun GptHarness::run(const Tensors& params, const std::vector<int32_t>& tokens
       std::vector<float> v = src.read(grad ? src.args.dinput : src.args.output, hidden);
       dst.be->copy_from_host(const_cast<float*>(grad ? dst.args.dout : dst.args.input), v.data(),
                              hidden * sizeof(float));
-      if (v != ranks[from][0]->read(grad ? ranks[from][0]->args.dinput
-                                         : ranks[from][0]->args.output,
-                                    hidden))
+      if (v != ranks[from][0]->read(
+                   grad ? ranks[from][0]->args.dinput : ranks[from][0]->args.output, hidden))
         problem(src, grad ? "dinput differs from tp rank 0's" : "output differs from tp 0's");
     }
   };

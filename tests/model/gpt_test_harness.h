@@ -100,10 +100,9 @@ class GptHarness {
 };
 
 // Rank r's TP shard of a whole tensor, and the reverse (see keel_param_desc).
-std::vector<float> shard(const std::vector<float>& whole, const keel_param_desc& d, int tp,
-                         int r);
-void unshard(std::vector<float>& whole, const std::vector<float>& part,
-             const keel_param_desc& d, int tp, int r);
+std::vector<float> shard(const std::vector<float>& whole, const keel_param_desc& d, int tp, int r);
+void unshard(std::vector<float>& whole, const std::vector<float>& part, const keel_param_desc& d,
+             int tp, int r);
 size_t numel(const keel_param_desc& d);
 
 }  // namespace keel::test

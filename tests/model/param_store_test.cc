@@ -7,6 +7,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "runtime/check.h"
+
 namespace keel {
 namespace {
 

@@ -41,11 +41,14 @@ TEST(PluginBroken, MissingEntrySymbol) {
 }
 
 TEST(PluginBroken, BadTensorParallelSplit) {
+  // Unsplit, the same description is fine: only the split is refused.
+  keel_model_dims dims{1, 4, 1, 16, 4, 8, 8, 0.02f};
+  EXPECT_EQ(Plugin::load(lib("bad_split"))->describe(dims, keel_stage{0, 1, 0, 1, 0, 1}).size(),
+            1u);
   std::string msg = refusal("bad_split");
   EXPECT_NE(msg.find(lib("bad_split")), std::string::npos) << msg;
   EXPECT_NE(msg.find("parameter 'w'"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("shape[0] = 5 does not split into 1 block(s) over tp = 2"),
-            std::string::npos)
+  EXPECT_NE(msg.find("shape[0] = 5 does not split into 1 block(s) over tp = 2"), std::string::npos)
       << msg;
 }
 
@@ -57,8 +60,7 @@ TEST(PluginBroken, NullFunction) {
 
 TEST(PluginBroken, MissingFileNamesThePath) {
   std::string msg = refusal("does_not_exist");
-  EXPECT_NE(msg.find("libkeel_broken_does_not_exist.so: file not found"), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("libkeel_broken_does_not_exist.so: file not found"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -13,10 +13,11 @@
 
 namespace {
 
-int validate(const keel_model_dims*, const keel_stage*, char*, size_t) { return 0; }
+int validate(const keel_model_dims*, const keel_stage*, char*, size_t) {
+  return 0;
+}
 
-int describe_params(const keel_model_dims*, const keel_stage*, keel_param_desc* out,
-                    int capacity) {
+int describe_params(const keel_model_dims*, const keel_stage*, keel_param_desc* out, int capacity) {
   if (capacity >= 1) {
     std::memset(out, 0, sizeof(*out));
     std::snprintf(out->name, sizeof(out->name), "w");
@@ -34,8 +35,12 @@ int describe_params(const keel_model_dims*, const keel_stage*, keel_param_desc* 
   return 1;
 }
 
-size_t no_floats(const keel_model_dims*, const keel_stage*, int, int) { return 0; }
-int run(const keel_model_dims*, const keel_stage*, keel_stage_args*) { return 0; }
+size_t no_floats(const keel_model_dims*, const keel_stage*, int, int) {
+  return 0;
+}
+int run(const keel_model_dims*, const keel_stage*, keel_stage_args*) {
+  return 0;
+}
 
 const keel_plugin kTable = {
 #ifdef KEEL_BROKEN_BAD_ABI
@@ -68,8 +73,7 @@ extern "C" __attribute__((visibility("default"))) const keel_plugin* keel_plugin
 #else
 // Serves any ABI the runtime asks for, so that the loader's own abi_version check is what
 // refuses the BAD_ABI build.
-extern "C" __attribute__((visibility("default"))) const keel_plugin* keel_plugin_entry(
-    uint32_t) {
+extern "C" __attribute__((visibility("default"))) const keel_plugin* keel_plugin_entry(uint32_t) {
   return &kTable;
 }
 #endif
