@@ -31,8 +31,8 @@ struct Size {
   const char* name;
   int layers, hidden, heads, seq_len, micro_batch;
 };
-const Size kSizes[] = {{"tiny", 2, 64, 4, 64, 8}, {"small", 4, 256, 4, 128, 8},
-                       {"medium", 6, 512, 8, 256, 8}};
+const Size kSizes[] = {
+    {"tiny", 2, 64, 4, 64, 8}, {"small", 4, 256, 4, 128, 8}, {"medium", 6, 512, 8, 256, 8}};
 
 std::string exe_dir() {
   return std::filesystem::canonical("/proc/self/exe").parent_path().string();
@@ -73,12 +73,13 @@ void bench_size(const Size& s, int steps, int threads, const std::string& shards
     tokens += st.tokens;
   }
   const double tok_s = double(tokens) / wall;
-  const double fpt = 6.0 * double(trainer.global_param_count()) +
-                     12.0 * s.layers * double(s.hidden) * s.seq_len;
-  std::printf("%-7s L=%d d=%-4d T=%-4d B=%d  params %9lld  %9.0f tok/s  %7.2f GFLOP/s  MFU %5.1f%%\n",
-              s.name, s.layers, s.hidden, s.seq_len, s.micro_batch,
-              static_cast<long long>(trainer.global_param_count()), tok_s, fpt * tok_s / 1e9,
-              100 * fpt * tok_s / peak);
+  const double fpt =
+      6.0 * double(trainer.global_param_count()) + 12.0 * s.layers * double(s.hidden) * s.seq_len;
+  std::printf(
+      "%-7s L=%d d=%-4d T=%-4d B=%d  params %9lld  %9.0f tok/s  %7.2f GFLOP/s  MFU %5.1f%%\n",
+      s.name, s.layers, s.hidden, s.seq_len, s.micro_batch,
+      static_cast<long long>(trainer.global_param_count()), tok_s, fpt * tok_s / 1e9,
+      100 * fpt * tok_s / peak);
   double total = 0;
   for (const auto& [k, v] : profiler->seconds()) total += v;
   std::vector<std::pair<double, std::string>> rows;
@@ -103,10 +104,11 @@ void bench_layouts(const std::string& shards) {
                         "seq_len: 64 vocab_size: 256 }\n"
                      << "train { micro_batch_size: 2 global_batch_size: 16 steps: 11 }\n"
                      << "data { train_files: \"" << shards << "\" }\nruntime { threads: 1 }\n";
-  std::printf("\nlayouts of the tiny model (global batch 16, micro-batch 2), 10 timed steps, "
-              "rank 0's time split and bytes it sent per step:\n");
-  std::printf("%-14s %10s %9s %9s %9s %10s %10s %10s %10s\n", "layout", "tok/s", "compute",
-              "comm", "bubble", "tp KB", "pp KB", "dp KB", "emb KB");
+  std::printf(
+      "\nlayouts of the tiny model (global batch 16, micro-batch 2), 10 timed steps, "
+      "rank 0's time split and bytes it sent per step:\n");
+  std::printf("%-14s %10s %9s %9s %9s %10s %10s %10s %10s\n", "layout", "tok/s", "compute", "comm",
+              "bubble", "tp KB", "pp KB", "dp KB", "emb KB");
   double base = 0;
   for (const L& l : layouts) {
     const int world = l.tp * l.pp * l.dp;
@@ -130,9 +132,10 @@ void bench_layouts(const std::string& shards) {
     if (base == 0) base = tok;
     char name[32];
     std::snprintf(name, sizeof(name), "tp%d pp%d dp%d", l.tp, l.pp, l.dp);
-    std::printf("%-14s %10.0f %8.1f%% %8.1f%% %8.1f%% %10.1f %10.1f %10.1f %10.1f   (%.2fx of 1 rank)\n",
-                name, tok, 100 * c / sum, 100 * m / sum, 100 * b / sum, num("tp") / 11 / 1024,
-                num("pp") / 11 / 1024, num("dp") / 11 / 1024, num("emb") / 11 / 1024, tok / base);
+    std::printf(
+        "%-14s %10.0f %8.1f%% %8.1f%% %8.1f%% %10.1f %10.1f %10.1f %10.1f   (%.2fx of 1 rank)\n",
+        name, tok, 100 * c / sum, 100 * m / sum, 100 * b / sum, num("tp") / 11 / 1024,
+        num("pp") / 11 / 1024, num("dp") / 11 / 1024, num("emb") / 11 / 1024, tok / base);
   }
 }
 
@@ -146,13 +149,18 @@ int main(int argc, char** argv) {
   bool layouts = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--sizes" && i + 1 < argc) sizes = argv[++i];
-    else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
-    else if (a == "--layouts") layouts = true;
+    if (a == "--sizes" && i + 1 < argc)
+      sizes = argv[++i];
+    else if (a == "--steps" && i + 1 < argc)
+      steps = std::atoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc)
+      threads = std::atoi(argv[++i]);
+    else if (a == "--layouts")
+      layouts = true;
     else {
-      std::fprintf(stderr, "usage: keel-bench-cpu [--sizes tiny,small,medium] [--steps N] "
-                           "[--threads N] [--layouts]\n");
+      std::fprintf(stderr,
+                   "usage: keel-bench-cpu [--sizes tiny,small,medium] [--steps N] "
+                   "[--threads N] [--layouts]\n");
       return 2;
     }
   }

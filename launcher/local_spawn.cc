@@ -67,8 +67,8 @@ int run_local_ranks(int nproc, const std::vector<std::string>& argv) {
         std::fprintf(stderr, "keel-worker: rank %d killed by signal %d (%s); stopping the job\n",
                      rank, WTERMSIG(status), strsignal(WTERMSIG(status)));
       else
-        std::fprintf(stderr, "keel-worker: rank %d exited with status %d; stopping the job\n",
-                     rank, WEXITSTATUS(status));
+        std::fprintf(stderr, "keel-worker: rank %d exited with status %d; stopping the job\n", rank,
+                     WEXITSTATUS(status));
       exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       stopping = true;
       for (pid_t p : pids)

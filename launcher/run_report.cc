@@ -15,9 +15,15 @@ std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -75,8 +81,8 @@ void write_report_json(const std::string& path, const RunReport& r) {
     << "  \"mfu_peak_flops\": " << num(r.mfu_peak_flops) << ",\n"
     << "  \"mfu_peak_source\": " << json_string(r.mfu_peak_source) << ",\n"
     << "  \"wall_s\": " << num(r.wall_s) << ",\n"
-    << "  \"time_split_s\": {\"compute\": " << num(r.compute_s) << ", \"comm\": "
-    << num(r.comm_s) << ", \"bubble\": " << num(r.bubble_s) << "},\n"
+    << "  \"time_split_s\": {\"compute\": " << num(r.compute_s) << ", \"comm\": " << num(r.comm_s)
+    << ", \"bubble\": " << num(r.bubble_s) << "},\n"
     << "  \"bytes_sent\": {\"tp\": " << r.bytes_tp << ", \"pp\": " << r.bytes_pp
     << ", \"dp\": " << r.bytes_dp << ", \"emb\": " << r.bytes_emb << "},\n"
     << "  \"losses\": " << array(r.losses) << ",\n"
@@ -92,8 +98,8 @@ void write_loss_svg(const std::string& path, const RunReport& r) {
   o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
     << "' font-family='sans-serif' font-size='12'>\n"
     << "<rect width='100%' height='100%' fill='white'/>\n"
-    << "<text x='" << L << "' y='18'>keel: training loss (" << r.layout << ", "
-    << r.losses.size() << " steps, final " << num(r.final_loss) << ")</text>\n";
+    << "<text x='" << L << "' y='18'>keel: training loss (" << r.layout << ", " << r.losses.size()
+    << " steps, final " << num(r.final_loss) << ")</text>\n";
   if (!r.losses.empty()) {
     double lo = *std::min_element(r.losses.begin(), r.losses.end());
     double hi = *std::max_element(r.losses.begin(), r.losses.end());
@@ -106,12 +112,13 @@ void write_loss_svg(const std::string& path, const RunReport& r) {
       << H - B << "' stroke='black'/>\n";
     for (int k = 0; k <= 4; ++k) {
       double v = lo + (hi - lo) * k / 4;
-      o << "<text x='" << L - 6 << "' y='" << y(v) + 4 << "' text-anchor='end'>" << num(v).substr(0, 5)
-        << "</text>\n";
+      o << "<text x='" << L - 6 << "' y='" << y(v) + 4 << "' text-anchor='end'>"
+        << num(v).substr(0, 5) << "</text>\n";
       o << "<text x='" << x(n * k / 4) << "' y='" << H - B + 16 << "' text-anchor='middle'>"
         << int(n * k / 4) << "</text>\n";
     }
-    o << "<text x='" << (L + W - R) / 2 << "' y='" << H - 6 << "' text-anchor='middle'>step</text>\n";
+    o << "<text x='" << (L + W - R) / 2 << "' y='" << H - 6
+      << "' text-anchor='middle'>step</text>\n";
     o << "<polyline fill='none' stroke='#1f77b4' stroke-width='1.5' points='";
     for (size_t i = 0; i < r.losses.size(); ++i) o << x(double(i)) << "," << y(r.losses[i]) << " ";
     o << "'/>\n";

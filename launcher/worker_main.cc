@@ -46,16 +46,18 @@ int run_worker(const WorkerOptions& o) {
   const bool leader = o.rank == 0;
   const int threads = worker_threads(cfg, o);
   const bool cuda = cfg.runtime().device() == config::RuntimeConfig::cuda;
-  const Precision precision =
-      cfg.runtime().precision() == config::RuntimeConfig::bf16 ? Precision::kBf16 : Precision::kFp32;
+  const Precision precision = cfg.runtime().precision() == config::RuntimeConfig::bf16
+                                  ? Precision::kBf16
+                                  : Precision::kFp32;
   std::unique_ptr<Backend> backend =
       cuda ? make_cuda_backend(o.rank % std::max(1, o.local_world_size), precision)
            : make_cpu_backend(threads);
   // Measured (or read from cache) before any rank starts computing, so it sees an idle machine.
   Peak peak;
   if (leader) {
-    int machine_threads = cuda ? 1 : std::min<int>(threads * o.local_world_size,
-                                                   int(std::thread::hardware_concurrency()));
+    int machine_threads = cuda ? 1
+                               : std::min<int>(threads * o.local_world_size,
+                                               int(std::thread::hardware_concurrency()));
     peak = device_peak(*backend, precision, machine_threads);
     if (cuda) peak.flops_per_s *= o.world_size;  // one card per rank
   }
@@ -90,11 +92,12 @@ int run_worker(const WorkerOptions& o) {
   rep.mfu_peak_flops = peak.flops_per_s;
   rep.mfu_peak_source = peak.source;
   if (leader && !o.quiet)
-    std::printf("keel: %s %s, %lld params, %s on %d rank(s), %d micro-batch(es) of %d per step, "
-                "backend %s\n",
-                rep.plugin.c_str(), rep.plugin_version.c_str(),
-                static_cast<long long>(rep.num_params), rep.layout.c_str(), rep.world_size,
-                trainer.micro_batches(), cfg.train().micro_batch_size(), rep.backend.c_str());
+    std::printf(
+        "keel: %s %s, %lld params, %s on %d rank(s), %d micro-batch(es) of %d per step, "
+        "backend %s\n",
+        rep.plugin.c_str(), rep.plugin_version.c_str(), static_cast<long long>(rep.num_params),
+        rep.layout.c_str(), rep.world_size, trainer.micro_batches(), cfg.train().micro_batch_size(),
+        rep.backend.c_str());
 
   const int64_t steps = cfg.train().steps();
   double timed_s = 0;
@@ -119,12 +122,14 @@ int run_worker(const WorkerOptions& o) {
     }
     const double tok_s = double(st.tokens) / st.wall_s;
     const double mfu = peak.flops_per_s > 0 ? fpt * tok_s / peak.flops_per_s : 0;
-    if (leader && !o.quiet && ((s + 1) % std::max(1, cfg.train().log_every()) == 0 || s + 1 == steps)) {
-      std::printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | MFU %5.1f%% | "
-                  "compute %3.0f%% comm %3.0f%% bubble %3.0f%%\n",
-                  static_cast<long long>(s + 1), static_cast<long long>(steps), st.loss, st.lr,
-                  st.grad_norm, tok_s, 100 * mfu, 100 * st.compute_s / st.wall_s,
-                  100 * st.comm_s / st.wall_s, 100 * st.bubble_s / st.wall_s);
+    if (leader && !o.quiet &&
+        ((s + 1) % std::max(1, cfg.train().log_every()) == 0 || s + 1 == steps)) {
+      std::printf(
+          "step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | MFU %5.1f%% | "
+          "compute %3.0f%% comm %3.0f%% bubble %3.0f%%\n",
+          static_cast<long long>(s + 1), static_cast<long long>(steps), st.loss, st.lr,
+          st.grad_norm, tok_s, 100 * mfu, 100 * st.compute_s / st.wall_s,
+          100 * st.comm_s / st.wall_s, 100 * st.bubble_s / st.wall_s);
       std::fflush(stdout);
     }
     rep.steps_completed = s + 1;
@@ -144,11 +149,12 @@ int run_worker(const WorkerOptions& o) {
     if (!o.report_path.empty()) write_report_json(o.report_path, rep);
     if (!o.loss_svg_path.empty()) write_loss_svg(o.loss_svg_path, rep);
     if (!o.quiet)
-      std::printf("keel: done: %lld steps, final loss %.6f, %.0f tok/s, MFU %.1f%% of %.3g FLOP/s "
-                  "(%s), params %s, %.1f s\n",
-                  static_cast<long long>(rep.steps_completed), rep.final_loss, rep.tokens_per_s,
-                  100 * rep.mfu, rep.mfu_peak_flops, rep.mfu_peak_source.c_str(),
-                  rep.param_checksum.c_str(), rep.wall_s);
+      std::printf(
+          "keel: done: %lld steps, final loss %.6f, %.0f tok/s, MFU %.1f%% of %.3g FLOP/s "
+          "(%s), params %s, %.1f s\n",
+          static_cast<long long>(rep.steps_completed), rep.final_loss, rep.tokens_per_s,
+          100 * rep.mfu, rep.mfu_peak_flops, rep.mfu_peak_source.c_str(),
+          rep.param_checksum.c_str(), rep.wall_s);
   }
   // Keep every rank's communicators alive until rank 0 has its gather: a barrier over the
   // world group, so no rank exits while another still talks to it.

@@ -12,8 +12,8 @@ int parse_int(const std::string& flag, const std::string& v, int min) {
   char* end = nullptr;
   long x = std::strtol(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0' || x < min || x > 1 << 20)
-    throw InputError(detail::concat("keel-worker: ", flag, " = '", v, "': expected an integer >= ",
-                                    min));
+    throw InputError(
+        detail::concat("keel-worker: ", flag, " = '", v, "': expected an integer >= ", min));
   return int(x);
 }
 
@@ -78,10 +78,11 @@ bool parse_worker_options(int argc, char** argv, WorkerOptions* o) {
       throw InputError("keel-worker: unknown argument '" + a + "'\n" + worker_usage());
     }
   }
-  if (o->config_path.empty()) throw InputError("keel-worker: --config FILE is required\n" + worker_usage());
+  if (o->config_path.empty())
+    throw InputError("keel-worker: --config FILE is required\n" + worker_usage());
   if (o->rank >= o->world_size)
-    throw InputError(detail::concat("keel-worker: rank ", o->rank, " is not below world size ",
-                                    o->world_size));
+    throw InputError(
+        detail::concat("keel-worker: rank ", o->rank, " is not below world size ", o->world_size));
   if (o->world_size > 1 && o->store_addr.empty() && o->nproc == 0)
     throw InputError("keel-worker: world size > 1 needs --store HOST:PORT (or KEEL_STORE_ADDR)");
   return true;

@@ -110,7 +110,9 @@ int64_t ParamStore::local_count() const {
   return n;
 }
 
-void ParamStore::zero_grads() { backend_->fill(grads_, padded_, 0.0f); }
+void ParamStore::zero_grads() {
+  backend_->fill(grads_, padded_, 0.0f);
+}
 
 void ParamStore::init(uint64_t seed) {
   std::vector<float> host;

@@ -95,8 +95,7 @@ typedef struct keel_ops {
   /* out[b,t,:] = wte_shard[tok - vocab_begin, :] (zero if tok is outside [vocab_begin,
    * vocab_end)) + wpe[t, :] (skipped if wpe is NULL). Overwrites out. */
   void (*embedding_forward)(void* impl, float* out, const int32_t* tokens, const float* wte,
-                            const float* wpe, int B, int T, int C, int vocab_begin,
-                            int vocab_end);
+                            const float* wpe, int B, int T, int C, int vocab_begin, int vocab_end);
   void (*embedding_backward)(void* impl, float* dwte, float* dwpe, const float* dout,
                              const int32_t* tokens, int B, int T, int C, int vocab_begin,
                              int vocab_end);
@@ -112,9 +111,8 @@ typedef struct keel_ops {
   void (*matmul_forward)(void* impl, float* out, const float* inp, const float* weight,
                          const float* bias, int N, int C, int OC);
   /* dinp += dout·weight; dweight += doutᵀ·inp; dbias += Σ dout (dbias may be NULL). */
-  void (*matmul_backward)(void* impl, float* dinp, float* dweight, float* dbias,
-                          const float* dout, const float* inp, const float* weight, int N, int C,
-                          int OC);
+  void (*matmul_backward)(void* impl, float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, int N, int C, int OC);
 
   /* Causal self-attention. qkv is [B,T,3,NH,HS] (q|k|v blocks, each NH·HS wide); out is
    * [B,T,NH,HS]; att [B,NH,T,T] saves the softmax for backward. Overwrites out and att. */
@@ -135,8 +133,8 @@ typedef struct keel_ops {
    * softmax is then computed in place). Never gathers the full logits.
    * Returns non-zero if the TP communicator failed. */
   int (*cross_entropy)(void* impl, float* losses, float* dlogits, const float* logits,
-                       const int32_t* targets, int N, int V_local, int vocab_begin,
-                       int vocab_size, float loss_scale);
+                       const int32_t* targets, int N, int V_local, int vocab_begin, int vocab_size,
+                       float loss_scale);
 
   /* Sum x over the TP group, in place (Megatron's "g" in forward, "f" in backward). Returns
    * non-zero if the communicator failed. */
@@ -180,14 +178,12 @@ typedef struct keel_plugin {
 
   /* Checks that the plugin supports these dims and coordinate; on failure writes a message
    * naming the offending field and value into err and returns non-zero. */
-  int (*validate)(const keel_model_dims* dims, const keel_stage* stage, char* err,
-                  size_t err_len);
+  int (*validate)(const keel_model_dims* dims, const keel_stage* stage, char* err, size_t err_len);
   /* Writes up to `capacity` descriptors and returns how many there are (call with
    * capacity 0 to size the array). */
-  int (*describe_params)(const keel_model_dims* dims, const keel_stage* stage,
-                         keel_param_desc* out, int capacity);
-  size_t (*activation_floats)(const keel_model_dims* dims, const keel_stage* stage, int B,
-                              int T);
+  int (*describe_params)(const keel_model_dims* dims, const keel_stage* stage, keel_param_desc* out,
+                         int capacity);
+  size_t (*activation_floats)(const keel_model_dims* dims, const keel_stage* stage, int B, int T);
   size_t (*scratch_floats)(const keel_model_dims* dims, const keel_stage* stage, int B, int T);
   int (*forward)(const keel_model_dims* dims, const keel_stage* stage, keel_stage_args* args);
   int (*backward)(const keel_model_dims* dims, const keel_stage* stage, keel_stage_args* args);

@@ -3,8 +3,8 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "runtime/check.h"
@@ -43,8 +43,7 @@ std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
   p->handle_ = dlopen(p->path_.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!p->handle_)
     throw InputError(detail::concat("plugin ", p->path_, ": dlopen failed: ", dlerror()));
-  auto entry =
-      reinterpret_cast<keel_plugin_entry_fn>(dlsym(p->handle_, KEEL_PLUGIN_ENTRY_SYMBOL));
+  auto entry = reinterpret_cast<keel_plugin_entry_fn>(dlsym(p->handle_, KEEL_PLUGIN_ENTRY_SYMBOL));
   if (!entry)
     throw InputError(detail::concat("plugin ", p->path_, ": missing symbol ",
                                     KEEL_PLUGIN_ENTRY_SYMBOL,
@@ -70,8 +69,7 @@ std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
       {"backward", reinterpret_cast<const void*>(t.backward)}};
   for (const auto& [name, fn] : fns)
     if (!fn)
-      throw InputError(
-          detail::concat("plugin ", p->path_, ": table field ", name, " is NULL"));
+      throw InputError(detail::concat("plugin ", p->path_, ": table field ", name, " is NULL"));
   return p;
 }
 
@@ -86,13 +84,12 @@ std::vector<keel_param_desc> Plugin::describe(const keel_model_dims& dims,
     throw InputError(detail::concat("plugin ", path_, " (", name(), " ", version(),
                                     ") refuses the config: ", err));
   int n = table_->describe_params(&dims, &stage, nullptr, 0);
-  if (n <= 0)
-    throw InputError(detail::concat("plugin ", path_, ": describe_params returned ", n));
+  if (n <= 0) throw InputError(detail::concat("plugin ", path_, ": describe_params returned ", n));
   std::vector<keel_param_desc> descs(n);
   int m = table_->describe_params(&dims, &stage, descs.data(), n);
   if (m != n)
-    throw InputError(detail::concat("plugin ", path_, ": describe_params returned ", n,
-                                    " then ", m, " parameters for the same config"));
+    throw InputError(detail::concat("plugin ", path_, ": describe_params returned ", n, " then ", m,
+                                    " parameters for the same config"));
   check_param_descs(descs, stage, path_);
   return descs;
 }

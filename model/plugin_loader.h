@@ -25,8 +25,7 @@ class Plugin {
   std::string version() const { return table_->version ? table_->version : "?"; }
 
   // validate + describe_params, with the plugin's own message turned into an InputError.
-  std::vector<keel_param_desc> describe(const keel_model_dims& dims,
-                                        const keel_stage& stage) const;
+  std::vector<keel_param_desc> describe(const keel_model_dims& dims, const keel_stage& stage) const;
 
  private:
   Plugin() = default;

@@ -73,9 +73,9 @@ Trainer::Trainer(const config::JobConfig& cfg, Backend* backend, std::shared_ptr
     if (shared) wte_slot_ = int(i);
     segs.push_back({s.offset, s.numel, shared});
   }
-  sync_ = std::make_unique<GradSync>(
-      groups_->dp.get(), params_->grads(), params_->padded_numel(), segs,
-      size_t(cfg_.parallel().bucket_mb() * 1024 * 1024), zero1);
+  sync_ =
+      std::make_unique<GradSync>(groups_->dp.get(), params_->grads(), params_->padded_numel(), segs,
+                                 size_t(cfg_.parallel().bucket_mb() * 1024 * 1024), zero1);
   params_->allocate_moments(zero1 ? sync_->shard_numel() : 0);
 
   ops_ = std::make_unique<OpsTable>(backend_, topo_.tp() > 1 ? groups_->tp.get() : nullptr);
@@ -194,8 +194,7 @@ StepStats Trainer::step(int64_t step) {
       if (a.send_grad) {
         if (a.fused_with_next) {
           Slot& next_slot = *slots_[schedule_[i + 1].micro_batch % n_slots];
-          pp->send_recv(dinput_, hidden_bytes, prev, next_slot.input, hidden_bytes, prev,
-                        kPipeTag);
+          pp->send_recv(dinput_, hidden_bytes, prev, next_slot.input, hidden_bytes, prev, kPipeTag);
           have_input = true;
         } else {
           pp->send(dinput_, hidden_bytes, prev, kPipeTag);
@@ -213,8 +212,7 @@ StepStats Trainer::step(int64_t step) {
   const double dp_wait_s = since(t_dp);
 
   // Global loss and gradient norm in one world all-reduce of two floats.
-  float metrics[2] = {last_ && coord_.tp == 0 ? float(loss_sum) : 0.0f,
-                      float(local_grad_sumsq())};
+  float metrics[2] = {last_ && coord_.tp == 0 ? float(loss_sum) : 0.0f, float(local_grad_sumsq())};
   groups_->world->all_reduce(metrics, 2);
   st.loss = double(metrics[0]) * loss_scale;
   st.grad_norm = std::sqrt(double(metrics[1]));

@@ -27,7 +27,7 @@ namespace keel {
 
 struct StepStats {
   int64_t step = 0;
-  double loss = 0;       // mean token loss over the global batch
+  double loss = 0;  // mean token loss over the global batch
   double lr = 0;
   double grad_norm = 0;  // before clipping
   double wall_s = 0;

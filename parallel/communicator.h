@@ -64,8 +64,8 @@ class Communicator {
   // Send to one peer and receive from another (or the same) at once, so two ranks that
   // exchange in opposite directions never deadlock (1F1B's send_forward_recv_backward).
   // A null send_buf or recv_buf skips that half.
-  virtual void send_recv(const void* send_buf, size_t send_bytes, int send_peer,
-                         void* recv_buf, size_t recv_bytes, int recv_peer, uint32_t tag,
+  virtual void send_recv(const void* send_buf, size_t send_bytes, int send_peer, void* recv_buf,
+                         size_t recv_bytes, int recv_peer, uint32_t tag,
                          Millis timeout = Millis(0)) = 0;
 
   virtual void barrier(Millis timeout = Millis(0)) = 0;

@@ -30,7 +30,8 @@ GradSync::GradSync(Communicator* dp, float* grads, size_t padded_numel,
       continue;
     }
     if (cur.params.empty()) end = s.offset + s.numel;
-    cur.offset = s.offset;  // alignment gaps between parameters are zeros; reducing them is harmless
+    cur.offset =
+        s.offset;  // alignment gaps between parameters are zeros; reducing them is harmless
     cur.numel = end - s.offset;
     cur.params.push_back(i);
     if (cur.numel >= bucket_floats) close();

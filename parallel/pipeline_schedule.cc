@@ -44,7 +44,9 @@ std::vector<PipelineAction> one_f_one_b(int stage, int P, int M) {
   return out;
 }
 
-int max_in_flight(int stage, int P, int M) { return std::min(P - stage, M); }
+int max_in_flight(int stage, int P, int M) {
+  return std::min(P - stage, M);
+}
 
 std::string to_string(const std::vector<PipelineAction>& actions) {
   std::string s;

@@ -19,11 +19,11 @@ struct PipelineAction {
   // compute, send_* after; when `fused` is set the send after this compute and the receive
   // before the next action are one send_recv call (so neighbours that exchange in opposite
   // directions never deadlock).
-  bool recv_input = false;      // forward: activation from the previous stage
-  bool send_output = false;     // forward: activation to the next stage
-  bool recv_grad = false;       // backward: output gradient from the next stage
-  bool send_grad = false;       // backward: input gradient to the previous stage
-  bool fused_with_next = false; // this action's send and the next action's recv are one call
+  bool recv_input = false;       // forward: activation from the previous stage
+  bool send_output = false;      // forward: activation to the next stage
+  bool recv_grad = false;        // backward: output gradient from the next stage
+  bool send_grad = false;        // backward: input gradient to the previous stage
+  bool fused_with_next = false;  // this action's send and the next action's recv are one call
 };
 
 // Actions of one stage for M micro-batches. Throws keel::InputError if M < 1.

@@ -69,8 +69,8 @@ ProcessGroups make_process_groups(const Topology& topo, int rank, std::shared_pt
   g.tp = make_group(topo.tp_group(rank), rank, topo.tp_group_name(rank), store, opts);
   g.pp = make_group(topo.pp_group(rank), rank, topo.pp_group_name(rank), store, opts);
   g.dp = make_group(topo.dp_group(rank), rank, topo.dp_group_name(rank), store, opts);
-  g.emb = make_group(topo.embedding_group(rank), rank, topo.embedding_group_name(rank), store,
-                     opts);
+  g.emb =
+      make_group(topo.embedding_group(rank), rank, topo.embedding_group_name(rank), store, opts);
   return g;
 }
 

@@ -15,7 +15,9 @@ Coord Topology::coord(int rank) const {
   return Coord{(rank / tp_) % dp_, rank / (tp_ * dp_), rank % tp_};
 }
 
-int Topology::rank(Coord c) const { return c.tp + c.dp * tp_ + c.pp * tp_ * dp_; }
+int Topology::rank(Coord c) const {
+  return c.tp + c.dp * tp_ + c.pp * tp_ * dp_;
+}
 
 std::vector<int> Topology::tp_group(int r) const {
   Coord c = coord(r);

@@ -67,15 +67,14 @@ class Backend {
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, const float* mean,
                                   const float* rstd, int N, int C) = 0;
-  virtual void matmul_forward(float* out, const float* inp, const float* weight,
-                              const float* bias, int N, int C, int OC) = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                              int N, int C, int OC) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, int N, int C, int OC) = 0;
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH,
                                  int HS) = 0;
-  virtual void attention_backward(float* dqkv, float* scratch, const float* dout,
-                                  const float* qkv, const float* att, int B, int T, int NH,
-                                  int HS) = 0;
+  virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                  const float* att, int B, int T, int NH, int HS) = 0;
   virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
 
@@ -93,10 +92,10 @@ class Backend {
   // 3. given global sum_exp and target_logit: losses[i] = log(sum_exp) + max − target_logit,
   //    and if dlogits != nullptr, dlogits = loss_scale·(softmax − onehot), 0 on padding.
   //    dlogits may alias logits (elementwise in place).
-  virtual void xent_finish(float* losses, float* dlogits, const float* logits,
-                           const float* row_max, const float* sum_exp, const float* target_logit,
-                           const int32_t* targets, int N, int V_local, int vocab_begin,
-                           int vocab_size, float loss_scale) = 0;
+  virtual void xent_finish(float* losses, float* dlogits, const float* logits, const float* row_max,
+                           const float* sum_exp, const float* target_logit, const int32_t* targets,
+                           int N, int V_local, int vocab_begin, int vocab_size,
+                           float loss_scale) = 0;
 };
 
 // The CPU backend; num_threads <= 0 means all cores. Always available.

@@ -44,19 +44,19 @@ std::string concat(const Args&... args) {
 }  // namespace keel
 
 // KEEL_CHECK(cond, "message", value, ...): a broken invariant or a failed call.
-#define KEEL_CHECK(cond, ...)                                                           \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      ::keel::detail::throw_check(__FILE__, __LINE__, #cond,                            \
+#define KEEL_CHECK(cond, ...)                                                             \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      ::keel::detail::throw_check(__FILE__, __LINE__, #cond,                              \
                                   ::keel::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
-    }                                                                                   \
+    }                                                                                     \
   } while (0)
 
 // KEEL_CHECK_ERRNO(call): a syscall that returns -1 and sets errno.
-#define KEEL_CHECK_ERRNO(call)                                                                \
-  do {                                                                                        \
-    if ((call) == -1) {                                                                       \
-      int keel_errno_ = errno;                                                                \
-      ::keel::detail::throw_check(__FILE__, __LINE__, #call, std::strerror(keel_errno_));     \
-    }                                                                                         \
+#define KEEL_CHECK_ERRNO(call)                                                            \
+  do {                                                                                    \
+    if ((call) == -1) {                                                                   \
+      int keel_errno_ = errno;                                                            \
+      ::keel::detail::throw_check(__FILE__, __LINE__, #call, std::strerror(keel_errno_)); \
+    }                                                                                     \
   } while (0)

@@ -28,13 +28,19 @@ class ProfilingBackend : public Backend {
   void copy_from_host(void* d, const void* s, size_t n) override {
     inner_->copy_from_host(d, s, n);
   }
-  void copy(void* d, const void* s, size_t n) override { time("copy", [&] { inner_->copy(d, s, n); }); }
+  void copy(void* d, const void* s, size_t n) override {
+    time("copy", [&] { inner_->copy(d, s, n); });
+  }
   void synchronize() override { inner_->synchronize(); }
-  void fill(float* x, size_t n, float v) override { time("fill", [&] { inner_->fill(x, n, v); }); }
+  void fill(float* x, size_t n, float v) override {
+    time("fill", [&] { inner_->fill(x, n, v); });
+  }
   void add(float* o, const float* a, const float* b, size_t n) override {
     time("residual_add", [&] { inner_->add(o, a, b, n); });
   }
-  void scale(float* x, size_t n, float s) override { time("scale", [&] { inner_->scale(x, n, s); }); }
+  void scale(float* x, size_t n, float s) override {
+    time("scale", [&] { inner_->scale(x, n, s); });
+  }
   double sum(const float* x, size_t n) override {
     double r = 0;
     time("sum", [&] { r = inner_->sum(x, n); });
@@ -49,9 +55,10 @@ class ProfilingBackend : public Backend {
              const AdamWParams& a) override {
     time("adamw", [&] { inner_->adamw(p, g, m, v, n, a); });
   }
-  void embedding_forward(float* out, const int32_t* tok, const float* wte, const float* wpe,
-                         int B, int T, int C, int vb, int ve) override {
-    time("embedding_forward", [&] { inner_->embedding_forward(out, tok, wte, wpe, B, T, C, vb, ve); });
+  void embedding_forward(float* out, const int32_t* tok, const float* wte, const float* wpe, int B,
+                         int T, int C, int vb, int ve) override {
+    time("embedding_forward",
+         [&] { inner_->embedding_forward(out, tok, wte, wpe, B, T, C, vb, ve); });
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tok, int B,
                           int T, int C, int vb, int ve) override {

@@ -29,8 +29,9 @@ uint64_t stream(std::string_view purpose, uint64_t a, uint64_t b, uint64_t c) {
 }
 
 static Counter block(uint64_t seed, uint64_t stream, uint64_t index) {
-  return philox4x32({uint32_t(index), uint32_t(index >> 32), uint32_t(stream), uint32_t(stream >> 32)},
-                    {uint32_t(seed), uint32_t(seed >> 32)});
+  return philox4x32(
+      {uint32_t(index), uint32_t(index >> 32), uint32_t(stream), uint32_t(stream >> 32)},
+      {uint32_t(seed), uint32_t(seed >> 32)});
 }
 
 uint64_t bits(uint64_t seed, uint64_t stream, uint64_t index) {

@@ -16,8 +16,12 @@ void cleanup() {
 }
 }  // namespace
 
-std::string bin_dir() { return KEEL_BIN_DIR; }
-std::string source_dir() { return KEEL_SOURCE_DIR; }
+std::string bin_dir() {
+  return KEEL_BIN_DIR;
+}
+std::string source_dir() {
+  return KEEL_SOURCE_DIR;
+}
 
 std::string temp_dir(const std::string& tag) {
   std::lock_guard<std::mutex> lock(g_mu);

@@ -10,14 +10,16 @@
 namespace keel::test {
 namespace {
 
-double rel(double a, double b) { return std::abs(a - b) / std::max(1e-12, std::abs(b)); }
+double rel(double a, double b) {
+  return std::abs(a - b) / std::max(1e-12, std::abs(b));
+}
 
 void expect_losses_close(const std::vector<double>& got, const std::vector<double>& want,
                          double tol, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_LE(rel(got[i], want[i]), tol) << what << " step " << i << ": " << got[i] << " vs "
-                                         << want[i];
+    EXPECT_LE(rel(got[i], want[i]), tol)
+        << what << " step " << i << ": " << got[i] << " vs " << want[i];
 }
 
 void expect_params_close(const std::string& a, const std::string& b, double tol,
@@ -39,8 +41,8 @@ TEST(Training, SingleRankLearnsTheCorpus) {
   std::string dir = temp_dir("learn");
   std::string cfg = write_config(dir);
   WorkerRun r = run_worker(dir, "--config " + cfg +
-                                     " --set train.steps=400 --set train.global_batch_size=16"
-                                     " --set model.hidden_size=64 --set model.seq_len=64");
+                                    " --set train.steps=400 --set train.global_batch_size=16"
+                                    " --set model.hidden_size=64 --set model.seq_len=64");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<double> losses = json_array_field(r.report, "losses");
   ASSERT_EQ(losses.size(), 400u);
@@ -97,8 +99,8 @@ TEST_P(LayoutTest, MatchesSingleRankAndIsBitwiseRepeatable) {
   const std::string name =
       "tp" + std::to_string(l.tp) + " pp" + std::to_string(l.pp) + " dp" + std::to_string(l.dp);
   EXPECT_EQ(json_string_field(a.report, "layout"), name);
-  expect_losses_close(json_array_field(a.report, "losses"),
-                      json_array_field(ref.report, "losses"), 1e-5, name);
+  expect_losses_close(json_array_field(a.report, "losses"), json_array_field(ref.report, "losses"),
+                      1e-5, name);
   expect_params_close(dir + "/a.bin", dir + "/ref.bin", 1e-5, name);
   EXPECT_EQ(json_string_field(a.report, "param_checksum"),
             json_string_field(b.report, "param_checksum"))
@@ -146,9 +148,9 @@ TEST(Training, OneFOneBMicroBatchesEqualOneBatch) {
   const std::string batch = " --set train.global_batch_size=4";
   WorkerRun one = run_worker(dir, "--config " + cfg + batch + " --set train.micro_batch_size=4 " +
                                       "--export-llmc " + dir + "/one.bin");
-  WorkerRun pipe = run_worker(dir, "--config " + cfg + batch + " --set train.micro_batch_size=1 " +
-                                       "--nproc 2 --set parallel.pp=2 --export-llmc " + dir +
-                                       "/pipe.bin");
+  WorkerRun pipe =
+      run_worker(dir, "--config " + cfg + batch + " --set train.micro_batch_size=1 " +
+                          "--nproc 2 --set parallel.pp=2 --export-llmc " + dir + "/pipe.bin");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(pipe.exit_code, 0) << pipe.output;
   expect_losses_close(json_array_field(pipe.report, "losses"),

@@ -50,7 +50,8 @@ TEST(WorkerErrors, WorldSizeMismatchSaysHowToStart) {
 TEST(WorkerErrors, MissingShardsNameTheGlobAndField) {
   std::string dir = temp_dir("shards");
   std::string cfg = write_config(dir);
-  WorkerRun r = run_worker(dir, "--config " + cfg + " --set data.train_files=" + dir + "/nope_*.bin");
+  WorkerRun r =
+      run_worker(dir, "--config " + cfg + " --set data.train_files=" + dir + "/nope_*.bin");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "nope_*.bin")) << r.output;
   EXPECT_TRUE(contains(r.output, "data.train_files")) << r.output;

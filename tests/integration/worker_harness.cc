@@ -3,8 +3,8 @@
 #include <sys/wait.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -44,8 +44,7 @@ const std::string& demo_data_dir() {
   return dir;
 }
 
-std::string write_config(const std::string& dir,
-                         const std::map<std::string, std::string>& extra) {
+std::string write_config(const std::string& dir, const std::map<std::string, std::string>& extra) {
   auto more = [&](const std::string& section) {
     auto it = extra.find(section);
     return it == extra.end() ? std::string() : " " + it->second;

@@ -38,7 +38,7 @@ TEST(ConfigTest, ExampleConfigsParse) {
   EXPECT_EQ(c.model().ffn_hidden_size(), 256);    // derived: 4 · 64
   EXPECT_EQ(c.model().padded_vocab_size(), 256);  // derived: 256 is a multiple of 128
   EXPECT_EQ(c.train().micro_batch_size(), 4);
-  EXPECT_EQ(c.train().global_batch_size(), 8);
+  EXPECT_EQ(c.train().global_batch_size(), 16);  // the same global batch as the 3-D demo
   EXPECT_EQ(c.optim().schedule(), config::OptimConfig::cosine);
   EXPECT_EQ(c.data().train_files(), "data/demo/train_*.bin");
 
