@@ -7,6 +7,7 @@
 
 #include "proto/config_loader.h"
 #include "runtime/check.h"
+#include "tests/test_expect.h"
 #include "tests/test_paths.h"
 
 namespace keel {
@@ -22,11 +23,6 @@ std::string error_of(const std::string& text, const std::vector<std::string>& ov
   ADD_FAILURE() << "no InputError for:\n" << text;
   return "";
 }
-
-#define EXPECT_HAS(haystack, needle)                               \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
-      << "expected \"" << (needle) << "\" in:\n"                   \
-      << (haystack)
 
 TEST(ConfigTest, ExampleConfigsParse) {
   config::JobConfig c = load_config(test::source_dir() + "/examples/configs/tiny-gpt.pbtxt", {});

@@ -14,6 +14,7 @@
 #include "model/data_loader.h"
 #include "model/token_shards.h"
 #include "runtime/check.h"
+#include "tests/test_expect.h"
 #include "tests/test_paths.h"
 
 namespace keel {
@@ -22,20 +23,9 @@ namespace {
 namespace fs = std::filesystem;
 using Order = config::DataConfig;
 
-#define EXPECT_HAS(haystack, needle)                               \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
-      << "expected \"" << (needle) << "\" in:\n"                   \
-      << (haystack)
-
 template <typename F>
 std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no InputError";
-  return "";
+  return test::input_error_of(std::forward<F>(f));
 }
 
 // Tokens that say where they are: shard s, position i → s·1000 + i (mod 2^16), so a sample

@@ -12,6 +12,7 @@
 #include "model/llmc_checkpoint.h"
 #include "runtime/check.h"
 #include "runtime/rng.h"
+#include "tests/test_expect.h"
 #include "tests/test_paths.h"
 
 namespace keel {
@@ -19,20 +20,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#define EXPECT_HAS(haystack, needle)                               \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
-      << "expected \"" << (needle) << "\" in:\n"                   \
-      << (haystack)
-
 template <typename F>
 std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no InputError";
-  return "";
+  return test::input_error_of(std::forward<F>(f));
 }
 
 keel_model_dims small_dims() {
