@@ -87,13 +87,15 @@ void write_report_json(const std::string& path, const RunReport& r) {
     << ", \"dp\": " << r.bytes_dp << ", \"emb\": " << r.bytes_emb << "},\n"
     << "  \"losses\": " << array(r.losses) << ",\n"
     << "  \"grad_norms\": " << array(r.grad_norms) << ",\n"
-    << "  \"lrs\": " << array(r.lrs) << "\n"
+    << "  \"lrs\": " << array(r.lrs) << ",\n"
+    << "  \"val_steps\": " << array(r.val_steps) << ",\n"
+    << "  \"val_losses\": " << array(r.val_losses) << "\n"
     << "}\n";
   write_file(path, o.str());
 }
 
 void write_loss_svg(const std::string& path, const RunReport& r) {
-  const double W = 720, H = 360, L = 60, R = 20, T = 30, B = 40;
+  const double W = 720, H = 360, L = 70, R = 20, T = 30, B = 40;
   std::ostringstream o;
   o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
     << "' font-family='sans-serif' font-size='12'>\n"
@@ -103,6 +105,7 @@ void write_loss_svg(const std::string& path, const RunReport& r) {
   if (!r.losses.empty()) {
     double lo = *std::min_element(r.losses.begin(), r.losses.end());
     double hi = *std::max_element(r.losses.begin(), r.losses.end());
+    for (double v : r.val_losses) lo = std::min(lo, v), hi = std::max(hi, v);
     if (hi - lo < 1e-9) hi = lo + 1;
     const double n = std::max<double>(1, double(r.losses.size() - 1));
     auto x = [&](double i) { return L + (W - L - R) * i / n; };
@@ -115,13 +118,29 @@ void write_loss_svg(const std::string& path, const RunReport& r) {
       o << "<text x='" << L - 6 << "' y='" << y(v) + 4 << "' text-anchor='end'>"
         << num(v).substr(0, 5) << "</text>\n";
       o << "<text x='" << x(n * k / 4) << "' y='" << H - B + 16 << "' text-anchor='middle'>"
-        << int(n * k / 4) << "</text>\n";
+        << int(n * k / 4) + 1 << "</text>\n";
     }
     o << "<text x='" << (L + W - R) / 2 << "' y='" << H - 6
       << "' text-anchor='middle'>step</text>\n";
-    o << "<polyline fill='none' stroke='#1f77b4' stroke-width='1.5' points='";
-    for (size_t i = 0; i < r.losses.size(); ++i) o << x(double(i)) << "," << y(r.losses[i]) << " ";
-    o << "'/>\n";
+    // The raw losses, light, and an exponential moving average over ~10 steps on top: the
+    // per-step loss of a small batch is noisy and the trend is what a reader looks for.
+    auto polyline = [&](const std::vector<double>& v, const char* colour, double width) {
+      o << "<polyline fill='none' stroke='" << colour << "' stroke-width='" << width
+        << "' points='";
+      for (size_t i = 0; i < v.size(); ++i) o << x(double(i)) << "," << y(v[i]) << " ";
+      o << "'/>\n";
+    };
+    std::vector<double> ema(r.losses.size());
+    for (size_t i = 0; i < r.losses.size(); ++i)
+      ema[i] = i == 0 ? r.losses[0] : 0.9 * ema[i - 1] + 0.1 * r.losses[i];
+    polyline(r.losses, "#aec7e8", 1);
+    polyline(ema, "#1f3f8f", 2);
+    for (size_t i = 0; i < r.val_losses.size(); ++i)
+      o << "<circle cx='" << x(r.val_steps[i] - 1) << "' cy='" << y(r.val_losses[i])
+        << "' r='4' fill='#ff7f0e'/>\n";
+    o << "<text x='14' y='" << (T + H - B) / 2 << "' transform='rotate(-90 14 " << (T + H - B) / 2
+      << ")' text-anchor='middle'>loss (per step, moving average"
+      << (r.val_losses.empty() ? "" : ", validation: dots") << ")</text>\n";
   }
   o << "</svg>\n";
   write_file(path, o.str());

@@ -19,6 +19,7 @@ struct RunReport {
   std::string mfu_peak_source;
   double wall_s = 0;
   std::vector<double> losses, grad_norms, lrs;
+  std::vector<double> val_steps, val_losses;  // train.eval_every: after which step, and the loss
   // Totals over steps of rank 0's time split and bytes sent per communicator.
   double compute_s = 0, comm_s = 0, bubble_s = 0;
   uint64_t bytes_tp = 0, bytes_pp = 0, bytes_dp = 0, bytes_emb = 0;

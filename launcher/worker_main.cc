@@ -64,6 +64,9 @@ int run_worker(const WorkerOptions& o) {
 
   auto plugin = Plugin::load(cfg.model().plugin());
   DataLoader data = DataLoader::from_config(cfg);
+  std::unique_ptr<DataLoader> val;
+  if (cfg.train().eval_every() > 0)
+    val = std::make_unique<DataLoader>(DataLoader::from_config(cfg, /*val=*/true));
 
   std::shared_ptr<Store> store;
   if (o.world_size > 1) {
@@ -133,6 +136,17 @@ int run_worker(const WorkerOptions& o) {
       std::fflush(stdout);
     }
     rep.steps_completed = s + 1;
+    const int every = cfg.train().eval_every();
+    if (val && ((s + 1) % every == 0 || s + 1 == steps)) {
+      const double vl = trainer.evaluate(*val, cfg.train().eval_batches());
+      rep.val_steps.push_back(double(s + 1));
+      rep.val_losses.push_back(vl);
+      if (leader && !o.quiet) {
+        std::printf("eval %5lld/%lld | val loss %.6f (%d batches)\n", static_cast<long long>(s + 1),
+                    static_cast<long long>(steps), vl, cfg.train().eval_batches());
+        std::fflush(stdout);
+      }
+    }
   }
   rep.final_loss = rep.losses.empty() ? 0 : rep.losses.back();
   rep.tokens_per_s = timed_s > 0 ? double(timed_tokens) / timed_s : 0;

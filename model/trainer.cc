@@ -115,13 +115,13 @@ void Trainer::init_params() {
   }
 }
 
-void Trainer::load_batch(int64_t step, int m, Slot& slot) {
+void Trainer::load_batch(const DataLoader& data, int64_t step, int m, Slot& slot) {
   if (!first_ && !last_) return;
   const int B = cfg_.train().micro_batch_size(), T = dims_.seq_len;
   const int G = cfg_.train().global_batch_size();
   const int first_sample = coord_.dp * (G / topo_.dp()) + m * B;
   std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
-  data_->read(step, G, first_sample, B, inputs.data(), targets.data());
+  data.read(step, G, first_sample, B, inputs.data(), targets.data());
   backend_->copy_from_host(slot.tokens, inputs.data(), inputs.size() * sizeof(int32_t));
   backend_->copy_from_host(slot.targets, targets.data(), targets.size() * sizeof(int32_t));
 }
@@ -145,36 +145,17 @@ StepStats Trainer::step(int64_t step) {
   const int prev = coord_.pp - 1, next = coord_.pp + 1;
   const int n_slots = int(slots_.size());
 
-  auto run = [&](int (*fn)(const keel_model_dims*, const keel_stage*, keel_stage_args*),
-                 keel_stage_args* args) {
-    const int rc = fn(&dims_, &stage_, args);
-    // A failed op is rethrown even if the plugin returned 0: a backend error inside a
-    // non-communicating op has no status to travel back through.
-    ops_->rethrow_if_failed();
-    KEEL_CHECK(rc == 0, "plugin ", plugin_->name(), " returned ", rc, " (bad arguments)");
-  };
-
   for (size_t i = 0; i < schedule_.size(); ++i) {
     const PipelineAction& a = schedule_[i];
     Slot& slot = *slots_[a.micro_batch % n_slots];
-    keel_stage_args args{};
-    args.ops = ops_->ops();
-    args.params = param_ptrs_.data();
-    args.grads = grad_ptrs_.data();
-    args.B = B;
-    args.T = T;
-    args.tokens = slot.tokens;
-    args.targets = slot.targets;
-    args.input = slot.input;
-    args.activations = slot.activations;
-    args.scratch = scratch_;
+    keel_stage_args args = stage_args(slot);
     args.loss_scale = loss_scale;
     if (a.kind == PipelineAction::kForward) {
       if (a.recv_input && !have_input) pp->recv(slot.input, hidden_bytes, prev, kPipeTag);
       have_input = false;
-      load_batch(step, a.micro_batch, slot);
+      load_batch(*data_, step, a.micro_batch, slot);
       args.output = output_;
-      run(plugin_->table().forward, &args);
+      run_plugin(plugin_->table().forward, &args);
       if (last_) loss_sum += args.loss_sum;
       if (a.send_output) {
         if (a.fused_with_next) {
@@ -190,7 +171,7 @@ StepStats Trainer::step(int64_t step) {
       if (a.micro_batch == micro_batches_ - 1) sync_->arm();
       args.dout = dout_;
       args.dinput = dinput_;
-      run(plugin_->table().backward, &args);
+      run_plugin(plugin_->table().backward, &args);
       if (a.send_grad) {
         if (a.fused_with_next) {
           Slot& next_slot = *slots_[schedule_[i + 1].micro_batch % n_slots];
@@ -243,6 +224,53 @@ StepStats Trainer::step(int64_t step) {
   st.comm_s = std::min(st.wall_s - st.bubble_s, tp.wait_s + emb.wait_s + world.wait_s + dp_wait_s);
   st.compute_s = std::max(0.0, st.wall_s - st.bubble_s - st.comm_s);
   return st;
+}
+
+keel_stage_args Trainer::stage_args(Slot& slot) {
+  keel_stage_args args{};
+  args.ops = ops_->ops();
+  args.params = param_ptrs_.data();
+  args.grads = grad_ptrs_.data();
+  args.B = cfg_.train().micro_batch_size();
+  args.T = dims_.seq_len;
+  args.tokens = slot.tokens;
+  args.targets = slot.targets;
+  args.input = slot.input;
+  args.activations = slot.activations;
+  args.scratch = scratch_;
+  return args;
+}
+
+void Trainer::run_plugin(int (*fn)(const keel_model_dims*, const keel_stage*, keel_stage_args*),
+                         keel_stage_args* args) {
+  const int rc = fn(&dims_, &stage_, args);
+  // A failed op is rethrown even if the plugin returned 0: a backend error inside a
+  // non-communicating op has no status to travel back through.
+  ops_->rethrow_if_failed();
+  KEEL_CHECK(rc == 0, "plugin ", plugin_->name(), " returned ", rc, " (bad arguments)");
+}
+
+double Trainer::evaluate(const DataLoader& val, int batches) {
+  const int B = cfg_.train().micro_batch_size(), T = dims_.seq_len;
+  const size_t hidden_bytes = size_t(B) * T * dims_.hidden_size * sizeof(float);
+  Communicator* pp = groups_->pp.get();
+  Slot& slot = *slots_[0];
+  double loss_sum = 0;
+  // Forward only: each stage receives, computes and passes on one micro-batch at a time, in
+  // order, so plain send/recv cannot deadlock.
+  for (int b = 0; b < batches; ++b)
+    for (int m = 0; m < micro_batches_; ++m) {
+      if (!first_) pp->recv(slot.input, hidden_bytes, coord_.pp - 1, kPipeTag);
+      load_batch(val, b, m, slot);
+      keel_stage_args args = stage_args(slot);
+      args.output = output_;
+      run_plugin(plugin_->table().forward, &args);
+      if (last_) loss_sum += args.loss_sum;
+      if (!last_) pp->send(output_, hidden_bytes, coord_.pp + 1, kPipeTag);
+    }
+  float total = last_ && coord_.tp == 0 ? float(loss_sum) : 0.0f;
+  groups_->world->all_reduce(&total, 1);
+  return double(total) / (double(batches) * cfg_.train().global_batch_size() * T);
 }
 
 double Trainer::local_grad_sumsq() {

@@ -53,6 +53,10 @@ class Trainer {
   // global, identical on every rank).
   StepStats step(int64_t step);
 
+  // Mean token loss over global batches [0, batches) of `val` (forward only, through the
+  // pipeline; parameters and optimizer state untouched). Identical on every rank.
+  double evaluate(const DataLoader& val, int batches);
+
   // Full tensors of the whole model gathered to global rank 0 (empty elsewhere). Every rank
   // must call it. Tied copies are left out (they equal their originals).
   NamedTensors gather_full_params();
@@ -67,7 +71,10 @@ class Trainer {
 
  private:
   struct Slot;  // per in-flight micro-batch buffers
-  void load_batch(int64_t step, int micro_batch, Slot& slot);
+  void load_batch(const DataLoader& data, int64_t step, int micro_batch, Slot& slot);
+  keel_stage_args stage_args(Slot& slot);
+  void run_plugin(int (*fn)(const keel_model_dims*, const keel_stage*, keel_stage_args*),
+                  keel_stage_args* args);
   double local_grad_sumsq();
   void optimizer_step(int64_t step, double lr, float clip_scale);
 

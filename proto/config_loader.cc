@@ -432,6 +432,11 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
   }
   v.require(t.steps() >= 0, "train.steps", t.steps(), "must be >= 0");
   v.require(t.log_every() >= 1, "train.log_every", t.log_every(), "must be >= 1");
+  v.require(t.eval_every() >= 0, "train.eval_every", t.eval_every(), "must be >= 0 (0 disables)");
+  v.require(t.eval_batches() >= 1, "train.eval_batches", t.eval_batches(), "must be >= 1");
+  if (t.eval_every() > 0)
+    v.require(!cfg.data().val_files().empty(), "data.val_files", cfg.data().val_files(),
+              "must name the validation shards when train.eval_every > 0");
 
   v.require(std::isfinite(o.lr()) && o.lr() > 0, "optim.lr", o.lr(), "must be positive");
   v.require(o.beta1() >= 0 && o.beta1() < 1, "optim.beta1", o.beta1(), "must be in [0, 1)");

@@ -104,6 +104,10 @@ TEST_P(LayoutTest, MatchesSingleRankAndIsBitwiseRepeatable) {
   expect_losses_close(json_array_field(a.report, "losses"), json_array_field(ref.report, "losses"),
                       1e-5, name);
   expect_params_close(dir + "/a.bin", dir + "/ref.bin", 1e-5, name);
+  // Evaluation runs forward only through the same pipeline and agrees too.
+  ASSERT_EQ(json_array_field(ref.report, "val_losses").size(), 2u);
+  expect_losses_close(json_array_field(a.report, "val_losses"),
+                      json_array_field(ref.report, "val_losses"), 1e-5, name + " validation");
   EXPECT_EQ(json_string_field(a.report, "param_checksum"),
             json_string_field(b.report, "param_checksum"))
       << name << " is not bitwise repeatable";

@@ -53,8 +53,8 @@ std::string write_config(const std::string& dir, const std::map<std::string, std
   std::ofstream f(path);
   f << "model { plugin: \"" << bin_dir() << "/libkeel_gpt.so\" num_layers: 2 hidden_size: 32 "
     << "num_heads: 4 seq_len: 32 vocab_size: 256" << more("model") << " }\n"
-    << "train { micro_batch_size: 2 global_batch_size: 8 steps: 10 seed: 1234" << more("train")
-    << " }\n"
+    << "train { micro_batch_size: 2 global_batch_size: 8 steps: 10 seed: 1234 eval_every: 5 "
+    << "eval_batches: 2" << more("train") << " }\n"
     << "optim { lr: 3e-3 warmup_steps: 2 schedule: cosine" << more("optim") << " }\n"
     << "data { train_files: \"" << demo_data_dir() << "/train_*.bin\" val_files: \""
     << demo_data_dir() << "/val_*.bin\" order: sequential" << more("data") << " }\n"
