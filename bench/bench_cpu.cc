@@ -73,8 +73,7 @@ void bench_size(const Size& s, int steps, int threads, const std::string& shards
     tokens += st.tokens;
   }
   const double tok_s = double(tokens) / wall;
-  const double fpt =
-      6.0 * double(trainer.global_param_count()) + 12.0 * s.layers * double(s.hidden) * s.seq_len;
+  const double fpt = trainer.model_flops_per_token();
   std::printf(
       "%-7s L=%d d=%-4d T=%-4d B=%d  params %9lld  %9.0f tok/s  %7.2f GFLOP/s  MFU %5.1f%%\n",
       s.name, s.layers, s.hidden, s.seq_len, s.micro_batch,

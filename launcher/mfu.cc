@@ -4,10 +4,6 @@
 
 namespace keel {
 
-double flops_per_token(const keel_model_dims& d, int64_t n) {
-  return 6.0 * double(n) + 12.0 * d.num_layers * double(d.hidden_size) * d.seq_len;
-}
-
 Peak device_peak(Backend& backend, Precision precision, int threads) {
   if (backend.kind() == DeviceKind::kCpu) {
     PeakFlops p = cpu_sgemm_peak(threads);

@@ -83,7 +83,7 @@ int run_worker(const WorkerOptions& o) {
 
   Trainer trainer(cfg, backend.get(), plugin, topo, o.rank, &groups, &data);
   trainer.init_params();
-  const double fpt = flops_per_token(trainer.dims(), trainer.global_param_count());
+  const double fpt = trainer.model_flops_per_token();
 
   RunReport rep;
   rep.plugin = plugin->name();

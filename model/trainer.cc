@@ -120,10 +120,12 @@ void Trainer::load_batch(const DataLoader& data, int64_t step, int m, Slot& slot
   const int B = cfg_.train().micro_batch_size(), T = dims_.seq_len;
   const int G = cfg_.train().global_batch_size();
   const int first_sample = coord_.dp * (G / topo_.dp()) + m * B;
-  std::vector<int32_t> inputs(size_t(B) * T), targets(size_t(B) * T);
-  data.read(step, G, first_sample, B, inputs.data(), targets.data());
-  backend_->copy_from_host(slot.tokens, inputs.data(), inputs.size() * sizeof(int32_t));
-  backend_->copy_from_host(slot.targets, targets.data(), targets.size() * sizeof(int32_t));
+  host_inputs_.resize(size_t(B) * T);
+  host_targets_.resize(size_t(B) * T);
+  data.read(step, G, first_sample, B, host_inputs_.data(), host_targets_.data());
+  const size_t bytes = host_inputs_.size() * sizeof(int32_t);
+  backend_->copy_from_host(slot.tokens, host_inputs_.data(), bytes);
+  backend_->copy_from_host(slot.targets, host_targets_.data(), bytes);
 }
 
 StepStats Trainer::step(int64_t step) {

@@ -64,6 +64,11 @@ class Trainer {
   std::vector<std::string> canonical_names() const;
 
   int64_t global_param_count() const { return global_params_; }
+  // Model FLOPs per token for MFU: 6·N + 12·L·d·T (the PaLM accounting llm.c uses).
+  double model_flops_per_token() const {
+    return 6.0 * double(global_params_) +
+           12.0 * dims_.num_layers * double(dims_.hidden_size) * dims_.seq_len;
+  }
   const keel_model_dims& dims() const { return dims_; }
   const keel_stage& stage() const { return stage_; }
   ParamStore& params() { return *params_; }
@@ -99,6 +104,7 @@ class Trainer {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<float*> param_ptrs_, grad_ptrs_;
   float *scratch_ = nullptr, *dout_ = nullptr, *dinput_ = nullptr, *output_ = nullptr;
+  std::vector<int32_t> host_inputs_, host_targets_;  // staging for load_batch
   int wte_slot_ = -1;  // index of the tied embedding in this coordinate, if it has one
 };
 

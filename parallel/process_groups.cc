@@ -45,18 +45,6 @@ void ProcessGroups::abort_all() {
     if (c) c->abort();
 }
 
-CommStats ProcessGroups::total_stats() const {
-  CommStats t;
-  for (auto* c : {world.get(), tp.get(), pp.get(), dp.get(), emb.get()}) {
-    if (!c) continue;
-    CommStats s = c->stats();
-    t.bytes_sent += s.bytes_sent;
-    t.bytes_received += s.bytes_received;
-    t.wait_s += s.wait_s;
-  }
-  return t;
-}
-
 ProcessGroups make_process_groups(const Topology& topo, int rank, std::shared_ptr<Store> store,
                                   const ProcessGroupOptions& opts) {
   ProcessGroups g;

@@ -18,8 +18,6 @@ struct ProcessGroups {
 
   // Aborts every communicator (thread-safe); pending calls throw CommAborted.
   void abort_all();
-  // Sum of stats over all groups.
-  CommStats total_stats() const;
 };
 
 struct ProcessGroupOptions {
