@@ -37,6 +37,16 @@ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// Element i of a [B, NH, T, HS] tensor lives at this offset of a [B, T, row_heads, HS]
+// tensor (qkv rows hold 3·NH heads, q|k|v; dout rows hold NH).
+__device__ inline size_t bhtd_to_bthd(size_t i, int Tn, int NH, int HS, int row_heads) {
+  const int d = static_cast<int>(i % HS);
+  const int t = static_cast<int>((i / HS) % Tn);
+  const int h = static_cast<int>((i / (static_cast<size_t>(HS) * Tn)) % NH);
+  const size_t b = i / (static_cast<size_t>(HS) * Tn * NH);
+  return ((b * Tn + t) * row_heads + h) * HS + d;
+}
+
 // q[b,h,t,d] = qkv[b,t,0,h,d], k = block 1, v = block 2. Indexed in q's order so the writes
 // are coalesced; the reads of one (b,t) row are contiguous HS-runs.
 template <typename T>
@@ -45,11 +55,7 @@ __global__ void permute_kernel(T* __restrict__ q, T* __restrict__ k, T* __restri
   const size_t total = static_cast<size_t>(B) * NH * Tn * HS;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % HS);
-    const int t = static_cast<int>((i / HS) % Tn);
-    const int h = static_cast<int>((i / (static_cast<size_t>(HS) * Tn)) % NH);
-    const size_t b = i / (static_cast<size_t>(HS) * Tn * NH);
-    const size_t src = ((b * Tn + t) * 3 * NH + h) * HS + d;
+    const size_t src = bhtd_to_bthd(i, Tn, NH, HS, 3 * NH);
     const size_t block = static_cast<size_t>(NH) * HS;
     q[i] = from_float<T>(qkv[src]);
     k[i] = from_float<T>(qkv[src + block]);
@@ -64,11 +70,7 @@ __global__ void permute_backward_kernel(float* __restrict__ dqkv, const float* _
   const size_t total = static_cast<size_t>(B) * NH * Tn * HS;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % HS);
-    const int t = static_cast<int>((i / HS) % Tn);
-    const int h = static_cast<int>((i / (static_cast<size_t>(HS) * Tn)) % NH);
-    const size_t b = i / (static_cast<size_t>(HS) * Tn * NH);
-    const size_t dst = ((b * Tn + t) * 3 * NH + h) * HS + d;
+    const size_t dst = bhtd_to_bthd(i, Tn, NH, HS, 3 * NH);
     const size_t block = static_cast<size_t>(NH) * HS;
     dqkv[dst] += dq[i];
     dqkv[dst + block] += dk[i];
@@ -97,11 +99,7 @@ __global__ void unpermute_backward_kernel(T* __restrict__ dy, const float* __res
   const size_t total = static_cast<size_t>(B) * NH * Tn * HS;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % HS);
-    const int t = static_cast<int>((i / HS) % Tn);
-    const int h = static_cast<int>((i / (static_cast<size_t>(HS) * Tn)) % NH);
-    const size_t b = i / (static_cast<size_t>(HS) * Tn * NH);
-    dy[i] = from_float<T>(dout[((b * Tn + t) * NH + h) * HS + d]);
+    dy[i] = from_float<T>(dout[bhtd_to_bthd(i, Tn, NH, HS, NH)]);
   }
 }
 
