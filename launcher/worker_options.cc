@@ -35,6 +35,10 @@ std::string worker_usage() {
   --rank R --world N --store HOST:PORT
                         run as one rank of N that meet through a TCP store
                         (or KEEL_RANK, KEEL_WORLD_SIZE, KEEL_STORE_ADDR)
+  --fault KIND@step=S,rank=R[,code=C][,message=TEXT][,delay_ms=D]
+                        inject a fault (crash, exit, hang, slow, nan); repeatable
+  --inject FILE         inject the faults of a schedule (text protobuf, proto/faults.proto)
+  --resume DIR          continue from the newest complete persistent checkpoint in DIR
   --quiet               no per-step progress lines
 )";
 }
@@ -72,6 +76,12 @@ bool parse_worker_options(int argc, char** argv, WorkerOptions* o) {
       o->world_size = parse_int(a, value(), 1);
     } else if (a == "--store") {
       o->store_addr = value();
+    } else if (a == "--fault") {
+      o->faults.push_back(value());
+    } else if (a == "--inject") {
+      o->inject_path = value();
+    } else if (a == "--resume") {
+      o->resume_dir = value();
     } else if (a == "--quiet") {
       o->quiet = true;
     } else {

@@ -19,6 +19,9 @@ struct WorkerOptions {
   std::string store_addr;              // --store HOST:PORT or KEEL_STORE_ADDR
   int local_world_size = 1;            // KEEL_LOCAL_WORLD_SIZE: ranks sharing this machine
   bool quiet = false;                  // --quiet: no per-step lines
+  std::vector<std::string> faults;     // --fault KIND@step=S,rank=R,... (robust/fault_spec.h)
+  std::string inject_path;             // --inject FILE: a fault schedule (text protobuf)
+  std::string resume_dir;              // --resume DIR: continue from a persistent checkpoint
 };
 
 // Parses argv (throws keel::InputError naming the flag on a bad or missing value).
