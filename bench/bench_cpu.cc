@@ -61,14 +61,15 @@ void bench_size(const Size& s, int steps, int threads, const std::string& shards
   DataLoader data = DataLoader::from_config(cfg);
   Topology topo(1, 1, 1);
   ProcessGroups groups = make_process_groups(topo, 0, std::make_shared<HashStore>(), {});
-  Trainer trainer(cfg, profiler.get(), plugin, topo, 0, &groups, &data);
+  auto state = make_train_state(cfg, profiler.get(), *plugin, topo, 0);
+  Trainer trainer(cfg, profiler.get(), plugin, topo, 0, state.get(), &groups, &data);
   trainer.init_params();
-  trainer.step(0);  // warm-up: page faults, OpenBLAS buffers
+  trainer.step();  // warm-up: page faults, OpenBLAS buffers
   profiler->reset();
   double wall = 0;
   int64_t tokens = 0;
   for (int i = 1; i <= steps; ++i) {
-    StepStats st = trainer.step(i);
+    StepStats st = trainer.step();
     wall += st.wall_s;
     tokens += st.tokens;
   }

@@ -6,36 +6,12 @@
 #include <fstream>
 #include <sstream>
 
+#include <google/protobuf/util/json_util.h>
+
 #include "runtime/check.h"
 
 namespace keel {
 namespace {
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
 
 // Enough digits that a float survives the round trip, so tests can compare exactly.
 std::string num(double v) {
@@ -43,12 +19,6 @@ std::string num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.9g", v);
   return buf;
-}
-
-std::string array(const std::vector<double>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + num(v[i]);
-  return s + "]";
 }
 
 void write_file(const std::string& path, const std::string& text) {
@@ -65,33 +35,14 @@ void write_file(const std::string& path, const std::string& text) {
 }  // namespace
 
 void write_report_json(const std::string& path, const RunReport& r) {
-  std::ostringstream o;
-  o << "{\n"
-    << "  \"plugin\": " << json_string(r.plugin) << ",\n"
-    << "  \"plugin_version\": " << json_string(r.plugin_version) << ",\n"
-    << "  \"backend\": " << json_string(r.backend) << ",\n"
-    << "  \"layout\": " << json_string(r.layout) << ",\n"
-    << "  \"world_size\": " << r.world_size << ",\n"
-    << "  \"num_params\": " << r.num_params << ",\n"
-    << "  \"steps_completed\": " << r.steps_completed << ",\n"
-    << "  \"final_loss\": " << num(r.final_loss) << ",\n"
-    << "  \"param_checksum\": " << json_string(r.param_checksum) << ",\n"
-    << "  \"tokens_per_s\": " << num(r.tokens_per_s) << ",\n"
-    << "  \"mfu\": " << num(r.mfu) << ",\n"
-    << "  \"mfu_peak_flops\": " << num(r.mfu_peak_flops) << ",\n"
-    << "  \"mfu_peak_source\": " << json_string(r.mfu_peak_source) << ",\n"
-    << "  \"wall_s\": " << num(r.wall_s) << ",\n"
-    << "  \"time_split_s\": {\"compute\": " << num(r.compute_s) << ", \"comm\": " << num(r.comm_s)
-    << ", \"bubble\": " << num(r.bubble_s) << "},\n"
-    << "  \"bytes_sent\": {\"tp\": " << r.bytes_tp << ", \"pp\": " << r.bytes_pp
-    << ", \"dp\": " << r.bytes_dp << ", \"emb\": " << r.bytes_emb << "},\n"
-    << "  \"losses\": " << array(r.losses) << ",\n"
-    << "  \"grad_norms\": " << array(r.grad_norms) << ",\n"
-    << "  \"lrs\": " << array(r.lrs) << ",\n"
-    << "  \"val_steps\": " << array(r.val_steps) << ",\n"
-    << "  \"val_losses\": " << array(r.val_losses) << "\n"
-    << "}\n";
-  write_file(path, o.str());
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  opts.always_print_primitive_fields = true;
+  opts.preserve_proto_field_names = true;
+  std::string json;
+  auto status = google::protobuf::util::MessageToJsonString(r, &json, opts);
+  KEEL_CHECK(status.ok(), "report to JSON: ", status.ToString());
+  write_file(path, json);
 }
 
 void write_loss_svg(const std::string& path, const RunReport& r) {
@@ -100,14 +51,14 @@ void write_loss_svg(const std::string& path, const RunReport& r) {
   o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
     << "' font-family='sans-serif' font-size='12'>\n"
     << "<rect width='100%' height='100%' fill='white'/>\n"
-    << "<text x='" << L << "' y='18'>keel: training loss (" << r.layout << ", " << r.losses.size()
-    << " steps, final " << num(r.final_loss) << ")</text>\n";
-  if (!r.losses.empty()) {
-    double lo = *std::min_element(r.losses.begin(), r.losses.end());
-    double hi = *std::max_element(r.losses.begin(), r.losses.end());
-    for (double v : r.val_losses) lo = std::min(lo, v), hi = std::max(hi, v);
+    << "<text x='" << L << "' y='18'>keel: training loss (" << r.layout() << ", " << r.losses_size()
+    << " steps, final " << num(r.final_loss()) << ")</text>\n";
+  if (r.losses_size() > 0) {
+    double lo = *std::min_element(r.losses().begin(), r.losses().end());
+    double hi = *std::max_element(r.losses().begin(), r.losses().end());
+    for (double v : r.val_losses()) lo = std::min(lo, v), hi = std::max(hi, v);
     if (hi - lo < 1e-9) hi = lo + 1;
-    const double n = std::max<double>(1, double(r.losses.size() - 1));
+    const double n = std::max<double>(1, double(r.losses_size() - 1));
     auto x = [&](double i) { return L + (W - L - R) * i / n; };
     auto y = [&](double v) { return T + (H - T - B) * (hi - v) / (hi - lo); };
     o << "<line x1='" << L << "' y1='" << H - B << "' x2='" << W - R << "' y2='" << H - B
@@ -130,17 +81,18 @@ void write_loss_svg(const std::string& path, const RunReport& r) {
       for (size_t i = 0; i < v.size(); ++i) o << x(double(i)) << "," << y(v[i]) << " ";
       o << "'/>\n";
     };
-    std::vector<double> ema(r.losses.size());
-    for (size_t i = 0; i < r.losses.size(); ++i)
-      ema[i] = i == 0 ? r.losses[0] : 0.9 * ema[i - 1] + 0.1 * r.losses[i];
-    polyline(r.losses, "#aec7e8", 1);
+    std::vector<double> losses(r.losses().begin(), r.losses().end());
+    std::vector<double> ema(losses.size());
+    for (size_t i = 0; i < losses.size(); ++i)
+      ema[i] = i == 0 ? losses[0] : 0.9 * ema[i - 1] + 0.1 * losses[i];
+    polyline(losses, "#aec7e8", 1);
     polyline(ema, "#1f3f8f", 2);
-    for (size_t i = 0; i < r.val_losses.size(); ++i)
-      o << "<circle cx='" << x(r.val_steps[i] - 1) << "' cy='" << y(r.val_losses[i])
+    for (int i = 0; i < r.val_losses_size(); ++i)
+      o << "<circle cx='" << x(r.val_steps(i) - 1) << "' cy='" << y(r.val_losses(i))
         << "' r='4' fill='#ff7f0e'/>\n";
     o << "<text x='14' y='" << (T + H - B) / 2 << "' transform='rotate(-90 14 " << (T + H - B) / 2
       << ")' text-anchor='middle'>loss (per step, moving average"
-      << (r.val_losses.empty() ? "" : ", validation: dots") << ")</text>\n";
+      << (r.val_losses_size() == 0 ? "" : ", validation: dots") << ")</text>\n";
   }
   o << "</svg>\n";
   write_file(path, o.str());

@@ -1,9 +1,12 @@
 #include "model/data_loader.h"
 
 #include <glob.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
+#include <cstdio>
 #include <utility>
 
 #include "runtime/check.h"
@@ -67,6 +70,13 @@ DataLoader::DataLoader(const std::string& glob, int seq_len, Order order, uint64
   files_ = expand_glob(glob_, field_);
   window_prefix_.push_back(0);
   for (const auto& f : files_) {
+    struct stat st {};
+    if (::stat(f.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      // Without this, a folder such as data/train_old/ matched by data/train_* would fail
+      // later as an unreadable shard.
+      throw InputError(detail::concat(f, ": is a directory, matched by ", field_, " = \"", glob_,
+                                      "\"; the glob must match token shards only"));
+    }
     shards_.emplace_back(f);
     const TokenShard& s = shards_.back();
     num_tokens_ += s.size();
@@ -77,13 +87,39 @@ DataLoader::DataLoader(const std::string& glob, int seq_len, Order order, uint64
                                       "model.seq_len + 1 = ", T_ + 1, " (", field_, ")"));
     }
   }
+  if (vocab_size_ > 0) {
+    // Every token, up front: a bad token deep in the data would otherwise stop the run at
+    // the step that first reads it, hours in.
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const auto& s : shards_) {
+      int64_t at = s.find_token_at_least(uint32_t(vocab_size_));
+      if (at >= 0) {
+        uint16_t tok = 0;
+        s.read(at, 1, &tok);
+        throw InputError(detail::concat(s.path(), ": token ", tok, " at position ", at,
+                                        " >= model.vocab_size = ", vocab_size_, " (", field_, ")"));
+      }
+    }
+    check_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 }
 
 DataLoader DataLoader::from_config(const config::JobConfig& cfg, bool val) {
   // Validation always reads in file order so that every evaluation sees the same samples.
-  return DataLoader(val ? cfg.data().val_files() : cfg.data().train_files(), cfg.model().seq_len(),
-                    val ? config::DataConfig::sequential : cfg.data().order(), cfg.train().seed(),
-                    val ? "data.val_files" : "data.train_files", cfg.model().vocab_size());
+  DataLoader d(val ? cfg.data().val_files() : cfg.data().train_files(), cfg.model().seq_len(),
+               val ? config::DataConfig::sequential : cfg.data().order(), cfg.train().seed(),
+               val ? "data.val_files" : "data.train_files", cfg.model().vocab_size());
+  // Sequential order needs one global batch per shard; say so now rather than at the first
+  // step (or, for validation, at the first evaluation).
+  if (d.order() == config::DataConfig::sequential)
+    d.steps_per_epoch(cfg.train().global_batch_size());
+  // Only worth a line when a user would notice the wait.
+  if (d.check_seconds() > 1.0) {
+    std::fprintf(stderr, "keel: checked %lld tokens in %zu shard(s) of %s in %.1f s\n",
+                 static_cast<long long>(d.num_tokens()), d.files().size(), d.field_.c_str(),
+                 d.check_seconds());
+  }
+  return d;
 }
 
 std::vector<int64_t> DataLoader::batches_per_shard(int global_batch) const {
@@ -112,8 +148,17 @@ int64_t DataLoader::steps_per_epoch(int global_batch) const {
 void DataLoader::copy_sample(size_t shard, int64_t offset, int32_t* inputs,
                              int32_t* targets) const {
   const TokenShard& s = shards_[shard];
-  const uint16_t* tok = s.tokens() + offset;
+  // Through pread (TokenShard says why); T+1 uint16 on the stack for the usual T.
+  uint16_t small[1025];
+  std::vector<uint16_t> large;
+  uint16_t* tok = small;
+  if (T_ + 1 > 1025) {
+    large.resize(size_t(T_) + 1);
+    tok = large.data();
+  }
+  s.read(offset, T_ + 1, tok);
   if (vocab_size_ > 0) {
+    // Checked up front too; this catches a shard rewritten in place since.
     for (int64_t i = 0; i <= T_; ++i) {
       if (tok[i] >= vocab_size_) {
         throw InputError(detail::concat(s.path(), ": token ", tok[i], " at position ", offset + i,

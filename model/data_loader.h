@@ -21,12 +21,16 @@ class DataLoader {
 
   // Opens every shard matching `glob`, in sorted order (as llm.c's glob(3) does), and
   // validates their headers. `field` names the config field the glob came from, for errors
-  // (zero matches → InputError naming the glob and the field). If vocab_size > 0, a token
-  // >= vocab_size met by read() is an InputError naming the shard and offset.
+  // (zero matches → InputError naming the glob and the field; so is a directory it matches).
+  // If vocab_size > 0, every token of every shard is checked here, before any read: a token
+  // >= vocab_size is an InputError naming the shard, the position and the value.
   DataLoader(const std::string& glob, int seq_len, Order order, uint64_t seed,
              std::string field = "data.train_files", int vocab_size = 0);
 
-  // The training (val = false) or validation loader of a validated job config.
+  // The training (val = false) or validation loader of a validated job config. In
+  // sequential order (always, for validation) a shard shorter than one global batch is an
+  // InputError here, not at the first read. A token check that took over a second is
+  // reported on stderr ("keel: checked N tokens in M shard(s) of data.train_files in X s").
   static DataLoader from_config(const config::JobConfig& cfg, bool val = false);
 
   // Fills inputs and targets ([count·T] each) with samples first .. first+count-1 of step
@@ -46,6 +50,8 @@ class DataLoader {
   int seq_len() const { return T_; }
   Order order() const { return order_; }
   int64_t num_tokens() const { return num_tokens_; }
+  // Seconds the constructor spent checking tokens against vocab_size (0 without a vocab).
+  double check_seconds() const { return check_seconds_; }
   // Windows of T+1 tokens in one pass over the data (the shuffled order's epoch length).
   int64_t num_windows() const { return window_prefix_.back(); }
   // Steps in one pass over the data in sequential order with this global batch.
@@ -65,6 +71,7 @@ class DataLoader {
   std::vector<TokenShard> shards_;
   std::vector<int64_t> window_prefix_;  // window_prefix_[i]: windows in shards [0, i)
   int64_t num_tokens_ = 0;
+  double check_seconds_ = 0;
 };
 
 // A pseudo-random permutation of [0, n) keyed by (seed, stream): a balanced Feistel network

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -130,6 +131,14 @@ NamedTensors read_llmc_checkpoint(const std::string& path, const keel_model_dims
     if (std::fread(v.data(), sizeof(float), v.size(), f.get()) != v.size()) {
       // The size matched a moment ago: the file changed under us.
       throw InputError(detail::concat(path, ": short read in tensor ", t.name));
+    }
+    // A NaN or Inf weight poisons every loss from the first step on; refused here it names
+    // the tensor, where in training it would only show as "loss nan".
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!std::isfinite(v[i])) {
+        throw InputError(detail::concat(path, ": tensor ", t.name, " element ", i, " = ", v[i],
+                                        ": weights must be finite"));
+      }
     }
   }
   return out;

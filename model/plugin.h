@@ -1,4 +1,7 @@
-/* keel model plugin API, version 1.
+/* keel model plugin API, version 2.
+ *
+ * Version 2 (from 1): keel_param_desc gained tied_to (ties are declared, not recognised by
+ * name) and keel_plugin gained flops_per_token.
  *
  * A plugin is a shared object that exports one C symbol, keel_plugin_entry, returning a
  * versioned table. Through it the plugin (a) describes its parameters for a model config and
@@ -25,7 +28,7 @@
 extern "C" {
 #endif
 
-#define KEEL_PLUGIN_ABI_VERSION 1u
+#define KEEL_PLUGIN_ABI_VERSION 2u
 #define KEEL_PLUGIN_ENTRY_SYMBOL "keel_plugin_entry"
 #define KEEL_PARAM_NAME_MAX 64
 #define KEEL_PARAM_MAX_DIMS 4
@@ -77,6 +80,11 @@ typedef struct keel_param_desc {
   int32_t init;      /* keel_init */
   float init_std;
   uint32_t flags;
+  /* Non-empty: this parameter and the one of that name on the other end of the pipeline are
+   * one weight (a tied embedding: the first stage's table, the last stage's head). Both
+   * declare it; the runtime sums the two gradients over the embedding group (first and last
+   * stage) before the data-parallel reduction. Empty when pp == 1 (one copy, nothing to tie). */
+  char tied_to[KEEL_PARAM_NAME_MAX];
 } keel_param_desc;
 
 /* Kernels and collectives the runtime lends a plugin. `impl` is opaque; pass it back as the
@@ -187,6 +195,9 @@ typedef struct keel_plugin {
   size_t (*scratch_floats)(const keel_model_dims* dims, const keel_stage* stage, int B, int T);
   int (*forward)(const keel_model_dims* dims, const keel_stage* stage, keel_stage_args* args);
   int (*backward)(const keel_model_dims* dims, const keel_stage* stage, keel_stage_args* args);
+  /* Model FLOPs of forward + backward per token of the whole model (all stages and TP ranks),
+   * for MFU: for a GPT, 6·N + 12·L·C·T (the PaLM accounting llm.c uses). */
+  double (*flops_per_token)(const keel_model_dims* dims);
 } keel_plugin;
 
 /* The one exported symbol. runtime_abi_version lets a plugin serve several ABI versions;

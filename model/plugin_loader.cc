@@ -66,7 +66,8 @@ std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
       {"activation_floats", reinterpret_cast<const void*>(t.activation_floats)},
       {"scratch_floats", reinterpret_cast<const void*>(t.scratch_floats)},
       {"forward", reinterpret_cast<const void*>(t.forward)},
-      {"backward", reinterpret_cast<const void*>(t.backward)}};
+      {"backward", reinterpret_cast<const void*>(t.backward)},
+      {"flops_per_token", reinterpret_cast<const void*>(t.flops_per_token)}};
   for (const auto& [name, fn] : fns)
     if (!fn)
       throw InputError(detail::concat("plugin ", p->path_, ": table field ", name, " is NULL"));
@@ -116,6 +117,12 @@ void check_param_descs(const std::vector<keel_param_desc>& descs, const keel_sta
     if (d.init == KEEL_INIT_NORMAL && !(d.init_std > 0)) fail("init_std is ", d.init_std);
     if (d.flags & ~uint32_t(KEEL_PARAM_WEIGHT_DECAY | KEEL_PARAM_TIED_COPY))
       fail("unknown flags ", d.flags);
+    const size_t tie = strnlen(d.tied_to, KEEL_PARAM_NAME_MAX);
+    if (tie == KEEL_PARAM_NAME_MAX) fail("tied_to is unterminated");
+    if ((d.flags & KEEL_PARAM_TIED_COPY) && tie == 0)
+      fail("is a tied copy (KEEL_PARAM_TIED_COPY) but names no tied_to");
+    if (tie > 0 && stage.pp_size == 1)
+      fail("tied_to = '", std::string(d.tied_to, tie), "' with pp = 1 (nothing to tie to)");
   }
 }
 

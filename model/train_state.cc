@@ -16,8 +16,8 @@ uint64_t fnv(uint64_t h, const void* data, size_t n) {
 TrainState::TrainState(Backend* backend, std::vector<keel_param_desc> descs, int tp_rank,
                        int tp_size, int dp_size, bool zero1)
     : backend_(backend), params_(backend, std::move(descs), tp_rank, tp_size, dp_size) {
-  moment_floats_ = zero1 && dp_size > 1 ? params_.padded_numel() / size_t(dp_size)
-                                        : params_.padded_numel();
+  moment_floats_ =
+      zero1 && dp_size > 1 ? params_.padded_numel() / size_t(dp_size) : params_.padded_numel();
   params_.allocate_moments(moment_floats_);
 }
 

@@ -38,8 +38,16 @@ struct Trainer::Slot {
   }
 };
 
+std::unique_ptr<TrainState> make_train_state(const config::JobConfig& cfg, Backend* backend,
+                                             const Plugin& plugin, const Topology& topo, int rank) {
+  const Coord c = topo.coord(rank);
+  return std::make_unique<TrainState>(backend, plugin.describe(model_dims(cfg), stage_of(cfg, c)),
+                                      c.tp, topo.tp(), topo.dp(), cfg.parallel().zero1());
+}
+
 Trainer::Trainer(const config::JobConfig& cfg, Backend* backend, std::shared_ptr<Plugin> plugin,
-                 const Topology& topo, int rank, ProcessGroups* groups, DataLoader* data)
+                 const Topology& topo, int rank, TrainState* state, ProcessGroups* groups,
+                 DataLoader* data)
     : cfg_(cfg),
       backend_(backend),
       plugin_(std::move(plugin)),
@@ -47,7 +55,8 @@ Trainer::Trainer(const config::JobConfig& cfg, Backend* backend, std::shared_ptr
       rank_(rank),
       coord_(topo.coord(rank)),
       groups_(groups),
-      data_(data) {
+      data_(data),
+      state_(state) {
   dims_ = model_dims(cfg_);
   stage_ = stage_of(cfg_, coord_);
   first_ = coord_.pp == 0;
@@ -55,31 +64,22 @@ Trainer::Trainer(const config::JobConfig& cfg, Backend* backend, std::shared_ptr
   const int B = cfg_.train().micro_batch_size(), T = dims_.seq_len, C = dims_.hidden_size;
   micro_batches_ = cfg_.train().global_batch_size() / (B * topo_.dp());
 
-  std::vector<keel_param_desc> descs = plugin_->describe(dims_, stage_);
-  // The whole model's size, for MFU: the single-rank description counts every parameter once.
+  // The whole model's size: the single-rank description counts every parameter once.
   for (const auto& d : plugin_->describe(dims_, single_rank_stage(cfg_)))
     global_params_ += int64_t(global_numel(d));
 
-  const bool zero1 = cfg_.parallel().zero1();
-  params_ = std::make_unique<ParamStore>(backend_, descs, coord_.tp, topo_.tp(), topo_.dp());
-  std::vector<GradSegment> segs;
-  for (size_t i = 0; i < params_->slots().size(); ++i) {
-    const ParamSlot& s = params_->slots()[i];
-    param_ptrs_.push_back(params_->param(int(i)));
-    grad_ptrs_.push_back(params_->grad(int(i)));
-    // The embedding shared by the first and last stage is summed over the embedding group
-    // before the DP reduction, so its bucket never starts early.
-    bool shared = topo_.pp() > 1 && (s.tied_copy() || s.name == "wte");
-    if (shared) wte_slot_ = int(i);
-    segs.push_back({s.offset, s.numel, shared});
+  ParamStore& ps = state_->params();
+  for (size_t i = 0; i < ps.slots().size(); ++i) {
+    const ParamSlot& s = ps.slots()[i];
+    param_ptrs_.push_back(ps.param(int(i)));
+    grad_ptrs_.push_back(ps.grad(int(i)));
+    // A tied parameter's gradient is summed over the embedding group before the DP
+    // reduction, so its bucket never starts early.
+    const bool tied = s.desc.tied_to[0] != '\0';
+    if (tied) tied_slot_ = int(i);
+    segments_.push_back({s.offset, s.numel, tied});
   }
-  sync_ =
-      std::make_unique<GradSync>(groups_->dp.get(), params_->grads(), params_->padded_numel(), segs,
-                                 size_t(cfg_.parallel().bucket_mb() * 1024 * 1024), zero1);
-  params_->allocate_moments(zero1 ? sync_->shard_numel() : 0);
-
-  ops_ = std::make_unique<OpsTable>(backend_, topo_.tp() > 1 ? groups_->tp.get() : nullptr);
-  ops_->set_grad_ready([this](int i) { sync_->mark_ready(i); });
+  bind_groups();
 
   schedule_ = one_f_one_b(coord_.pp, topo_.pp(), micro_batches_);
   const int in_flight = max_in_flight(coord_.pp, topo_.pp(), micro_batches_);
@@ -100,19 +100,43 @@ Trainer::Trainer(const config::JobConfig& cfg, Backend* backend, std::shared_ptr
     dout_ = static_cast<float*>(backend_->alloc(hidden * sizeof(float)));
   }
   if (!first_) dinput_ = static_cast<float*>(backend_->alloc(hidden * sizeof(float)));
+  if (zero1())
+    undo_ = static_cast<float*>(backend_->alloc(3 * sync_->shard_numel() * sizeof(float)));
 }
 
 Trainer::~Trainer() {
-  for (float* p : {scratch_, dout_, dinput_, output_}) backend_->free(p);
+  for (float* p : {scratch_, dout_, dinput_, output_, undo_}) backend_->free(p);
+}
+
+bool Trainer::zero1() const {
+  return cfg_.parallel().zero1() && topo_.dp() > 1;
+}
+
+void Trainer::bind_groups() {
+  ParamStore& ps = state_->params();
+  sync_ = std::make_unique<GradSync>(groups_->dp.get(), ps.grads(), ps.padded_numel(), segments_,
+                                     size_t(cfg_.parallel().bucket_mb() * 1024 * 1024),
+                                     cfg_.parallel().zero1());
+  ops_ = std::make_unique<OpsTable>(backend_, topo_.tp() > 1 ? groups_->tp.get() : nullptr);
+  ops_->set_grad_ready([this](int i) { sync_->mark_ready(i); });
+}
+
+void Trainer::rebind(ProcessGroups* groups) {
+  groups_ = groups;
+  bind_groups();
 }
 
 void Trainer::init_params() {
   const std::string& ckpt = cfg_.model().init_checkpoint();
+  ParamStore& ps = state_->params();
   if (ckpt.empty()) {
-    params_->init(cfg_.train().seed());
+    ps.init(cfg_.train().seed());
   } else {
-    params_->load_full(read_llmc_checkpoint(ckpt, dims_), ckpt);
+    ps.load_full(read_llmc_checkpoint(ckpt, dims_), ckpt);
   }
+  for (const StateSpan& sp : state_->spans())
+    if (sp.data != ps.params()) backend_->fill(sp.data, sp.floats, 0.0f);
+  state_->set_step(0);
 }
 
 void Trainer::load_batch(const DataLoader& data, int64_t step, int m, Slot& slot) {
@@ -128,8 +152,10 @@ void Trainer::load_batch(const DataLoader& data, int64_t step, int m, Slot& slot
   backend_->copy_from_host(slot.targets, host_targets_.data(), bytes);
 }
 
-StepStats Trainer::step(int64_t step) {
+StepStats Trainer::step() {
+  const int64_t step = state_->step();
   const auto t_start = Clock::now();
+  ParamStore& params = state_->params();
   const int B = cfg_.train().micro_batch_size(), T = dims_.seq_len;
   const size_t hidden_bytes = size_t(B) * T * dims_.hidden_size * sizeof(float);
   const CommStats tp0 = groups_->tp->stats(), pp0 = groups_->pp->stats(),
@@ -139,7 +165,7 @@ StepStats Trainer::step(int64_t step) {
   st.step = step;
   st.tokens = int64_t(cfg_.train().global_batch_size()) * T;
 
-  params_->zero_grads();
+  params.zero_grads();
   const float loss_scale = 1.0f / float(int64_t(cfg_.train().global_batch_size()) * T);
   double loss_sum = 0;
   bool have_input = false, have_dout = false;  // received by a fused send_recv
@@ -188,23 +214,31 @@ StepStats Trainer::step(int64_t step) {
 
   // The tied embedding: its gradient is the sum of the first stage's (embedding) and the
   // last stage's (head) contributions, as Megatron's embedding group does.
-  if (wte_slot_ >= 0)
-    groups_->emb->all_reduce(params_->grad(wte_slot_), params_->slots()[wte_slot_].numel);
+  if (tied_slot_ >= 0)
+    groups_->emb->all_reduce(params.grad(tied_slot_), params.slots()[tied_slot_].numel);
   const auto t_dp = Clock::now();
   sync_->finish();
   const double dp_wait_s = since(t_dp);
 
   // Global loss and gradient norm in one world all-reduce of two floats.
   float metrics[2] = {last_ && coord_.tp == 0 ? float(loss_sum) : 0.0f, float(local_grad_sumsq())};
+  if (hooks_.local_metrics) hooks_.local_metrics(step, metrics);
   groups_->world->all_reduce(metrics, 2);
   st.loss = double(metrics[0]) * loss_scale;
   st.grad_norm = std::sqrt(double(metrics[1]));
+  // Both are global, so every rank refuses the same step; nothing has been updated yet.
+  if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm))
+    throw NonFiniteStep(detail::concat("step ", step + 1, ": loss ", st.loss, ", gradient norm ",
+                                       st.grad_norm, " (not finite); the update was not applied"),
+                        step);
   const float clip = cfg_.optim().grad_clip();
   float clip_scale = 1.0f;
   if (clip > 0 && st.grad_norm > clip) clip_scale = float(clip / (st.grad_norm + 1e-6));
   st.lr = learning_rate(cfg_.optim(), step, cfg_.train().steps());
+  if (hooks_.before_update) hooks_.before_update(step);
   optimizer_step(step, st.lr, clip_scale);
   backend_->synchronize();
+  state_->set_step(step + 1);
 
   st.wall_s = since(t_start);
   auto delta = [](const CommStats& a, const CommStats& b) {
@@ -279,21 +313,23 @@ double Trainer::local_grad_sumsq() {
   // Each element of the global model's gradient is counted once: TP-replicated parameters on
   // TP rank 0 only, tied copies never, and (without ZeRO-1, where DP replicas hold equal
   // gradients) on DP rank 0 only.
-  const bool zero1 = cfg_.parallel().zero1() && topo_.dp() > 1;
-  if (!zero1 && coord_.dp != 0) return 0.0;
-  const size_t lo = zero1 ? sync_->shard_begin() : 0;
-  const size_t hi = zero1 ? lo + sync_->shard_numel() : params_->padded_numel();
+  const bool z = zero1();
+  ParamStore& ps = state_->params();
+  if (!z && coord_.dp != 0) return 0.0;
+  const size_t lo = z ? sync_->shard_begin() : 0;
+  const size_t hi = z ? lo + sync_->shard_numel() : ps.padded_numel();
   double sum = 0;
-  for (const ParamSlot& s : params_->slots()) {
+  for (const ParamSlot& s : ps.slots()) {
     if (s.tied_copy() || (!s.tp_sharded() && coord_.tp != 0)) continue;
     size_t b = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
-    if (b < e) sum += backend_->sum_squares(params_->grads() + b, e - b);
+    if (b < e) sum += backend_->sum_squares(ps.grads() + b, e - b);
   }
   return sum;
 }
 
 void Trainer::optimizer_step(int64_t step, double lr, float clip_scale) {
   const auto& o = cfg_.optim();
+  ParamStore& ps = state_->params();
   AdamWParams p;
   p.lr = float(lr);
   p.beta1 = o.beta1();
@@ -301,17 +337,36 @@ void Trainer::optimizer_step(int64_t step, double lr, float clip_scale) {
   p.eps = o.eps();
   p.grad_scale = clip_scale;
   p.t = step + 1;
-  const bool zero1 = cfg_.parallel().zero1() && topo_.dp() > 1;
-  const size_t lo = zero1 ? sync_->shard_begin() : 0;
-  const size_t hi = zero1 ? lo + sync_->shard_numel() : params_->padded_numel();
-  for (const ParamSlot& s : params_->slots()) {
+  const bool z = zero1();
+  const size_t lo = z ? sync_->shard_begin() : 0;
+  const size_t shard = z ? sync_->shard_numel() : ps.padded_numel();
+  const size_t hi = lo + shard;
+  if (z) {
+    backend_->copy(undo_, ps.params() + lo, shard * sizeof(float));
+    backend_->copy(undo_ + shard, ps.m(), shard * sizeof(float));
+    backend_->copy(undo_ + 2 * shard, ps.v(), shard * sizeof(float));
+  }
+  for (const ParamSlot& s : ps.slots()) {
     size_t b = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
     if (b >= e) continue;
     p.weight_decay = s.decays() ? o.weight_decay() : 0.0f;
-    backend_->adamw(params_->params() + b, params_->grads() + b, params_->m() + (b - lo),
-                    params_->v() + (b - lo), e - b, p);
+    backend_->adamw(ps.params() + b, ps.grads() + b, ps.m() + (b - lo), ps.v() + (b - lo), e - b,
+                    p);
   }
-  if (zero1) sync_->all_gather_params(params_->params());
+  if (!z) return;
+  // The gradients are spent, so their buffer receives the all-gather; the parameters are
+  // overwritten only once it has completed everywhere. A failure midway puts this rank's
+  // shard and moments back from the undo log, and the other shards were never touched.
+  backend_->copy(ps.grads() + lo, ps.params() + lo, shard * sizeof(float));
+  try {
+    sync_->all_gather_params(ps.grads());
+  } catch (const CommError&) {
+    backend_->copy(ps.params() + lo, undo_, shard * sizeof(float));
+    backend_->copy(ps.m(), undo_ + shard, shard * sizeof(float));
+    backend_->copy(ps.v(), undo_ + 2 * shard, shard * sizeof(float));
+    throw;
+  }
+  backend_->copy(ps.params(), ps.grads(), ps.padded_numel() * sizeof(float));
 }
 
 std::vector<std::string> Trainer::canonical_names() const {
@@ -329,9 +384,9 @@ NamedTensors Trainer::gather_full_params() {
   NamedTensors full;
   if (rank_ != 0) {
     if (coord_.dp != 0) return full;
-    auto local = params_->local_to_host();
+    auto local = state_->params().local_to_host();
     for (size_t i = 0; i < local.size(); ++i)
-      if (!params_->slots()[i].tied_copy())
+      if (!state_->params().slots()[i].tied_copy())
         world->send(local[i].data(), local[i].size() * sizeof(float), 0, kGatherTag);
     return full;
   }
@@ -341,7 +396,7 @@ NamedTensors Trainer::gather_full_params() {
       const keel_stage st = stage_of(cfg_, {0, p, t});
       std::vector<keel_param_desc> descs = plugin_->describe(dims_, st);
       std::vector<std::vector<float>> local;
-      if (src == 0) local = params_->local_to_host();
+      if (src == 0) local = state_->params().local_to_host();
       for (size_t i = 0; i < descs.size(); ++i) {
         const keel_param_desc& d = descs[i];
         if (d.flags & KEEL_PARAM_TIED_COPY) continue;

@@ -1,14 +1,19 @@
-// The step loop of one rank: runs the plugin's stage under the 1F1B schedule, moves
-// activations over the PP communicator, reduces gradients over the embedding and DP groups,
-// clips, and steps AdamW. It knows nothing of checkpoints or faults: those attach through
-// the step hooks (later issues) in keel-worker.
+// One rank's step: runs the plugin's stage under the 1F1B schedule, moves activations over
+// the PP communicator, reduces gradients over the embedding and DP groups, clips, and steps
+// AdamW. It borrows the TrainState (every byte that must survive), the plugin and the
+// communicators, and owns only scratch, so any of the three can be swapped under it:
+// rebind() takes communicators of a new epoch after a failure. It knows nothing of
+// checkpoints or faults: those attach through the hooks here and the step loop in
+// keel-worker.
 //
-// A CommError from any communicator propagates out of step() as the typed exception; the
-// Trainer's state is then that of the step's start plus partial gradients, which the next
-// step zeroes.
+// A step is a transaction. A CommError anywhere in it (also between a ZeRO-1 shard update
+// and the all-gather) propagates as the typed exception and leaves the TrainState exactly as
+// it was at the step's start; so does a non-finite loss or gradient norm (NonFiniteStep),
+// which is caught before the update.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -16,6 +21,7 @@
 #include "model/ops_table.h"
 #include "model/param_store.h"
 #include "model/plugin_loader.h"
+#include "model/train_state.h"
 #include "parallel/grad_sync.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_groups.h"
@@ -39,19 +45,47 @@ struct StepStats {
   int64_t tokens = 0;  // global tokens of the step
 };
 
+// The global loss or gradient norm of a step was NaN or infinite. Thrown on every rank alike
+// (both are all-reduced) before the update, so the state is untouched.
+class NonFiniteStep : public Error {
+ public:
+  NonFiniteStep(const std::string& what, int64_t step) : Error(what), step_(step) {}
+  int64_t step() const { return step_; }
+
+ private:
+  int64_t step_;
+};
+
+// Where robust/ and ckpt/ attach inside a step. Both optional.
+struct TrainerHooks {
+  // Right before the optimizer mutates the TrainState: a snapshot copy of the previous step
+  // still in flight must finish here (it overlapped this step's forward and backward).
+  std::function<void(int64_t step)> before_update;
+  // This rank's local {loss_sum, grad_sumsq} before they are all-reduced (fault injection).
+  std::function<void(int64_t step, float* metrics)> local_metrics;
+};
+
 class Trainer {
  public:
-  // `groups` and `data` must outlive the Trainer. Loads nothing yet; call init_params().
+  // Borrows everything: `state` (laid out by make_train_state for this rank), `groups` and
+  // `data` must outlive the Trainer (or, for groups, the next rebind()).
   Trainer(const config::JobConfig& cfg, Backend* backend, std::shared_ptr<Plugin> plugin,
-          const Topology& topo, int rank, ProcessGroups* groups, DataLoader* data);
+          const Topology& topo, int rank, TrainState* state, ProcessGroups* groups,
+          DataLoader* data);
   ~Trainer();
 
-  // Fresh weights from train.seed, or model.init_checkpoint when set.
+  // Fresh weights from train.seed, or model.init_checkpoint when set; step 0, zero moments.
   void init_params();
 
-  // Runs optimizer step `step` (0-based) and returns its metrics (loss and grad norm are
-  // global, identical on every rank).
-  StepStats step(int64_t step);
+  // Swaps in the communicators of a new epoch. The state, the plugin and the scratch stay;
+  // the next step() runs on `groups`.
+  void rebind(ProcessGroups* groups);
+  void set_hooks(TrainerHooks hooks) { hooks_ = std::move(hooks); }
+
+  // Runs optimizer step state.step() (0-based), advances state.step() and returns the step's
+  // metrics (loss and grad norm are global, identical on every rank). Throws CommError or
+  // NonFiniteStep with the state as it was before the call.
+  StepStats step();
 
   // Mean token loss over global batches [0, batches) of `val` (forward only, through the
   // pipeline; parameters and optimizer state untouched). Identical on every rank.
@@ -64,14 +98,12 @@ class Trainer {
   std::vector<std::string> canonical_names() const;
 
   int64_t global_param_count() const { return global_params_; }
-  // Model FLOPs per token for MFU: 6·N + 12·L·d·T (the PaLM accounting llm.c uses).
-  double model_flops_per_token() const {
-    return 6.0 * double(global_params_) +
-           12.0 * dims_.num_layers * double(dims_.hidden_size) * dims_.seq_len;
-  }
+  // Model FLOPs per token for MFU, as the plugin counts them (the GPT: 6·N + 12·L·d·T).
+  double model_flops_per_token() const { return plugin_->table().flops_per_token(&dims_); }
   const keel_model_dims& dims() const { return dims_; }
   const keel_stage& stage() const { return stage_; }
-  ParamStore& params() { return *params_; }
+  ParamStore& params() { return state_->params(); }
+  TrainState& state() { return *state_; }
   int micro_batches() const { return micro_batches_; }
 
  private:
@@ -82,6 +114,8 @@ class Trainer {
                   keel_stage_args* args);
   double local_grad_sumsq();
   void optimizer_step(int64_t step, double lr, float clip_scale);
+  void bind_groups();
+  bool zero1() const;  // ZeRO-1 with more than one DP replica
 
   config::JobConfig cfg_;
   Backend* backend_;
@@ -97,15 +131,25 @@ class Trainer {
   int micro_batches_;
   int64_t global_params_ = 0;
 
-  std::unique_ptr<ParamStore> params_;
+  TrainState* state_;
+  TrainerHooks hooks_;
   std::unique_ptr<OpsTable> ops_;
   std::unique_ptr<GradSync> sync_;
   std::vector<PipelineAction> schedule_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<GradSegment> segments_;
   std::vector<float*> param_ptrs_, grad_ptrs_;
+  // ZeRO-1's undo log: this rank's shard of parameters and moments before the update, put
+  // back if the all-gather that follows it fails.
+  float* undo_ = nullptr;
   float *scratch_ = nullptr, *dout_ = nullptr, *dinput_ = nullptr, *output_ = nullptr;
   std::vector<int32_t> host_inputs_, host_targets_;  // staging for load_batch
-  int wte_slot_ = -1;  // index of the tied embedding in this coordinate, if it has one
+  int tied_slot_ = -1;  // index of the tied embedding in this coordinate, if it has one
 };
+
+// Lays out `rank`'s TrainState for this config and plugin (parameters of its coordinate;
+// moments of its ZeRO-1 shard where sharded).
+std::unique_ptr<TrainState> make_train_state(const config::JobConfig& cfg, Backend* backend,
+                                             const Plugin& plugin, const Topology& topo, int rank);
 
 }  // namespace keel

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -283,6 +284,11 @@ config::JobConfig parse_config_text(const std::string& text, const std::string& 
 }
 
 config::JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // A directory opens as an empty stream on Linux and would parse as the built-in default
+  // config: the job would train something nobody asked for.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(path + ": is a directory, expected a config file (text protobuf)");
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot open: " + std::strerror(errno));
   std::stringstream ss;
@@ -296,6 +302,11 @@ namespace {
 // Longest sequence keel accepts: attention keeps B·NH·T² floats, so beyond this even one
 // head of one sequence needs 16 GiB.
 constexpr int kMaxSeqLen = 1 << 16;
+// CPU threads of one worker. Each is an OpenMP thread with its own stack; tens of thousands
+// exhaust the process's address space or thread limit (100000 crashed, 20000 hung), and no
+// machine keel runs on has a quarter of this many cores. A fixed bound, not one relative to
+// this machine, so that a config valid on one machine is valid on all.
+constexpr int kMaxThreads = 1024;
 // Token shards store tokens as uint16.
 constexpr int kMaxVocab = 1 << 16;
 
@@ -463,6 +474,8 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
       "runtime.precision", Raw{config::RuntimeConfig::Precision_Name(r.precision())},
       "needs runtime.device = cuda, not " + config::RuntimeConfig::Device_Name(r.device()));
   v.require(r.threads() >= 0, "runtime.threads", r.threads(), "must be >= 0 (0: automatic)");
+  v.require(r.threads() <= kMaxThreads, "runtime.threads", r.threads(),
+            "must be at most " + show(kMaxThreads) + " (0: automatic)");
   v.throw_if_any();
 }
 

@@ -186,7 +186,9 @@ int describe_params(const keel_model_dims* dims, const keel_stage* stage, keel_p
   const int64_t C = s.C, F = s.F;
   DescWriter w(out, capacity);
   if (s.first) {
-    set(w.add("wte"), {s.Vp, C}, 0, 1, KEEL_INIT_NORMAL, std);
+    keel_param_desc* wte = w.add("wte");
+    set(wte, {s.Vp, C}, 0, 1, KEEL_INIT_NORMAL, std);
+    if (stage->pp_size > 1) std::snprintf(wte->tied_to, sizeof(wte->tied_to), "wte");
     set(w.add("wpe"), {s.T, C}, -1, 1, KEEL_INIT_NORMAL, std);
   }
   for (int l = s.layer_begin; l < s.layer_begin + s.num_local_layers; ++l) {
@@ -211,6 +213,7 @@ int describe_params(const keel_model_dims* dims, const keel_stage* stage, keel_p
       keel_param_desc* d = w.add("wte");
       set(d, {s.Vp, C}, 0, 1, KEEL_INIT_NORMAL, std);
       d->flags |= KEEL_PARAM_TIED_COPY;
+      std::snprintf(d->tied_to, sizeof(d->tied_to), "wte");
     }
   }
   return w.count();

@@ -1,14 +1,21 @@
 #include "worker_harness.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "model/token_shards.h"
 #include "test_paths.h"
@@ -81,6 +88,88 @@ WorkerRun run_worker(const std::string& dir, const std::string& args) {
 }
 
 namespace {
+
+std::set<std::string> keel_shm() {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    if (e.path().filename().string().rfind("keel-", 0) == 0) out.insert(e.path().string());
+  return out;
+}
+
+// Processes whose session id is `sid` (field 6 of /proc/PID/stat).
+std::vector<pid_t> session_processes(pid_t sid) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "stat");
+    std::string line;
+    if (!std::getline(f, line)) continue;
+    size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    std::string state;
+    long ppid = 0, pgrp = 0, session = 0;
+    rest >> state >> ppid >> pgrp >> session;
+    if (session == sid && state != "Z") out.push_back(pid_t(std::stol(name)));
+  }
+  return out;
+}
+
+}  // namespace
+
+JobRun run_job(const std::string& dir, const std::string& args,
+               const std::function<void(pid_t)>& poll, int timeout_s) {
+  JobRun r;
+  const std::set<std::string> shm_before = keel_shm();
+  const std::string report = dir + "/report.json", log = dir + "/job.log";
+  std::filesystem::remove(report);
+  const std::string cmd =
+      "exec " + bin_dir() + "/keel-worker --quiet --report " + report + " " + args;
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    setsid();
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (poll) poll(pid);
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(-pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  // A rank that outlived its supervisor would still be in the session; give PDEATHSIG a
+  // moment to act first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::vector<pid_t> left = session_processes(pid);
+  r.leftover_processes = int(left.size());
+  for (pid_t p : left) kill(p, SIGKILL);
+  // The supervisor names its job's segments after its PID (the session's leader, as `exec`
+  // keeps it); other keel processes on the machine (parallel tests) are not this job's.
+  const std::string mine = "/dev/shm/keel-" + std::to_string(pid) + "-";
+  for (const auto& path : keel_shm())
+    if (!shm_before.count(path) && path.rfind(mine, 0) == 0) {
+      r.leftover_shm.push_back(path);
+      std::filesystem::remove(path);
+    }
+  std::ifstream lf(log);
+  r.output.assign(std::istreambuf_iterator<char>(lf), {});
+  std::ifstream in(report);
+  if (in) r.report.assign(std::istreambuf_iterator<char>(in), {});
+  return r;
+}
+
+namespace {
 size_t value_pos(const std::string& json, const std::string& key) {
   size_t k = json.find("\"" + key + "\":");
   if (k == std::string::npos) throw std::runtime_error("report has no field " + key);
@@ -106,6 +195,26 @@ std::vector<double> json_array_field(const std::string& json, const std::string&
   std::string item;
   while (std::getline(ss, item, ','))
     if (item.find_first_not_of(" \n") != std::string::npos) out.push_back(std::stod(item));
+  return out;
+}
+
+std::vector<std::string> json_object_array(const std::string& json, const std::string& key) {
+  std::vector<std::string> out;
+  size_t k = json.find("\"" + key + "\":");
+  if (k == std::string::npos) return out;  // an empty repeated field is left out
+  size_t i = json.find('[', k), end = json.size();
+  int depth = 0;
+  size_t start = 0;
+  for (; i < end; ++i) {
+    const char c = json[i];
+    if (c == '{') {
+      if (depth++ == 0) start = i;
+    } else if (c == '}') {
+      if (--depth == 0) out.push_back(json.substr(start, i - start + 1));
+    } else if (c == ']' && depth == 0) {
+      break;
+    }
+  }
   return out;
 }
 

@@ -2,6 +2,9 @@
 // once per test binary, a config writer, and a reader for the fields of --report JSON.
 #pragma once
 
+#include <sys/types.h>
+
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -27,10 +30,25 @@ std::string write_config(const std::string& dir,
 // Runs `keel-worker <args>` (with --report into `dir`) and waits for it.
 WorkerRun run_worker(const std::string& dir, const std::string& args);
 
+// A job run as the leader of its own session, so that everything it started can be found
+// afterwards: what a test of a failure checks was left behind.
+struct JobRun : WorkerRun {
+  std::vector<std::string> leftover_shm;  // /dev/shm/keel-* made during the run, still there
+  int leftover_processes = 0;             // processes of the job's session alive after it ended
+};
+
+// Runs `keel-worker --quiet --report DIR/report.json <args>`; `poll(pid)` is called every
+// 20 ms while it runs (to signal it, say). Kills the session after `timeout_s`. Leftovers
+// are counted, then removed, so one failing test does not spoil the next.
+JobRun run_job(const std::string& dir, const std::string& args,
+               const std::function<void(pid_t)>& poll = {}, int timeout_s = 300);
+
 // Fields of a report.
 std::string json_string_field(const std::string& json, const std::string& key);
 double json_number_field(const std::string& json, const std::string& key);
 std::vector<double> json_array_field(const std::string& json, const std::string& key);
+// The objects of an array of objects (e.g. "incidents"), each as its JSON text.
+std::vector<std::string> json_object_array(const std::string& json, const std::string& key);
 
 // The tensors of an llm.c checkpoint written by --export-llmc, read raw (header + floats).
 std::vector<float> read_llmc_floats(const std::string& path);

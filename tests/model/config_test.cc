@@ -70,6 +70,13 @@ TEST(ConfigTest, MissingFile) {
   }
 }
 
+// A directory opens as an empty stream; parsed, it would be the built-in default config.
+TEST(ConfigTest, DirectoryIsNotAConfig) {
+  std::string dir = test::temp_dir("config-dir");
+  EXPECT_HAS(test::input_error_of([&] { load_config(dir, {}); }),
+             dir + ": is a directory, expected a config file");
+}
+
 TEST(ConfigTest, ParseErrorsCarryLineAndColumn) {
   std::string e = error_of("model {\n  num_layers: 2\n  num_head: 4\n}\n");
   EXPECT_HAS(e, "cfg.pbtxt:3:3:");
@@ -166,6 +173,8 @@ TEST(ConfigTest, EachValidationRuleNamesFileLineFieldAndValue) {
       {"runtime {\n device: cpu\n precision: bf16\n}",
        "cfg.pbtxt:3: runtime.precision = bf16: needs runtime.device = cuda, not cpu"},
       {"runtime {\n threads: -2\n}", "cfg.pbtxt:2: runtime.threads = -2: must be >= 0"},
+      {"runtime {\n threads: 100000\n}",
+       "cfg.pbtxt:2: runtime.threads = 100000: must be at most 1024"},
   };
   for (const auto& r : rules) {
     std::string e = error_of(r.text);

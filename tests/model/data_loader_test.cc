@@ -103,7 +103,7 @@ TEST(ShardTest, WriteAndMapRoundTrip) {
   TokenShard s(dir + "/a.bin");
   EXPECT_EQ(s.path(), dir + "/a.bin");
   ASSERT_EQ(s.size(), int64_t(tokens.size()));
-  EXPECT_EQ(std::vector<uint16_t>(s.tokens(), s.tokens() + s.size()), tokens);
+  EXPECT_EQ(s.read_all(), tokens);
   // The header is llm.c's: magic, version, count, zeros.
   std::ifstream in(dir + "/a.bin", std::ios::binary);
   int32_t header[256];
@@ -116,7 +116,7 @@ TEST(ShardTest, WriteAndMapRoundTrip) {
   EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
   TokenShard moved = std::move(s);
   EXPECT_EQ(moved.size(), 6);
-  EXPECT_EQ(moved.tokens()[2], 65535);
+  EXPECT_EQ(moved.read_all()[2], 65535);
 }
 
 // Rewrites int32 header[index] of a shard.
@@ -326,11 +326,83 @@ TEST(DataLoaderTest, TokenOutsideVocabIsNamed) {
   std::vector<uint16_t> t(20, 5);
   t[6] = 300;
   write_token_shard(dir + "/train_000.bin", t);
-  DataLoader loader(dir + "/train_*.bin", 4, Order::sequential, 1, "data.train_files", 256);
-  std::vector<int32_t> in(4), tg(4);
-  EXPECT_NO_THROW(loader.read(0, 1, 0, 1, in.data(), tg.data()));  // tokens 0..4
-  std::string e = error_of([&] { loader.read(1, 1, 0, 1, in.data(), tg.data()); });
+  // Refused when the loader is made, before any read.
+  std::string e = error_of([&] {
+    DataLoader d(dir + "/train_*.bin", 4, Order::sequential, 1, "data.train_files", 256);
+  });
   EXPECT_HAS(e, dir + "/train_000.bin: token 300 at position 6 >= model.vocab_size = 256");
+  // Without a vocabulary nothing is checked.
+  EXPECT_NO_THROW(DataLoader(dir + "/train_*.bin", 4, Order::sequential, 1));
+}
+
+// The up-front pass finds the first bad token wherever it lies: in the vectorised body of a
+// block, in a block's scalar tail, past the first 1 Mi-token block, in a later shard.
+TEST(DataLoaderTest, EveryTokenOfEveryShardIsChecked) {
+  std::string dir = test::temp_dir("dl-vocab-all");
+  const int64_t n = (int64_t(1) << 20) + 1000;
+  for (int64_t pos : {int64_t(0), int64_t(19900), int64_t(63), int64_t(64), int64_t(1 << 20) - 1,
+                      int64_t(1 << 20), n - 1}) {
+    std::vector<uint16_t> good(size_t(n), 255), bad(size_t(n), 7);
+    bad[size_t(pos)] = 256;
+    bad[size_t(n - 1)] = 65535;  // a later bad token is not the one named
+    if (pos == n - 1) bad[size_t(pos)] = 256;
+    write_token_shard(dir + "/train_000.bin", good);
+    write_token_shard(dir + "/train_001.bin", bad);
+    std::string e = error_of([&] {
+      DataLoader d(dir + "/train_*.bin", 4, Order::sequential, 1, "data.train_files", 256);
+    });
+    EXPECT_HAS(e, detail::concat(dir, "/train_001.bin: token 256 at position ", pos,
+                                 " >= model.vocab_size = 256 (data.train_files)"));
+  }
+  // 65536 is every uint16 token.
+  EXPECT_NO_THROW(DataLoader(dir + "/train_*.bin", 4, Order::sequential, 1, "f", 65536));
+}
+
+TEST(DataLoaderTest, DirectoryMatchedByGlobIsNamed) {
+  std::string dir = test::temp_dir("dl-dir");
+  write_token_shard(dir + "/train_000.bin", tagged_tokens(0, 100));
+  fs::create_directory(dir + "/train_old");
+  std::string e = error_of([&] { DataLoader d(dir + "/train_*", 4, Order::sequential, 1); });
+  EXPECT_HAS(
+      e, dir + "/train_old: is a directory, matched by data.train_files = \"" + dir + "/train_*\"");
+  EXPECT_HAS(error_of([&] { TokenShard s(dir + "/train_old"); }),
+             dir + "/train_old: is a directory");
+}
+
+// A shard cut short while the job reads it (a re-run of the data preparation, a full disk)
+// ends the read with the file's name, not a SIGBUS.
+TEST(DataLoaderTest, ShardTruncatedWhileOpenIsNamed) {
+  std::string dir = test::temp_dir("dl-trunc");
+  std::string path = dir + "/train_000.bin";
+  write_token_shard(path, tagged_tokens(0, 1000));
+  DataLoader loader(dir + "/train_*.bin", 4, Order::sequential, 1, "data.train_files", 65536);
+  std::vector<int32_t> in(8 * 4), tg(8 * 4);
+  EXPECT_NO_THROW(loader.read(20, 8, 0, 8, in.data(), tg.data()));
+  fs::resize_file(path, 1024 + 2 * 100);
+  std::string e = error_of([&] { loader.read(20, 8, 0, 8, in.data(), tg.data()); });
+  EXPECT_HAS(e, path + ": truncated while in use: file size is now 1224 bytes, was 3024");
+}
+
+// A validation shard is read a global batch at a time; one too short for that is refused when
+// the loader is made, not at the first evaluation.
+TEST(DataLoaderTest, ShortShardRefusedByFromConfig) {
+  std::string dir = test::temp_dir("dl-short-val");
+  write_token_shard(dir + "/train_000.bin", tagged_tokens(0, 200));
+  write_token_shard(dir + "/val_000.bin", tagged_tokens(1, 60));
+  config::JobConfig cfg;
+  cfg.mutable_model()->set_seq_len(8);
+  cfg.mutable_model()->set_vocab_size(65536);
+  cfg.mutable_train()->set_global_batch_size(8);  // a batch is 8·8 + 1 = 65 tokens
+  cfg.mutable_data()->set_train_files(dir + "/train_*.bin");
+  cfg.mutable_data()->set_val_files(dir + "/val_*.bin");
+  EXPECT_NO_THROW(DataLoader::from_config(cfg));
+  std::string e = error_of([&] { DataLoader::from_config(cfg, /*val=*/true); });
+  EXPECT_HAS(e, dir + "/val_000.bin: 60 tokens, fewer than one batch");
+  EXPECT_HAS(e, "8 · 8 + 1 = 65 (data.val_files)");
+  // So is a training shard in sequential order.
+  cfg.mutable_train()->set_global_batch_size(32);
+  EXPECT_HAS(error_of([&] { DataLoader::from_config(cfg); }),
+             dir + "/train_000.bin: 200 tokens, fewer than one batch");
 }
 
 TEST(DataLoaderTest, FromConfig) {
@@ -376,7 +448,8 @@ TEST(DataPrepareTest, PrepareDataWritesByteShards) {
       if (!fs::exists(out + name)) break;
       TokenShard shard(out + name);
       EXPECT_LE(shard.size(), 300);
-      tokens.insert(tokens.end(), shard.tokens(), shard.tokens() + shard.size());
+      std::vector<uint16_t> got = shard.read_all();
+      tokens.insert(tokens.end(), got.begin(), got.end());
       ++*shards;
     }
     return tokens;

@@ -38,7 +38,8 @@ keel_model_dims small_dims() {
   return d;
 }
 
-// Random tensors, with a few values that a lossy path would change (NaN payload, −0, denormal).
+// Random tensors, with a few values that a lossy path would change (the largest float, −0,
+// denormal). No NaN: a checkpoint holding one is refused at load (NonFiniteWeightIsNamed).
 NamedTensors random_tensors(const keel_model_dims& d) {
   NamedTensors t;
   uint64_t idx = 0;
@@ -47,8 +48,7 @@ NamedTensors random_tensors(const keel_model_dims& d) {
     v.resize(size_t(spec.numel()));
     for (auto& x : v) x = rng::normal(5, 0, idx++);
   }
-  uint32_t nan_bits = 0x7fc01234u;
-  std::memcpy(&t["wte"][0], &nan_bits, 4);
+  t["wte"][0] = std::numeric_limits<float>::max();
   t["wpe"][1] = -0.0f;
   t["lnf.bias"][0] = std::numeric_limits<float>::denorm_min();
   return t;
@@ -215,6 +215,23 @@ TEST(LlmcTest, BadFilesAreNamed) {
 
   EXPECT_HAS(error_of([&] { read_llmc_header(dir + "/none.bin"); }),
              dir + "/none.bin: cannot open");
+}
+
+TEST(LlmcTest, NonFiniteWeightIsNamed) {
+  std::string dir = test::temp_dir("llmc-nan");
+  keel_model_dims d = small_dims();
+  std::string path = dir + "/m.bin";
+  const float bad[] = {std::nanf(""), std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity()};
+  for (float x : bad) {
+    NamedTensors t = random_tensors(d);
+    t["h.1.mlp.fc.weight"][37] = x;
+    t["h.2.mlp.fc.weight"][0] = x;  // a later one: the first bad element is the one named
+    write_llmc_checkpoint(path, d, t);
+    std::string e = error_of([&] { read_llmc_checkpoint(path, d); });
+    EXPECT_HAS(e, path + ": tensor h.1.mlp.fc.weight element 37 = ");
+    EXPECT_HAS(e, "weights must be finite");
+  }
 }
 
 TEST(LlmcTest, WriteNamesMissingOrWrongTensors) {

@@ -42,6 +42,10 @@ int run(const keel_model_dims*, const keel_stage*, keel_stage_args*) {
   return 0;
 }
 
+double flops(const keel_model_dims*) {
+  return 1;
+}
+
 const keel_plugin kTable = {
 #ifdef KEEL_BROKEN_BAD_ABI
     KEEL_PLUGIN_ABI_VERSION + 1,
@@ -61,6 +65,7 @@ const keel_plugin kTable = {
 #else
     &run,
 #endif
+    &flops,
 };
 
 }  // namespace

@@ -1,0 +1,96 @@
+// Peer backups of snapshots (DESIGN.md, Checkpoints). The holder rank's worker runs a
+// BackupServer; the owner's Snapshotter pushes each committed snapshot to it with a
+// BackupClient, and a restore (or a promoted standby) fetches from it. The server keeps the
+// owner's newest two snapshots in the shared-memory segment backup_segment_name(job, holder)
+// with the same two-slot write protocol as the owner's own region, so the backups survive a
+// restart of the holder's worker: a new BackupServer reopens the segment and serves them.
+//
+// Every transfer is checksummed end to end (XXH3 of the payload as the owner committed it)
+// and bounded by deadlines: a dead or stalled peer costs a dropped connection, never a hang.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "parallel/socket_util.h"
+#include "runtime/check.h"
+
+namespace keel {
+
+class SnapshotRegion;
+class TrainState;
+
+// A backup transfer failed: the peer is unreachable, died, stalled past the timeout, or
+// refused the request (the message says which). The client reconnects on its next call.
+class BackupError : public Error {
+ public:
+  explicit BackupError(const std::string& what) : Error(what) {}
+};
+
+struct BackupServerOptions {
+  std::string host = "127.0.0.1";  // address to listen on
+  int port = 0;                    // 0: an ephemeral port, read back with port()
+  // How long one request may go without progress before its connection is dropped.
+  std::chrono::milliseconds io_timeout{10000};
+};
+
+// Serves PUSH and FETCH for the backups held by rank `holder_rank` from a background thread.
+class BackupServer {
+ public:
+  // Listens at once and reopens an existing backup segment of (job, holder_rank), if any.
+  // Throws keel::Error if the address cannot be bound.
+  BackupServer(const std::string& job, int holder_rank, BackupServerOptions options = {});
+  ~BackupServer();  // stop()
+  BackupServer(const BackupServer&) = delete;
+  BackupServer& operator=(const BackupServer&) = delete;
+
+  int port() const;
+  std::string address() const;  // "host:port", what clients and set_backup_holder() take
+  // Pushes committed / refused so far (refused: bad checksum, malformed request).
+  int64_t pushes_committed() const;
+  int64_t pushes_refused() const;
+  // Closes every connection and joins the thread; the segment stays. Idempotent.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A connection to one BackupServer, made on first use and again after any failure. Not
+// thread-safe: one caller at a time.
+class BackupClient {
+ public:
+  // `addr` is "host:port". `timeout` bounds connecting and each stretch of a transfer
+  // without progress.
+  explicit BackupClient(std::string addr,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  ~BackupClient();
+
+  const std::string& address() const { return addr_; }
+
+  // Sends the committed slot of `region` holding `step` (owner, fingerprint and checksum from
+  // its header). Returns the payload bytes sent. Throws BackupError if the slot is not held
+  // or the transfer fails or the server refuses it.
+  size_t push(const SnapshotRegion& region, int64_t step);
+  // Sends an arbitrary payload with the given claimed checksum (tests use a wrong one to
+  // play a payload corrupted in flight). The server commits it only if the checksum matches.
+  void push_raw(int owner_rank, int64_t step, uint64_t fingerprint, const void* payload,
+                size_t bytes, uint64_t checksum);
+  // Loads the backup of `owner_rank` at `step` into `state`, verifying layout fingerprint,
+  // size and checksum. Returns false with the reason if the server does not hold it or a check
+  // fails (the state is then untouched); throws BackupError if the transfer fails.
+  bool fetch(int owner_rank, int64_t step, TrainState& state, std::string* why);
+
+ private:
+  void connect();
+  [[noreturn]] void fail(const std::string& what);
+
+  std::string addr_;
+  std::chrono::milliseconds timeout_;
+  detail::Fd fd_;
+};
+
+}  // namespace keel

@@ -1,0 +1,66 @@
+// Restore from the own slot or the backup holder; see restore.h.
+#include "ckpt/restore.h"
+
+#include <algorithm>
+
+#include "ckpt/backup_service.h"
+#include "ckpt/snapshot_region.h"
+#include "model/train_state.h"
+
+namespace keel {
+
+RestoreResult restore_state(TrainState& state, int64_t step, const SnapshotRegion* own,
+                            const std::string& holder_addr, int owner_rank, int holder_rank,
+                            std::chrono::milliseconds timeout) {
+  RestoreResult result;
+  std::string why;
+  if (own) {
+    std::string source = "own slot (" + own->name() + ")";
+    if (own->read(step, state, &why)) {
+      state.set_step(step);
+      result.source = source;
+      return result;
+    }
+    result.skipped.push_back(source + ": " + why);
+  } else {
+    result.skipped.push_back("own slot: no snapshot segment");
+  }
+  if (!holder_addr.empty()) {
+    std::string source = holder_rank >= 0 ? detail::concat("backup held by rank ", holder_rank,
+                                                           " (", holder_addr, ")")
+                                          : "backup at " + holder_addr;
+    try {
+      BackupClient client(holder_addr, timeout);
+      if (client.fetch(owner_rank, step, state, &why)) {
+        state.set_step(step);
+        result.source = source;
+        return result;
+      }
+    } catch (const BackupError& e) {
+      why = e.what();
+    }
+    result.skipped.push_back(source + ": " + why);
+  } else {
+    result.skipped.push_back("backup: no holder");
+  }
+  std::string msg = detail::concat("cannot restore rank ", owner_rank, " to step ", step, ":");
+  for (const auto& s : result.skipped) msg += "\n  " + s;
+  throw RestoreError(msg);
+}
+
+std::vector<int64_t> restorable_steps(const std::string& job, int rank, int holder) {
+  std::vector<int64_t> out;
+  if (auto own = SnapshotRegion::open_existing(snapshot_segment_name(job, rank)))
+    out = own->valid_steps();
+  if (holder >= 0) {
+    if (auto backup = SnapshotRegion::open_existing(backup_segment_name(job, holder))) {
+      auto b = backup->valid_steps(rank);
+      out.insert(out.end(), b.begin(), b.end());
+    }
+  }
+  std::sort(out.rbegin(), out.rend());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace keel

@@ -1,0 +1,45 @@
+// Loading a rank's state back from a snapshot (DESIGN.md, Recovery protocol, step 4): from
+// the rank's own slot if it holds the step and passes its checks, else from the backup
+// holder. Also the supervisor's cheap view of which steps a rank could restore.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/check.h"
+
+namespace keel {
+
+class SnapshotRegion;
+class TrainState;
+
+// No source holds a usable copy of the step. The message names every source tried and why
+// it was refused.
+class RestoreError : public Error {
+ public:
+  explicit RestoreError(const std::string& what) : Error(what) {}
+};
+
+struct RestoreResult {
+  std::string source;                // "own slot (/keel-job-r3)", "backup held by rank 5 (...)"
+  std::vector<std::string> skipped;  // earlier sources and why each was passed over
+};
+
+// Loads snapshot `step` of rank `owner_rank` into `state` and sets state.step() to `step`.
+// Tries `own` (may be null) first, then the BackupServer at `holder_addr` (may be empty);
+// `holder_rank` only names the holder in messages. A source whose layout fingerprint or
+// checksum does not match is skipped. Throws RestoreError if no source has the step; the
+// state is then as it was (a slot overwritten mid-read excepted, see SnapshotRegion::read).
+RestoreResult restore_state(TrainState& state, int64_t step, const SnapshotRegion* own,
+                            const std::string& holder_addr, int owner_rank, int holder_rank = -1,
+                            std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+// Steps rank `rank` of `job` could restore, newest first: the valid slots of its own
+// segment and those of `holder`'s backup segment written for it (holder < 0: none). Reads
+// the segments read-only and checks headers only, so the supervisor can call it on every
+// incident; restore_state() still verifies checksums.
+std::vector<int64_t> restorable_steps(const std::string& job, int rank, int holder);
+
+}  // namespace keel

@@ -1,0 +1,129 @@
+// One rank's in-memory snapshots: a POSIX shared-memory segment with TWO slots, so a crash
+// in the middle of writing one slot always leaves the other (the newest complete snapshot)
+// intact. The segment outlives the process that wrote it: a worker restarted in place
+// reopens it and restores, and the supervisor reads which steps it holds. The supervisor
+// unlinks every segment of a job when the job ends (unlink_job_segments).
+//
+// The same format holds a peer's snapshots in a backup segment (ckpt/backup_service.h).
+//
+// Write protocol, per slot (guards against a crash mid-copy and against readers in other
+// processes): pick the slot NOT holding the newest valid snapshot; store step = -1; copy the
+// payload; compute its checksum; write bytes, checksum, fingerprint; store step LAST with
+// release order. A reader loads step with acquire order and trusts nothing of a slot whose
+// step is -1.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/check.h"
+
+namespace keel {
+
+class TrainState;
+
+// A snapshot segment that cannot be used as asked (another capacity or layout, a foreign
+// format). The message names the segment.
+class SnapshotError : public Error {
+ public:
+  explicit SnapshotError(const std::string& what) : Error(what) {}
+};
+
+// "/keel-<job>-r<rank>": the rank's own snapshots. Throws InputError if `job` is empty or
+// contains '/'.
+std::string snapshot_segment_name(const std::string& job, int rank);
+// "/keel-<job>-b<holder>": the backups that rank `holder` keeps for its backup owner.
+std::string backup_segment_name(const std::string& job, int holder_rank);
+// Names (with the leading '/') of every snapshot and backup segment of `job` in /dev/shm.
+std::vector<std::string> job_segments(const std::string& job);
+// Unlinks every segment job_segments() lists; returns how many it removed. Mappings still
+// open elsewhere stay valid until unmapped.
+int unlink_job_segments(const std::string& job);
+
+// A committed slot as read from its header (payload points into the mapping).
+struct SlotView {
+  int slot = -1;
+  int64_t step = -1;
+  const char* payload = nullptr;
+  size_t bytes = 0;
+  uint64_t checksum = 0;
+  uint64_t fingerprint = 0;
+  int owner_rank = -1;
+  int64_t written_at = 0;  // unix seconds
+};
+
+class SnapshotRegion {
+ public:
+  static constexpr int kSlots = 2;
+
+  // Opens the writer's segment `name`, creating it for payloads of up to `capacity` bytes of
+  // layout `fingerprint` if it does not exist. An existing segment keeps its valid slots (a
+  // restarted rank restores from them); one made for another capacity or fingerprint throws
+  // SnapshotError naming the segment and both values.
+  static std::unique_ptr<SnapshotRegion> open_or_create(const std::string& name, size_t capacity,
+                                                        uint64_t fingerprint, int owner_rank);
+  // Opens an existing segment (read-only unless `writable`); nullptr if there is none or it
+  // is still being created. Throws SnapshotError if it is not a keel snapshot segment.
+  static std::unique_ptr<SnapshotRegion> open_existing(const std::string& name,
+                                                       bool writable = false);
+
+  // Unmaps; never unlinks (the snapshots must outlive this process).
+  ~SnapshotRegion();
+  SnapshotRegion(const SnapshotRegion&) = delete;
+  SnapshotRegion& operator=(const SnapshotRegion&) = delete;
+
+  const std::string& name() const { return name_; }
+  size_t capacity() const;
+  uint64_t fingerprint() const;
+  int owner_rank() const;
+  bool writable() const { return writable_; }
+
+  // Steps of the valid slots, newest first (headers only: cheap, no checksum). With
+  // owner >= 0 only slots written for that owner rank.
+  std::vector<int64_t> valid_steps(int owner = -1) const;
+  // The committed slot holding `step` (for `owner` if >= 0), if any.
+  std::optional<SlotView> find(int64_t step, int owner = -1) const;
+  // Recomputes the payload checksum of a committed slot; false with the reason on mismatch.
+  static bool verify(const SlotView& v, std::string* why);
+
+  // --- writing (a writable region, one writer at a time) ---
+  // The slot the next write must use: the one not holding the newest valid snapshot.
+  int free_slot() const;
+  // Marks `slot` invalid; from here until commit() its payload may be overwritten.
+  void begin_write(int slot);
+  char* payload(int slot);
+  // Publishes the slot: header fields first, step last (release).
+  void commit(int slot, int64_t step, size_t bytes, uint64_t checksum, uint64_t fingerprint,
+              int owner_rank);
+  // The whole protocol for a TrainState: copies its spans (backend copy_to_host) into `slot`
+  // (-1: free_slot()) as snapshot `step`. Returns the slot written.
+  int write(TrainState& state, int64_t step, int slot = -1);
+
+  // Loads snapshot `step` into `state` after checking layout fingerprint, size and checksum.
+  // Returns false with the reason ("no slot holds step 12 (valid: 11, 10)", "slot checksum
+  // mismatch", ...). A failed check leaves the state untouched; only a concurrent writer
+  // overwriting the slot mid-copy (reported as such) can leave it partly loaded.
+  bool read(int64_t step, TrainState& state, std::string* why) const;
+
+ private:
+  struct Header;
+  SnapshotRegion(std::string name, void* base, size_t mapped, bool writable);
+  Header* header() const;
+  std::optional<SlotView> view(int slot) const;
+
+  std::string name_;
+  void* base_;
+  size_t mapped_;
+  bool writable_;
+};
+
+// Test and ops helper: flips one byte (at `offset` modulo the payload size) of the payload of
+// the slot holding `step` in segment `name`, in place, leaving its header valid. Returns false
+// if no valid slot holds that step.
+bool corrupt_snapshot_slot(const std::string& name, int64_t step, size_t offset = 0);
+
+}  // namespace keel

@@ -1,0 +1,163 @@
+// Background snapshot copy and backup push; see snapshotter.h.
+#include "ckpt/snapshotter.h"
+
+#include <cstdio>
+#include <utility>
+
+#include "ckpt/backup_service.h"
+#include "ckpt/snapshot_region.h"
+#include "model/train_state.h"
+#include "runtime/check.h"
+
+namespace keel {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+}  // namespace
+
+Snapshotter::Snapshotter(TrainState* state, SnapshotRegion* region, SnapshotterOptions options)
+    : state_(state), region_(region), options_(options) {
+  KEEL_CHECK(state_ && region_ && region_->writable(), "snapshotter needs a state and a ",
+             "writable region");
+  KEEL_CHECK(state_->bytes() <= region_->capacity(), "state of ", state_->bytes(),
+             " bytes does not fit ", region_->name());
+  copy_thread_ = std::thread([this] { copy_loop(); });
+  push_thread_ = std::thread([this] { push_loop(); });
+}
+
+Snapshotter::~Snapshotter() {
+  stop();
+}
+
+void Snapshotter::stop() {
+  {
+    std::lock_guard lk(mu_);
+    if (stop_ && !copy_thread_.joinable()) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (copy_thread_.joinable()) copy_thread_.join();
+  if (push_thread_.joinable()) push_thread_.join();
+}
+
+bool Snapshotter::pinned(int slot) const {
+  return inflight_slot_ == slot || (pending_ && pending_->slot == slot);
+}
+
+void Snapshotter::capture() {
+  std::unique_lock lk(mu_);
+  KEEL_CHECK(!stop_, "capture() after stop()");
+  auto t0 = Clock::now();
+  cv_.wait(lk, [&] { return !capture_; });
+  stats_.wait_idle_seconds += seconds_since(t0);
+  capture_ = state_->step();
+  cv_.notify_all();
+}
+
+void Snapshotter::wait_idle() {
+  std::unique_lock lk(mu_);
+  auto t0 = Clock::now();
+  cv_.wait(lk, [&] { return !capture_ || stop_; });
+  stats_.wait_idle_seconds += seconds_since(t0);
+  if (!copy_error_.empty()) throw Error(std::exchange(copy_error_, ""));
+}
+
+void Snapshotter::wait_pushed() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return stop_ || (!capture_ && !pending_ && inflight_slot_ < 0); });
+}
+
+void Snapshotter::set_backup_holder(const std::string& addr) {
+  std::lock_guard lk(mu_);
+  if (!addr.empty() && addr != holder_) push_error_reported_ = false;  // its own first report
+  holder_ = addr;
+  if (addr.empty()) pending_.reset();
+  cv_.notify_all();
+}
+
+SnapshotStats Snapshotter::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+void Snapshotter::copy_loop() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || capture_; });
+    if (stop_) return;
+    const int64_t step = *capture_;
+    // Only this thread writes the region, so the free slot cannot change while we wait.
+    const int slot = region_->free_slot();
+    // Overwriting a slot that is being (or about to be) pushed would send a torn snapshot;
+    // wait for the push, which is bounded by its timeout.
+    cv_.wait(lk, [&] { return stop_ || !pinned(slot); });
+    if (stop_) return;
+    lk.unlock();
+    auto t0 = Clock::now();
+    std::string error;
+    try {
+      region_->write(*state_, step, slot);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    lk.lock();
+    stats_.copy_seconds += seconds_since(t0);
+    if (error.empty()) {
+      ++stats_.copies;
+      stats_.last_committed_step = step;
+      if (!holder_.empty()) pending_ = Push{slot, step};  // supersedes an older unpushed one
+    } else {
+      copy_error_ = "snapshot of step " + std::to_string(step) + " failed: " + error;
+    }
+    capture_.reset();
+    cv_.notify_all();
+  }
+}
+
+void Snapshotter::push_loop() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || pending_; });
+    if (stop_) return;
+    const Push p = *pending_;
+    pending_.reset();
+    const std::string addr = holder_;
+    inflight_slot_ = p.slot;
+    lk.unlock();
+    std::string error;
+    size_t bytes = 0;
+    try {
+      if (!client_ || client_->address() != addr)
+        client_ = std::make_unique<BackupClient>(addr, options_.push_timeout);
+      bytes = client_->push(*region_, p.step);
+    } catch (const std::exception& e) {
+      error = e.what();  // BackupClient reconnects on the next push
+    }
+    lk.lock();
+    inflight_slot_ = -1;
+    if (error.empty()) {
+      ++stats_.pushes;
+      stats_.bytes_pushed += static_cast<int64_t>(bytes);
+      stats_.last_pushed_step = p.step;
+      stats_.last_push_error.clear();
+      push_error_reported_ = false;
+    } else {
+      ++stats_.pushes_failed;
+      stats_.last_push_error = error;
+      if (!push_error_reported_) {
+        // Once per outage: a dead holder would otherwise log every step until the rebuild.
+        std::fprintf(stderr,
+                     "keel snapshotter: backup push of step %lld failed (%s); "
+                     "snapshots stay local until a push succeeds\n",
+                     static_cast<long long>(p.step), error.c_str());
+        push_error_reported_ = true;
+      }
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace keel

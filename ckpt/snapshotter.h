@@ -1,0 +1,94 @@
+// Takes a rank's snapshot every step without stalling it (DESIGN.md, Checkpoints): after a
+// step, capture() hands the copy of the TrainState into the rank's SnapshotRegion to a
+// background thread (on CPU a memcpy; on GPU a device-to-host copy), so it overlaps the next
+// step's forward and backward, which only read the parameters. The Trainer's hook calls
+// wait_idle() right before the next optimizer update (the first write to the state) and
+// before a restore. Each committed slot is then pushed to the backup holder, if one is set,
+// from a second thread; a failed push is counted and reported once, never fatal.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+namespace keel {
+
+class BackupClient;
+class SnapshotRegion;
+class TrainState;
+
+struct SnapshotterOptions {
+  // Bounds connecting to the backup holder and each stalled stretch of a push.
+  std::chrono::milliseconds push_timeout{30000};
+};
+
+struct SnapshotStats {
+  double wait_idle_seconds = 0;  // callers blocked in wait_idle() and capture(), in total
+  double copy_seconds = 0;       // background copy + checksum time, in total
+  int64_t copies = 0;
+  int64_t pushes = 0;  // pushes the holder committed
+  int64_t pushes_failed = 0;
+  int64_t bytes_pushed = 0;
+  int64_t last_committed_step = -1;
+  int64_t last_pushed_step = -1;
+  std::string last_push_error;  // empty if the last push succeeded
+};
+
+class Snapshotter {
+ public:
+  // Borrows both; they must outlive the Snapshotter. The region must be writable.
+  Snapshotter(TrainState* state, SnapshotRegion* region, SnapshotterOptions options = {});
+  ~Snapshotter();  // stop()
+  Snapshotter(const Snapshotter&) = delete;
+  Snapshotter& operator=(const Snapshotter&) = delete;
+
+  // Records state->step() and starts copying the state into the free slot in the background.
+  // Waits first for a copy still in flight. A slot whose push is still in flight is never
+  // overwritten: the copy then waits for that push to finish (or time out).
+  void capture();
+  // Blocks until no copy is in flight. Rethrows (as keel::Error) a failure of the last copy.
+  void wait_idle();
+  // Blocks until no copy and no push is pending or in flight (tests, shutdown).
+  void wait_pushed();
+
+  // "host:port" of the backup holder's BackupServer; empty: no backups. May change at any
+  // time (after a communicator rebuild); the next push connects to the new holder.
+  void set_backup_holder(const std::string& addr);
+
+  SnapshotStats stats() const;
+  // Joins both threads; a capture not yet copied is dropped. Idempotent.
+  void stop();
+
+ private:
+  struct Push {
+    int slot;
+    int64_t step;
+  };
+  void copy_loop();
+  void push_loop();
+  bool pinned(int slot) const;  // mu_ held
+
+  TrainState* state_;
+  SnapshotRegion* region_;
+  SnapshotterOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<int64_t> capture_;  // step waiting to be (or being) copied
+  std::optional<Push> pending_;     // newest committed slot not yet pushed
+  int inflight_slot_ = -1;          // slot being pushed
+  std::string holder_;
+  bool stop_ = false;
+  bool push_error_reported_ = false;
+  std::string copy_error_;
+  SnapshotStats stats_;
+  std::unique_ptr<BackupClient> client_;  // push thread only
+  std::thread copy_thread_, push_thread_;
+};
+
+}  // namespace keel

@@ -1,0 +1,83 @@
+#include "launcher/recovery_client.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "launcher/recovery_protocol.h"
+
+namespace keel {
+namespace {
+
+// How long a rank waits for the supervisor's decision. The supervisor may first have to
+// notice a hang (the communicator timeout), restart a rank and let it load its plugin; a
+// rank whose supervisor died is killed by PR_SET_PDEATHSIG long before this.
+constexpr std::chrono::minutes kDecisionWait{30};
+// How often the watcher wakes to see whether it should stop.
+constexpr std::chrono::milliseconds kWatchPoll{200};
+
+}  // namespace
+
+double recovery::unix_now() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+RecoveryClient::RecoveryClient(std::function<std::shared_ptr<Store>()> connect, int rank)
+    : connect_(std::move(connect)), rank_(rank), store_(connect_()) {}
+
+RecoveryClient::~RecoveryClient() {
+  stop_watch();
+}
+
+void RecoveryClient::watch(int epoch, std::function<void()> on_abort) {
+  stop_watch();
+  stop_ = false;
+  watcher_ = std::thread([this, epoch, on_abort = std::move(on_abort)] {
+    try {
+      std::shared_ptr<Store> s = connect_();
+      const std::string key = recovery::abort_key(epoch + 1);
+      while (!stop_) {
+        try {
+          s->get(key, kWatchPoll);
+        } catch (const CommTimeout&) {
+          continue;
+        }
+        aborted_epoch_ = epoch + 1;
+        on_abort();
+        return;
+      }
+    } catch (const std::exception& e) {
+      // The store is the supervisor's: losing it means the job is over (PDEATHSIG follows).
+      std::fprintf(stderr, "keel-worker: rank %d: recovery watcher: %s\n", rank_, e.what());
+    }
+  });
+}
+
+void RecoveryClient::stop_watch() {
+  stop_ = true;
+  if (watcher_.joinable()) watcher_.join();
+}
+
+int64_t RecoveryClient::fail_and_wait(int epoch, int64_t steps_completed, int64_t step_in_flight,
+                                      const std::string& what) {
+  if (aborted_epoch_ != epoch + 1) {
+    store_->set(recovery::error_key(epoch, rank_), what);
+    store_->add(recovery::errors_key(epoch), 1);
+  }
+  store_->get(recovery::abort_key(epoch + 1), kDecisionWait);
+  store_->set(recovery::ack_key(epoch + 1, rank_),
+              std::to_string(steps_completed) + " " + std::to_string(step_in_flight));
+  return wait_rebuild(epoch + 1);
+}
+
+int64_t RecoveryClient::wait_rebuild(int epoch) {
+  return std::stoll(store_->get(recovery::rebuild_key(epoch), kDecisionWait));
+}
+
+void RecoveryClient::mark_restored(int epoch) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6f", recovery::unix_now());
+  store_->set(recovery::restored_key(epoch, rank_), buf);
+}
+
+}  // namespace keel

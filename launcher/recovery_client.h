@@ -1,0 +1,52 @@
+// A rank's side of the recovery protocol (launcher/recovery_protocol.h): a watcher thread
+// that aborts the rank's communicators the moment the supervisor starts a new epoch, and the
+// calls a rank makes after a failure to be told which step to restore.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "parallel/store.h"
+
+namespace keel {
+
+class RecoveryClient {
+ public:
+  // `connect` makes a new store client: the watcher blocks in get() on a connection of its
+  // own, since a TcpStore serialises calls and would hold up the rank's rendezvous.
+  RecoveryClient(std::function<std::shared_ptr<Store>()> connect, int rank);
+  ~RecoveryClient();
+  RecoveryClient(const RecoveryClient&) = delete;
+  RecoveryClient& operator=(const RecoveryClient&) = delete;
+
+  // Watches for abort(epoch + 1) and calls on_abort (from the watcher thread) once it comes.
+  // Replaces any earlier watch.
+  void watch(int epoch, std::function<void()> on_abort);
+  void stop_watch();
+
+  // After a CommError in `epoch`: reports it (unless the supervisor already called the
+  // abort), waits for the abort, acknowledges with this rank's steps completed and the step
+  // in flight, and waits for the supervisor's decision. Returns the step to restore (-1: the
+  // job's start state).
+  int64_t fail_and_wait(int epoch, int64_t steps_completed, int64_t step_in_flight,
+                        const std::string& what);
+  // A restarted rank: waits for the decision of `epoch`.
+  int64_t wait_rebuild(int epoch);
+  // This rank restored its state in `epoch`.
+  void mark_restored(int epoch);
+
+  Store& store() { return *store_; }
+
+ private:
+  std::function<std::shared_ptr<Store>()> connect_;
+  int rank_;
+  std::shared_ptr<Store> store_;
+  std::thread watcher_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> aborted_epoch_{-1};
+};
+
+}  // namespace keel

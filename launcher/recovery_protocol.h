@@ -1,0 +1,71 @@
+// The recovery protocol between the supervisor (keel-worker --nproc; later the controller)
+// and the ranks, as keys of the job's rendezvous store. The store lives in the supervisor,
+// so it outlives every rank and a restarted rank finds the job where it left it.
+//
+// Epoch E+1 is entered like this (DESIGN.md, Recovery protocol):
+//   1. a rank hits a CommError in epoch E and adds 1 to errors/E; or a rank dies and the
+//      supervisor sees its exit status;
+//   2. the supervisor sets abort/E+1; every rank's watcher thread aborts its communicators,
+//      so any pending collective returns at once; each surviving rank settles its snapshot
+//      copy and sets ack/E+1/<rank> = "<steps completed> <step in flight>";
+//   3. the supervisor restarts dead ranks (and kills any rank that did not ack in time: it
+//      is hung), picks the newest step S that every rank can restore, and sets
+//      rebuild/E+1 = S (-1: the job's start state);
+//   4. every rank builds communicators under prefix "E+1/", restores S where its own state
+//      is not already S, sets restored/E+1/<rank> and goes on.
+#pragma once
+
+#include <string>
+
+namespace keel::recovery {
+
+inline std::string abort_key(int epoch) {
+  return "abort/" + std::to_string(epoch);
+}
+inline std::string errors_key(int epoch) {
+  return "errors/" + std::to_string(epoch);
+}
+inline std::string error_key(int epoch, int rank) {
+  return "error/" + std::to_string(epoch) + "/" + std::to_string(rank);
+}
+inline std::string ack_key(int epoch, int rank) {
+  return "ack/" + std::to_string(epoch) + "/" + std::to_string(rank);
+}
+inline std::string rebuild_key(int epoch) {
+  return "rebuild/" + std::to_string(epoch);
+}
+inline std::string restored_key(int epoch, int rank) {
+  return "restored/" + std::to_string(epoch) + "/" + std::to_string(rank);
+}
+// Set by rank 0 when the first step of an epoch completes (for incident timelines).
+inline std::string first_step_key(int epoch) {
+  return "first_step/" + std::to_string(epoch);
+}
+// Where rank r's backup server listens in epoch E.
+inline std::string backup_addr_key(int epoch, int rank) {
+  return "backup_addr/" + std::to_string(epoch) + "/" + std::to_string(rank);
+}
+// Incidents (report::Incident, serialised): incident/count and incident/<n>.
+inline std::string incident_key(int64_t n) {
+  return "incident/" + std::to_string(n);
+}
+inline const char* kIncidentCount = "incident/count";
+// Rank 0's metrics of each step (report::StepRecord), overwritten when a step is run again.
+inline std::string step_key(int64_t step) {
+  return "step/" + std::to_string(step);
+}
+inline std::string eval_key(int64_t step) {
+  return "eval/" + std::to_string(step);
+}
+// Set by the supervisor at the end of the job: no more epochs will come.
+inline const char* kShutdown = "shutdown";
+
+// Exit codes of a rank that the supervisor must not answer with a restart: the same input
+// or the same numbers would fail again.
+constexpr int kExitInputError = 2;
+constexpr int kExitNonFinite = 4;
+
+// Unix time in seconds, for timelines across processes.
+double unix_now();
+
+}  // namespace keel::recovery

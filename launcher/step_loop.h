@@ -1,0 +1,29 @@
+// The step loop of a rank with its hooks: what runs before each step, after each step and
+// when a step fails. Snapshots, persistent checkpoints, fault injection, progress lines and
+// the recovery protocol are all hooks; the loop itself only asks the Trainer for steps until
+// the TrainState has done `steps` of them.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <vector>
+
+#include "model/trainer.h"
+
+namespace keel {
+
+struct StepHooks {
+  std::vector<std::function<void(int64_t step)>> before_step;
+  std::vector<std::function<void(const StepStats&)>> after_step;
+  // Called with the step that failed and the exception in flight (inside a catch block, so
+  // it may rethrow). Returns true when the failure was handled and the loop goes on from
+  // the TrainState's step (possibly an earlier one, after a restore); false rethrows.
+  std::function<bool(int64_t step, const std::exception& e)> on_error;
+};
+
+// Runs steps until trainer.state().step() == steps. A step whose after_step hooks throw
+// counts as failed too (its result is already in the state; on_error decides).
+void run_step_loop(Trainer& trainer, int64_t steps, const StepHooks& hooks);
+
+}  // namespace keel

@@ -1,0 +1,584 @@
+#include "launcher/worker.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+
+#include "ckpt/backup_placement.h"
+#include "ckpt/backup_service.h"
+#include "ckpt/persistent_checkpoint.h"
+#include "ckpt/restore.h"
+#include "ckpt/snapshot_region.h"
+#include "ckpt/snapshotter.h"
+#include "launcher/input_checks.h"
+#include "launcher/mfu.h"
+#include "launcher/recovery_client.h"
+#include "launcher/recovery_protocol.h"
+#include "launcher/run_report.h"
+#include "launcher/step_loop.h"
+#include "model/data_loader.h"
+#include "model/job_layout.h"
+#include "model/llmc_checkpoint.h"
+#include "model/plugin_loader.h"
+#include "model/trainer.h"
+#include "parallel/hash_store.h"
+#include "parallel/process_groups.h"
+#include "parallel/tcp_store.h"
+#include "proto/config_loader.h"
+#include "robust/fault_injector.h"
+#include "robust/fault_spec.h"
+
+namespace keel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using recovery::unix_now;
+
+// What the supervisor tells a rank through its environment (launcher/supervisor.cc).
+struct JobEnv {
+  std::string job;          // names the job's shared memory
+  bool supervised = false;  // a supervisor restarts ranks and runs the recovery protocol
+  int epoch = 0;
+  bool restarted = false;     // this process replaces a rank that died in epoch - 1
+  double job_start = 0;       // unix time the job started (for ETTR)
+  std::string resume_latest;  // restart_all: resume from the newest checkpoint here, if any
+
+  static JobEnv read() {
+    JobEnv e;
+    auto get = [](const char* n) -> std::string {
+      const char* v = std::getenv(n);
+      return v ? v : "";
+    };
+    e.job = get("KEEL_JOB_ID");
+    if (e.job.empty()) e.job = "solo-" + std::to_string(getpid());
+    e.supervised = get("KEEL_SUPERVISED") == "1";
+    if (!get("KEEL_EPOCH").empty()) e.epoch = std::stoi(get("KEEL_EPOCH"));
+    e.restarted = get("KEEL_RESTARTED") == "1";
+    e.job_start = get("KEEL_JOB_START").empty() ? unix_now() : std::stod(get("KEEL_JOB_START"));
+    e.resume_latest = get("KEEL_RESUME_LATEST");
+    return e;
+  }
+};
+
+std::string layout_name(const Topology& t) {
+  return detail::concat("tp", t.tp(), " pp", t.pp(), " dp", t.dp());
+}
+
+std::string time_str(double t) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6f", t);
+  return buf;
+}
+
+// Exits the process with a code the supervisor does not answer with a restart.
+class FatalStop : public Error {
+ public:
+  FatalStop(const std::string& what, int code) : Error(what), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+class Worker {
+ public:
+  explicit Worker(const WorkerOptions& o) : o_(o), env_(JobEnv::read()) {}
+
+  int run() {
+    setup();
+    start_state();
+    StepHooks hooks;
+    hooks.before_step.push_back([this](int64_t s) {
+      if (injector_) injector_->before_step(s);
+    });
+    hooks.after_step.push_back([this](const StepStats& st) { after_step(st); });
+    hooks.on_error = [this](int64_t s, const std::exception& e) { return on_error(s, e); };
+    if (recovery_) recovery_->watch(epoch_, [this] { groups_->abort_all(); });
+    run_step_loop(*trainer_, cfg_.train().steps(), hooks);
+    finish();
+    return 0;
+  }
+
+ private:
+  void setup() {
+    cfg_ = load_config(o_.config_path, o_.overrides);
+    check_job_inputs(o_, cfg_);
+    topo_ = Topology(cfg_.parallel().tp(), cfg_.parallel().pp(), cfg_.parallel().dp());
+    if (topo_.world_size() != o_.world_size)
+      throw InputError(detail::concat(o_.config_path, ": parallel.tp·pp·dp = ", topo_.world_size(),
+                                      " (", layout_name(topo_), ") but the job has ", o_.world_size,
+                                      " rank(s); start it with --nproc ", topo_.world_size()));
+    FaultPlan plan;
+    for (const auto& f : o_.faults) add_fault_flag(&plan, f);
+    if (!o_.inject_path.empty()) add_fault_file(&plan, o_.inject_path);
+    validate_fault_plan(plan, topo_.world_size(), cfg_.train().steps());
+    leader_ = o_.rank == 0;
+    epoch_ = env_.epoch;
+
+    const int threads = worker_threads();
+    const bool cuda = cfg_.runtime().device() == config::RuntimeConfig::cuda;
+    const Precision precision = cfg_.runtime().precision() == config::RuntimeConfig::bf16
+                                    ? Precision::kBf16
+                                    : Precision::kFp32;
+    backend_ = cuda ? make_cuda_backend(o_.rank % std::max(1, o_.local_world_size), precision)
+                    : make_cpu_backend(threads);
+    // Measured (or read from cache) before any rank computes, so it sees an idle machine.
+    if (leader_) {
+      int machine_threads = cuda ? 1
+                                 : std::min<int>(threads * o_.local_world_size,
+                                                 int(std::thread::hardware_concurrency()));
+      peak_ = device_peak(*backend_, precision, machine_threads);
+      if (cuda) peak_.flops_per_s *= o_.world_size;  // one card per rank
+    }
+    plugin_ = Plugin::load(cfg_.model().plugin());
+    data_ = std::make_unique<DataLoader>(DataLoader::from_config(cfg_));
+    if (cfg_.train().eval_every() > 0)
+      val_ = std::make_unique<DataLoader>(DataLoader::from_config(cfg_, /*val=*/true));
+
+    if (o_.world_size > 1) {
+      auto [host, port] = parse_host_port(o_.store_addr);
+      connect_ = [host = host, port = port] { return std::make_shared<TcpStore>(host, port); };
+    } else {
+      auto shared = std::make_shared<HashStore>();
+      connect_ = [shared] { return shared; };
+    }
+    store_ = connect_();
+    if (!plan.schedule.fault().empty())
+      injector_ = std::make_unique<FaultInjector>(plan.schedule, o_.rank, connect_());
+    if (env_.supervised) recovery_ = std::make_unique<RecoveryClient>(connect_, o_.rank);
+    const std::string pids = "pids/" + std::to_string(o_.rank) + "/";
+    store_->set(pids + std::to_string(store_->add(pids + "count", 1) - 1),
+                std::to_string(getpid()));
+
+    state_ = make_train_state(cfg_, backend_.get(), *plugin_, topo_, o_.rank);
+    if (cfg_.checkpoint().snapshot_every_step()) {
+      region_ =
+          SnapshotRegion::open_or_create(snapshot_segment_name(env_.job, o_.rank), state_->bytes(),
+                                         state_->layout_fingerprint(), o_.rank);
+      holder_ = backup_holder(topo_, o_.rank).holder;
+      if (holder_ >= 0) {
+        backup_server_ = std::make_unique<BackupServer>(env_.job, o_.rank);
+        store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
+      }
+      snapshotter_ = std::make_unique<Snapshotter>(state_.get(), region_.get());
+    }
+    if (cfg_.checkpoint().persistent_every_steps() > 0) {
+      PersistentCheckpointOptions po;
+      po.dir = cfg_.checkpoint().dir();
+      po.rank = o_.rank;
+      po.layout = checkpoint_layout();
+      po.keep = cfg_.checkpoint().keep();
+      checkpointer_ = std::make_unique<PersistentCheckpointer>(po, connect_);
+    }
+  }
+
+  CheckpointLayout checkpoint_layout() const {
+    CheckpointLayout l;
+    l.tp = topo_.tp();
+    l.pp = topo_.pp();
+    l.dp = topo_.dp();
+    l.zero1 = cfg_.parallel().zero1();
+    l.plugin_name = plugin_->name();
+    l.plugin_version = plugin_->version();
+    return l;
+  }
+
+  int worker_threads() const {
+    if (cfg_.runtime().threads() > 0) return cfg_.runtime().threads();
+    int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    return std::max(1, cores / o_.local_world_size);
+  }
+
+  // The state the job starts from: --resume (or, after restart_all, the newest checkpoint),
+  // model.init_checkpoint, or a fresh init.
+  void load_start_state() {
+    std::string dir = !o_.resume_dir.empty() ? o_.resume_dir : env_.resume_latest;
+    if (!dir.empty()) {
+      std::vector<std::string> skipped;
+      try {
+        ResumePoint p = find_resume_point(dir, checkpoint_layout(), &skipped);
+        for (const auto& s : skipped)
+          std::fprintf(stderr, "keel-worker: rank %d: skipped checkpoint %s\n", o_.rank, s.c_str());
+        load_rank(p, o_.rank, *state_);
+        if (leader_ && !o_.quiet)
+          std::printf("keel: resumed from %s (step %lld)\n", p.dir.c_str(),
+                      static_cast<long long>(p.step));
+        return;
+      } catch (const InputError&) {
+        if (!o_.resume_dir.empty()) throw;  // asked for by the user: it must be there
+      }
+    }
+    trainer_->init_params();
+  }
+
+  // The step the job's report starts at: where its first process started (a --resume
+  // point or 0), kept once for the whole job.
+  void record_start_step() {
+    if (leader_ && store_->add("start_step/claimed", 1) == 1)
+      store_->set("start_step", std::to_string(state_->step()));
+  }
+
+  void start_state() {
+    groups_ = std::make_unique<ProcessGroups>(make_groups(epoch_));
+    trainer_ = std::make_unique<Trainer>(cfg_, backend_.get(), plugin_, topo_, o_.rank,
+                                         state_.get(), groups_.get(), data_.get());
+    TrainerHooks th;
+    if (snapshotter_) th.before_update = [this](int64_t) { snapshotter_->wait_idle(); };
+    if (injector_)
+      th.local_metrics = [this](int64_t s, float* m) { injector_->on_local_metrics(s, m); };
+    trainer_->set_hooks(th);
+    if (injector_) injector_->wrap(*groups_);
+    if (env_.restarted) {
+      // This process replaces a rank that died: the supervisor says which step everyone
+      // restores, and this rank's state comes from its snapshot or its backup holder.
+      restore(recovery_->wait_rebuild(epoch_));
+      recovery_->mark_restored(epoch_);
+    } else {
+      load_start_state();
+      record_start_step();
+      if (epoch_ > 0 && recovery_) recovery_->mark_restored(epoch_);  // after restart_all
+    }
+    if (snapshotter_ && holder_ >= 0) snapshotter_->set_backup_holder(holder_address());
+    if (leader_ && !o_.quiet && !env_.restarted && epoch_ == 0)
+      std::printf(
+          "keel: %s %s, %lld params, %s on %d rank(s), %d micro-batch(es) of %d per step, "
+          "backend %s\n",
+          plugin_->name().c_str(), plugin_->version().c_str(),
+          static_cast<long long>(trainer_->global_param_count()), layout_name(topo_).c_str(),
+          topo_.world_size(), trainer_->micro_batches(), cfg_.train().micro_batch_size(),
+          backend_->name().c_str());
+  }
+
+  ProcessGroups make_groups(int epoch) {
+    ProcessGroupOptions g;
+    g.epoch = epoch;
+    g.timeout = Millis(cfg_.parallel().comm_timeout_ms());
+    g.device = backend_->kind();
+    g.cuda_device = o_.rank % std::max(1, o_.local_world_size);
+    return make_process_groups(topo_, o_.rank, store_, g);
+  }
+
+  std::string holder_address() {
+    return store_->get(recovery::backup_addr_key(epoch_, holder_),
+                       Millis(cfg_.parallel().comm_timeout_ms()));
+  }
+
+  // Loads step S (steps completed) into the state: -1 is the job's start state.
+  void restore(int64_t S) {
+    if (S < 0) {
+      load_start_state();
+      return;
+    }
+    if (state_->step() == S) return;  // a step is a transaction: the state is still S
+    if (snapshotter_) snapshotter_->wait_idle();
+    std::string addr = holder_ >= 0 && region_ ? holder_address() : "";
+    RestoreResult r = restore_state(*state_, S, region_.get(), addr, o_.rank, holder_);
+    for (const auto& why : r.skipped)
+      std::fprintf(stderr, "keel-worker: rank %d: restore step %lld: %s\n", o_.rank,
+                   static_cast<long long>(S), why.c_str());
+    if (!o_.quiet)
+      std::fprintf(stderr, "keel-worker: rank %d: restored step %lld from %s\n", o_.rank,
+                   static_cast<long long>(S), r.source.c_str());
+  }
+
+  bool on_error(int64_t s, const std::exception& e) {
+    if (const auto* nf = dynamic_cast<const NonFiniteStep*>(&e)) {
+      // Every rank sees the same global numbers, so every rank retries, or stops, alike.
+      if (nonfinite_retried_ == s)
+        throw FatalStop(detail::concat(nf->what(),
+                                       "; the retry was not finite either: stopping "
+                                       "(lower optim.lr or check the data)"),
+                        recovery::kExitNonFinite);
+      nonfinite_retried_ = s;
+      if (leader_) {
+        std::fprintf(stderr, "keel-worker: %s; retrying the step once\n", nf->what());
+        nan_incident_.set_kind("nan");
+        nan_incident_.set_rank(-1);
+        nan_incident_.set_step(int(s));
+        nan_incident_.set_detected_at(unix_now());
+        nan_incident_.set_recovered_at(unix_now());
+        nan_incident_.set_restored_step(int(s));
+        nan_incident_.set_steps_lost(0);
+        nan_incident_.set_action("update skipped; step retried");
+        nan_incident_.set_detail(nf->what());
+        nan_incident_.set_epoch(epoch_);
+      }
+      return true;
+    }
+    const auto* ce = dynamic_cast<const CommError*>(&e);
+    if (!ce || !recovery_) return false;
+    // Peers blocked on this rank must learn at once; then settle the snapshot in flight so
+    // the supervisor reads stable slots, and wait for its decision.
+    groups_->abort_all();
+    if (snapshotter_) snapshotter_->wait_idle();
+    if (!o_.quiet)
+      std::fprintf(stderr, "keel-worker: rank %d: step %lld: %s; waiting for the supervisor\n",
+                   o_.rank, static_cast<long long>(s + 1), ce->what());
+    const int64_t S = recovery_->fail_and_wait(epoch_, state_->step(), s, ce->what());
+    enter_epoch(epoch_ + 1, S);
+    return true;
+  }
+
+  // Survivor: new communicators for `epoch`, the same state, plugin and memory.
+  void enter_epoch(int epoch, int64_t S) {
+    recovery_->stop_watch();
+    epoch_ = epoch;
+    if (backup_server_)
+      store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
+    auto groups = std::make_unique<ProcessGroups>(make_groups(epoch_));
+    if (injector_) injector_->wrap(*groups);
+    trainer_->rebind(groups.get());
+    groups_ = std::move(groups);
+    if (snapshotter_ && holder_ >= 0) snapshotter_->set_backup_holder(holder_address());
+    restore(S);
+    recovery_->mark_restored(epoch_);
+    first_step_in_epoch_ = true;
+    recovery_->watch(epoch_, [this] { groups_->abort_all(); });
+  }
+
+  void after_step(const StepStats& st) {
+    const int64_t s = st.step, steps = cfg_.train().steps();
+    if (snapshotter_) snapshotter_->capture();
+    const int every = cfg_.checkpoint().persistent_every_steps();
+    if (checkpointer_ && (s + 1) % every == 0) checkpointer_->save_async(*state_);
+    if (leader_) record_step(st);
+    if (leader_ && !o_.quiet &&
+        ((s + 1) % std::max(1, cfg_.train().log_every()) == 0 || s + 1 == steps)) {
+      const double tok_s = double(st.tokens) / st.wall_s;
+      const double mfu =
+          peak_.flops_per_s > 0 ? trainer_->model_flops_per_token() * tok_s / peak_.flops_per_s : 0;
+      std::printf(
+          "step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | MFU %5.1f%% | "
+          "compute %3.0f%% comm %3.0f%% bubble %3.0f%%\n",
+          static_cast<long long>(s + 1), static_cast<long long>(steps), st.loss, st.lr,
+          st.grad_norm, tok_s, 100 * mfu, 100 * st.compute_s / st.wall_s,
+          100 * st.comm_s / st.wall_s, 100 * st.bubble_s / st.wall_s);
+      std::fflush(stdout);
+    }
+    const int eval_every = cfg_.train().eval_every();
+    if (val_ && ((s + 1) % eval_every == 0 || s + 1 == steps)) {
+      const double vl = trainer_->evaluate(*val_, cfg_.train().eval_batches());
+      if (leader_) {
+        char buf[40];
+        std::snprintf(buf, sizeof(buf), "%.17g", vl);
+        store_->set(recovery::eval_key(s + 1), buf);
+        if (!o_.quiet) {
+          std::printf("eval %5lld/%lld | val loss %.6f (%d batches)\n",
+                      static_cast<long long>(s + 1), static_cast<long long>(steps), vl,
+                      cfg_.train().eval_batches());
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+
+  // Rank 0 keeps each step's numbers in the job's store, so they survive its own restart.
+  void record_step(const StepStats& st) {
+    report::StepRecord r;
+    r.set_step(st.step);
+    r.set_loss(st.loss);
+    r.set_grad_norm(st.grad_norm);
+    r.set_lr(st.lr);
+    r.set_wall_s(st.wall_s);
+    r.set_compute_s(st.compute_s);
+    r.set_comm_s(st.comm_s);
+    r.set_bubble_s(st.bubble_s);
+    r.set_bytes_tp(double(st.bytes_tp));
+    r.set_bytes_pp(double(st.bytes_pp));
+    r.set_bytes_dp(double(st.bytes_dp));
+    r.set_bytes_emb(double(st.bytes_emb));
+    r.set_tokens(double(st.tokens));
+    store_->set(recovery::step_key(st.step), r.SerializeAsString());
+    store_->set("progress", std::to_string(st.step + 1));
+    if (first_step_in_epoch_) {
+      first_step_in_epoch_ = false;
+      store_->set(recovery::first_step_key(epoch_), time_str(unix_now()));
+    }
+    if (nan_incident_.step() == st.step && !nan_incident_.kind().empty()) {
+      nan_incident_.set_first_step_at(unix_now());
+      const int64_t n = store_->add(recovery::kIncidentCount, 1) - 1;
+      store_->set(recovery::incident_key(n), nan_incident_.SerializeAsString());
+      nan_incident_.Clear();
+    }
+  }
+
+  void finish();
+  void fill_report(RunReport* rep);
+
+  WorkerOptions o_;
+  JobEnv env_;
+  config::JobConfig cfg_;
+  Topology topo_{1, 1, 1};
+  bool leader_ = false;
+  int epoch_ = 0;
+  Peak peak_;
+  std::unique_ptr<Backend> backend_;
+  std::shared_ptr<Plugin> plugin_;
+  std::unique_ptr<DataLoader> data_, val_;
+  std::function<std::shared_ptr<Store>()> connect_;
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<TrainState> state_;
+  std::unique_ptr<ProcessGroups> groups_;
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<FaultInjector> injector_;
+  std::unique_ptr<RecoveryClient> recovery_;
+  std::unique_ptr<SnapshotRegion> region_;
+  std::unique_ptr<BackupServer> backup_server_;
+  std::unique_ptr<Snapshotter> snapshotter_;
+  std::unique_ptr<PersistentCheckpointer> checkpointer_;
+  int holder_ = -1;
+  int64_t nonfinite_retried_ = -1;
+  report::Incident nan_incident_;
+  bool first_step_in_epoch_ = true;
+};
+
+void Worker::finish() {
+  if (snapshotter_) snapshotter_->wait_idle();
+  if (checkpointer_) checkpointer_->wait();
+  if (recovery_) recovery_->stop_watch();
+  NamedTensors full = trainer_->gather_full_params();
+  if (leader_) {
+    RunReport rep;
+    fill_report(&rep);
+    ParamDigest digest;
+    for (const auto& name : trainer_->canonical_names()) digest.add(name, full.at(name));
+    rep.set_param_checksum(digest.hex());
+    if (!o_.export_llmc_path.empty())
+      write_llmc_checkpoint(o_.export_llmc_path, trainer_->dims(), full);
+    if (!o_.report_path.empty()) write_report_json(o_.report_path, rep);
+    if (!o_.loss_svg_path.empty()) write_loss_svg(o_.loss_svg_path, rep);
+    if (!o_.quiet)
+      std::printf(
+          "keel: done: %d steps, final loss %.6f, %.0f tok/s, MFU %.1f%% of %.3g FLOP/s "
+          "(%s), params %s, ETTR %.3f, %d incident(s), %.1f s\n",
+          rep.steps_completed(), rep.final_loss(), rep.tokens_per_s(), 100 * rep.mfu(),
+          rep.mfu_peak_flops(), rep.mfu_peak_source().c_str(), rep.param_checksum().c_str(),
+          rep.ettr(), rep.incidents_size(), rep.wall_s());
+  }
+  // Keep every rank's communicators alive until rank 0 has its gather.
+  groups_->world->barrier();
+  if (snapshotter_) snapshotter_->stop();
+  if (!env_.supervised) unlink_job_segments(env_.job);
+}
+
+void Worker::fill_report(RunReport* rep) {
+  rep->set_plugin(plugin_->name());
+  rep->set_plugin_version(plugin_->version());
+  rep->set_backend(backend_->name());
+  rep->set_layout(layout_name(topo_));
+  rep->set_world_size(topo_.world_size());
+  rep->set_num_params(double(trainer_->global_param_count()));
+  rep->set_mfu_peak_flops(peak_.flops_per_s);
+  rep->set_mfu_peak_source(peak_.source);
+  rep->set_recovery_mode(config::RecoveryConfig::Mode_Name(cfg_.recovery().mode()));
+  const int64_t steps = cfg_.train().steps();
+  double kept_s = 0, timed_s = 0, timed_tokens = 0;
+  const int64_t first = std::stoll(store_->get("start_step", Millis(10000)));
+  rep->set_first_step(int(first));
+  for (int64_t s = first; s < steps; ++s) {
+    report::StepRecord r;
+    r.ParseFromString(store_->get(recovery::step_key(s), Millis(10000)));
+    rep->add_losses(r.loss());
+    rep->add_grad_norms(r.grad_norm());
+    rep->add_lrs(r.lr());
+    rep->set_compute_s(rep->compute_s() + r.compute_s());
+    rep->set_comm_s(rep->comm_s() + r.comm_s());
+    rep->set_bubble_s(rep->bubble_s() + r.bubble_s());
+    rep->set_bytes_tp(rep->bytes_tp() + r.bytes_tp());
+    rep->set_bytes_pp(rep->bytes_pp() + r.bytes_pp());
+    rep->set_bytes_dp(rep->bytes_dp() + r.bytes_dp());
+    rep->set_bytes_emb(rep->bytes_emb() + r.bytes_emb());
+    kept_s += r.wall_s();
+    // The first step pays for page faults and connection warm-up; throughput leaves it out
+    // unless it is the only one.
+    if (s > first || steps == first + 1) timed_s += r.wall_s(), timed_tokens += r.tokens();
+    const int every = cfg_.train().eval_every();
+    if (val_ && ((s + 1) % every == 0 || s + 1 == steps)) {
+      rep->add_val_steps(double(s + 1));
+      rep->add_val_losses(std::stod(store_->get(recovery::eval_key(s + 1), Millis(10000))));
+    }
+  }
+  rep->set_steps_completed(int(steps));
+  if (rep->losses_size() > 0) rep->set_final_loss(rep->losses(rep->losses_size() - 1));
+  rep->set_tokens_per_s(timed_s > 0 ? timed_tokens / timed_s : 0);
+  rep->set_mfu(peak_.flops_per_s > 0
+                   ? trainer_->model_flops_per_token() * rep->tokens_per_s() / peak_.flops_per_s
+                   : 0);
+  rep->set_wall_s(unix_now() - env_.job_start);
+  rep->set_ettr(rep->wall_s() > 0 ? kept_s / rep->wall_s() : 0);
+  if (snapshotter_) {
+    const SnapshotStats ss = snapshotter_->stats();
+    rep->set_snapshot_blocked_s(ss.wait_idle_seconds);
+    rep->set_snapshot_bytes(double(state_->bytes()));
+    rep->set_backup_bytes_per_step(ss.copies > 0 ? double(ss.bytes_pushed) / double(ss.copies) : 0);
+  }
+  for (int r = 0; r < topo_.world_size(); ++r) {
+    report::RankProcesses* rp = rep->add_ranks();
+    rp->set_rank(r);
+    const std::string pids = "pids/" + std::to_string(r) + "/";
+    const int64_t n = store_->add(pids + "count", 0);
+    for (int64_t i = 0; i < n; ++i)
+      rp->add_pids(std::stoi(store_->get(pids + std::to_string(i), Millis(10000))));
+  }
+  // Incidents: the supervisor's (and rank 0's own), joined with the injection records and
+  // the ranks' restore times.
+  std::vector<InjectionRecord> injections = FaultInjector::read_injections(*store_);
+  std::vector<bool> used(injections.size(), false);
+  const int64_t n = store_->add(recovery::kIncidentCount, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    report::Incident inc;
+    inc.ParseFromString(store_->get(recovery::incident_key(i), Millis(10000)));
+    // The injection that caused it: the newest unused one before its detection, on its rank
+    // when the culprit is known.
+    int best = -1;
+    for (size_t k = 0; k < injections.size(); ++k) {
+      const auto& in = injections[k];
+      if (used[k] || in.time > inc.detected_at() || in.kind == "slow") continue;
+      if (inc.rank() >= 0 && in.rank != inc.rank()) continue;
+      if (best < 0 || in.time > injections[size_t(best)].time) best = int(k);
+    }
+    if (best >= 0) {
+      used[size_t(best)] = true;
+      inc.set_injected_at(injections[size_t(best)].time);
+      if (inc.rank() < 0) inc.set_rank(injections[size_t(best)].rank);
+      if (inc.kind() == "comm_error" || inc.kind() == "exit" || inc.kind() == "crash")
+        inc.set_kind(injections[size_t(best)].kind);
+    }
+    if (inc.kind() != "nan") {
+      double restored = 0;
+      for (int r = 0; r < topo_.world_size(); ++r) {
+        try {
+          restored = std::max(
+              restored, std::stod(store_->get(recovery::restored_key(inc.epoch(), r), Millis(1))));
+        } catch (const CommTimeout&) {
+        }
+      }
+      inc.set_recovered_at(restored);
+      try {
+        inc.set_first_step_at(
+            std::stod(store_->get(recovery::first_step_key(inc.epoch()), Millis(1))));
+      } catch (const CommTimeout&) {
+      }
+    }
+    *rep->add_incidents() = inc;
+  }
+}
+
+}  // namespace
+
+int run_worker(const WorkerOptions& o) {
+  try {
+    Worker w(o);
+    return w.run();
+  } catch (const FatalStop& e) {
+    std::fprintf(stderr, "keel-worker: rank %d: %s\n", o.rank, e.what());
+    return e.code();
+  }
+}
+
+}  // namespace keel

@@ -1,0 +1,117 @@
+#include "robust/fault_injector.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+#include <thread>
+
+#include "robust/fault_spec.h"
+
+namespace keel {
+namespace {
+
+double unix_now() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+FaultInjector::FaultInjector(faults::FaultSchedule schedule, int rank, std::shared_ptr<Store> store)
+    : schedule_(std::move(schedule)), rank_(rank), store_(std::move(store)) {
+  KEEL_CHECK(store_ != nullptr);
+}
+
+bool FaultInjector::claim(int index) {
+  return store_->add("fault/" + std::to_string(index) + "/fired", 1) == 1;
+}
+
+void FaultInjector::record(const faults::Fault& f, int64_t step) {
+  int64_t n = store_->add("inject/count", 1);
+  char time[32];
+  std::snprintf(time, sizeof(time), "%.6f", unix_now());
+  store_->set("inject/" + std::to_string(n - 1),
+              detail::concat(fault_kind_name(f.kind()), " ", rank_, " ", step, " ", time));
+}
+
+void FaultInjector::before_step(int64_t step) {
+  for (int i = 0; i < schedule_.fault_size(); ++i) {
+    const faults::Fault& f = schedule_.fault(i);
+    if (f.rank() != rank_ || f.step() != step) continue;
+    switch (f.kind()) {
+      case faults::Fault::crash:
+        if (!claim(i)) break;
+        record(f, step);
+        raise(SIGKILL);
+        break;
+      case faults::Fault::exit:
+        if (!claim(i)) break;
+        record(f, step);
+        // Like a library that gives up (a CUDA illegal address): a message, then the exit
+        // status, with no unwinding and no atexit handlers.
+        std::fprintf(stderr, "%s\n", f.message().c_str());
+        std::fflush(stderr);
+        _exit(f.exit_code());
+      case faults::Fault::hang:
+        KEEL_CHECK(wrapped_, "a hang fault at step ", step,
+                   " needs FaultInjector::wrap() on the rank's communicators");
+        if (!claim(i)) break;
+        record(f, step);
+        hang_->arm();
+        break;
+      case faults::Fault::slow:
+        if (!claim(i)) break;
+        record(f, step);
+        slow_.push_back(i);
+        break;
+      case faults::Fault::nan:
+        break;  // on_local_metrics
+    }
+  }
+  for (int i : slow_) {
+    const faults::Fault& f = schedule_.fault(i);
+    if (step >= f.step()) std::this_thread::sleep_for(std::chrono::milliseconds(f.delay_ms()));
+  }
+}
+
+void FaultInjector::wrap(ProcessGroups& groups) {
+  for (auto* comm : {&groups.world, &groups.tp, &groups.pp, &groups.dp, &groups.emb}) {
+    if (*comm) *comm = std::make_unique<FaultyCommunicator>(std::move(*comm), hang_);
+  }
+  wrapped_ = true;
+}
+
+void FaultInjector::on_local_metrics(int64_t step, float* metrics) {
+  for (int i = 0; i < schedule_.fault_size(); ++i) {
+    const faults::Fault& f = schedule_.fault(i);
+    if (f.kind() != faults::Fault::nan || f.rank() != rank_ || f.step() != step) continue;
+    if (!claim(i)) continue;
+    record(f, step);
+    metrics[0] = std::numeric_limits<float>::quiet_NaN();
+  }
+}
+
+std::vector<InjectionRecord> FaultInjector::read_injections(Store& store) {
+  std::vector<InjectionRecord> out;
+  int64_t n = store.add("inject/count", 0);
+  for (int64_t i = 0; i < n; ++i) {
+    std::string text;
+    try {
+      // A record is set right after its count is taken; give a writer a moment.
+      text = store.get("inject/" + std::to_string(i), std::chrono::milliseconds(2000));
+    } catch (const CommTimeout&) {
+      continue;  // its writer died between add and set
+    }
+    std::istringstream in(text);
+    InjectionRecord r;
+    if (in >> r.kind >> r.rank >> r.step >> r.time) out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace keel

@@ -1,0 +1,75 @@
+// Fires a fault schedule (proto/faults.proto) on one rank, from keel-worker's step hooks:
+//   before_step(S)           crash, exit, slow, and arming a hang for step S;
+//   wrap(groups)             after every (re)build of the rank's communicators;
+//   on_local_metrics(S, m)   nan, on this rank's local loss before the global all-reduce.
+//
+// Each fault fires at most once per job, although a crashed rank is restarted and replays
+// its steps: a fault fires only in the process that wins `store.add("fault/<i>/fired", 1)
+// == 1`, and the store (the controller's) outlives the ranks. A slow fault stays with the
+// process that claimed it (a slow machine), so a restarted or replacement rank is not slow.
+//
+// Every firing is recorded in the store before it acts, so even a crash leaves its record:
+//   inject/count = n;  inject/<i> = "<kind> <rank> <step> <unix seconds>"  (i < n)
+// read_injections() reads them back for the report and the incident timeline.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/process_groups.h"
+#include "parallel/store.h"
+#include "proto/faults.pb.h"
+#include "robust/faulty_communicator.h"
+
+namespace keel {
+
+struct InjectionRecord {
+  std::string kind{};  // "crash", "exit", "hang", "slow", "nan"
+  int rank = 0;
+  int64_t step = 0;
+  double time = 0;  // unix time in seconds, when the fault fired
+};
+
+class FaultInjector {
+ public:
+  // `schedule` should have passed validate_fault_plan (robust/fault_spec.h); faults of
+  // other ranks are ignored. `store` must outlive rank restarts (the job's store, not an
+  // epoch's) and may be shared with other threads if it is thread-safe.
+  FaultInjector(faults::FaultSchedule schedule, int rank, std::shared_ptr<Store> store);
+
+  // At the start of step `step`: a crash SIGKILLs this process, an exit prints its message
+  // to stderr and _exits with its code, a slow fault sleeps delay_ms (at this and every
+  // later step), a hang arms the switch so the step's first communicator call blocks
+  // forever. Throws keel::Error for a hang when wrap() was never called.
+  void before_step(int64_t step);
+
+  // Replaces the rank's five communicators by FaultyCommunicators sharing this injector's
+  // hang switch. Call again after every rebuild (new communicators are unwrapped).
+  void wrap(ProcessGroups& groups);
+
+  // For a nan fault at this step and rank: metrics[0] (this rank's local loss
+  // contribution) becomes NaN, so after the global all-reduce every rank sees a NaN loss.
+  void on_local_metrics(int64_t step, float* metrics);
+
+  // The injections recorded so far, in firing order.
+  static std::vector<InjectionRecord> read_injections(Store& store);
+
+  // The switch shared by the wrapped communicators (for tests and diagnostics).
+  const std::shared_ptr<HangSwitch>& hang_switch() const { return hang_; }
+
+ private:
+  // True if this process wins fault `index` (first claim in the job).
+  bool claim(int index);
+  void record(const faults::Fault& f, int64_t step);
+
+  faults::FaultSchedule schedule_;
+  int rank_;
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<HangSwitch> hang_ = std::make_shared<HangSwitch>();
+  bool wrapped_ = false;
+  std::vector<int> slow_;  // indices of slow faults this process claimed
+};
+
+}  // namespace keel

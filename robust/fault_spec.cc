@@ -1,0 +1,210 @@
+#include "robust/fault_spec.h"
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace keel {
+namespace {
+
+namespace pb = google::protobuf;
+
+constexpr const char* kKinds = "crash, exit, hang, slow, nan";
+
+// Keeps the first error protobuf reports, with its position (protobuf counts from 0).
+class FirstErrorCollector : public pb::io::ErrorCollector {
+ public:
+  void AddError(int line, pb::io::ColumnNumber column, const std::string& message) override {
+    if (!has_error) {
+      has_error = true;
+      this->line = line;
+      this->column = column;
+      this->message = message;
+    }
+  }
+  bool has_error = false;
+  int line = -1;
+  int column = -1;
+  std::string message;
+};
+
+bool parse_int(const std::string& text, int64_t* out) {
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, *out);
+  return !text.empty() && ec == std::errc() && ptr == end;
+}
+
+[[noreturn]] void flag_error(const std::string& value, const std::string& why) {
+  throw InputError("--fault '" + value + "': " + why);
+}
+
+}  // namespace
+
+std::string fault_kind_name(faults::Fault::Kind kind) {
+  return faults::Fault::Kind_Name(kind);
+}
+
+std::string FaultOrigin::where(const std::string& field) const {
+  if (!flag.empty()) return "--fault '" + flag + "': " + field;
+  auto it = lines.find(field);
+  if (it == lines.end()) it = lines.find("");  // the fault's own line
+  std::string at = it == lines.end() ? file : file + ":" + std::to_string(it->second);
+  return at + ": fault[" + std::to_string(index) + "]." + field;
+}
+
+faults::Fault parse_fault_flag(const std::string& value) {
+  auto fail = [&](const std::string& why) { flag_error(value, why); };
+  faults::Fault f;
+  size_t at = value.find('@');
+  if (at == std::string::npos)
+    fail("expected KIND@step=S,rank=R[,code=C][,delay_ms=D][,message=TEXT]");
+  std::string kind = value.substr(0, at);
+  faults::Fault::Kind k = faults::Fault::crash;
+  if (!faults::Fault::Kind_Parse(kind, &k)) {
+    fail("unknown kind '" + kind + "' (" + kKinds + ")");
+  }
+  f.set_kind(k);
+  bool has_step = false, has_rank = false;
+  size_t pos = at + 1;
+  while (pos <= value.size()) {
+    size_t eq = value.find('=', pos);
+    size_t comma = value.find(',', pos);
+    std::string key = value.substr(pos, std::min(eq, comma) - pos);
+    if (eq == std::string::npos || (comma != std::string::npos && comma < eq)) {
+      fail("expected key=value, got '" + key + "'");
+    }
+    if (key == "message") {
+      // The rest of the value, commas included: a message is free text.
+      f.set_message(value.substr(eq + 1));
+      break;
+    }
+    std::string text =
+        value.substr(eq + 1, comma == std::string::npos ? std::string::npos : comma - eq - 1);
+    int64_t number = 0;
+    if (key != "step" && key != "rank" && key != "code" && key != "delay_ms") {
+      fail("unknown key '" + key + "' (step, rank, code, delay_ms, message)");
+    }
+    if (!parse_int(text, &number)) fail(key + " = '" + text + "': not an integer");
+    bool fits_int = number >= INT32_MIN && number <= INT32_MAX;
+    if (key == "step") {
+      f.set_step(number);
+      has_step = true;
+    } else if (!fits_int) {
+      fail(key + " = " + text + ": out of range");
+    } else if (key == "rank") {
+      f.set_rank(int32_t(number));
+      has_rank = true;
+    } else if (key == "code") {
+      f.set_exit_code(int32_t(number));
+    } else {
+      f.set_delay_ms(int32_t(number));
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  if (!has_step) fail("missing step=S");
+  if (!has_rank) fail("missing rank=R");
+  return f;
+}
+
+faults::FaultSchedule parse_fault_schedule(const std::string& text,
+                                           const std::string& name_for_errors,
+                                           std::vector<std::map<std::string, int>>* lines) {
+  faults::FaultSchedule schedule;
+  FirstErrorCollector errors;
+  pb::TextFormat::ParseInfoTree tree;
+  pb::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  parser.WriteLocationsTo(&tree);
+  if (!parser.ParseFromString(text, &schedule)) {
+    if (errors.has_error) {
+      throw InputError(detail::concat(name_for_errors, ":", errors.line + 1, ":", errors.column + 1,
+                                      ": ", errors.message));
+    }
+    throw InputError(name_for_errors + ": not a valid keel.faults.FaultSchedule");
+  }
+  if (lines) {
+    lines->clear();
+    const pb::FieldDescriptor* fault_field = schedule.GetDescriptor()->FindFieldByName("fault");
+    const pb::Descriptor* d = faults::Fault::descriptor();
+    for (int i = 0; i < schedule.fault_size(); ++i) {
+      std::map<std::string, int> l;
+      pb::TextFormat::ParseLocation own = tree.GetLocation(fault_field, i);
+      if (own.line >= 0) l[""] = own.line + 1;
+      if (const auto* nested = tree.GetTreeForNested(fault_field, i)) {
+        for (int j = 0; j < d->field_count(); ++j) {
+          pb::TextFormat::ParseLocation loc = nested->GetLocation(d->field(j), -1);
+          if (loc.line >= 0) l[d->field(j)->name()] = loc.line + 1;
+        }
+      }
+      lines->push_back(std::move(l));
+    }
+  }
+  return schedule;
+}
+
+void add_fault_flag(FaultPlan* plan, const std::string& value) {
+  *plan->schedule.add_fault() = parse_fault_flag(value);
+  plan->origins.push_back({.flag = value});
+}
+
+void add_fault_file(FaultPlan* plan, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot open: " + std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw InputError(path + ": read failed");
+  std::vector<std::map<std::string, int>> lines;
+  faults::FaultSchedule s = parse_fault_schedule(ss.str(), path, &lines);
+  for (int i = 0; i < s.fault_size(); ++i) {
+    *plan->schedule.add_fault() = s.fault(i);
+    plan->origins.push_back({.file = path, .index = i, .lines = lines[size_t(i)]});
+  }
+}
+
+void validate_fault_plan(const FaultPlan& plan, int world_size, int64_t steps) {
+  std::string text;
+  auto require = [&](bool ok, const FaultOrigin& o, const std::string& field,
+                     const std::string& value, const std::string& rule) {
+    if (ok) return;
+    if (!text.empty()) text += "\n";
+    text += o.where(field) + " = " + value + ": " + rule;
+  };
+  for (int i = 0; i < plan.schedule.fault_size(); ++i) {
+    const faults::Fault& f = plan.schedule.fault(i);
+    FaultOrigin fallback{.file = "fault schedule", .index = i};
+    const FaultOrigin& o = size_t(i) < plan.origins.size() ? plan.origins[size_t(i)] : fallback;
+    const std::string kind = fault_kind_name(f.kind());
+    require(f.rank() >= 0, o, "rank", std::to_string(f.rank()), "must be >= 0");
+    require(f.rank() < world_size, o, "rank", std::to_string(f.rank()),
+            "must be < the world size " + std::to_string(world_size));
+    require(f.step() >= 0, o, "step", std::to_string(f.step()), "must be >= 0");
+    require(steps <= 0 || f.step() < steps, o, "step", std::to_string(f.step()),
+            "must be < the job's steps " + std::to_string(steps) + " (it would never fire)");
+    if (f.kind() == faults::Fault::slow) {
+      require(f.delay_ms() > 0, o, "delay_ms", std::to_string(f.delay_ms()),
+              "a slow fault needs delay_ms > 0");
+    } else {
+      require(!f.has_delay_ms(), o, "delay_ms", std::to_string(f.delay_ms()),
+              "only a slow fault takes delay_ms (this one is " + kind + ")");
+    }
+    if (f.kind() == faults::Fault::exit) {
+      require(f.exit_code() >= 1 && f.exit_code() <= 255, o, "exit_code",
+              std::to_string(f.exit_code()),
+              "must be in [1, 255] (0 would look like a clean exit)");
+    } else {
+      require(!f.has_exit_code(), o, "exit_code", std::to_string(f.exit_code()),
+              "only an exit fault takes exit_code (this one is " + kind + ")");
+      require(!f.has_message(), o, "message", "\"" + f.message() + "\"",
+              "only an exit fault takes a message (this one is " + kind + ")");
+    }
+  }
+  if (!text.empty()) throw InputError(text);
+}
+
+}  // namespace keel

@@ -1,0 +1,217 @@
+// Persistent checkpoints with two ranks in two threads sharing a HashStore: a bitwise round
+// trip; a truncated, corrupt or unsealed newest checkpoint is skipped by name for the one
+// before; a layout mismatch is refused naming the fields; retention; writer errors surface.
+#include "ckpt/persistent_checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "parallel/hash_store.h"
+#include "tests/test_expect.h"
+#include "tests/test_paths.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+using test::input_error_of;
+
+keel_param_desc desc(const char* name, std::vector<int64_t> shape) {
+  keel_param_desc d{};
+  std::strncpy(d.name, name, KEEL_PARAM_NAME_MAX - 1);
+  d.ndim = int32_t(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) d.shape[i] = shape[i];
+  d.tp_dim = -1;
+  d.tp_blocks = 1;
+  d.init = KEEL_INIT_ZEROS;
+  return d;
+}
+
+std::vector<keel_param_desc> model(int width = 16) {
+  return {desc("w", {8, width}), desc("b", {width})};
+}
+
+// A value for every state float that differs by rank, step, span and index.
+float value(int rank, int64_t step, size_t span, size_t i) {
+  uint32_t x = uint32_t(rank * 7919 + step * 104729) ^ uint32_t(span * 0x9E3779B9u) ^
+               uint32_t(i * 0x85EBCA6Bu);
+  x ^= x >> 15;
+  x *= 0x2c1b3c6du;
+  x ^= x >> 12;
+  return float(x >> 8) / float(1 << 24) - 0.5f;
+}
+
+void fill(TrainState& s, int rank, int64_t step) {
+  auto spans = s.spans();
+  for (size_t k = 0; k < spans.size(); ++k)
+    for (size_t i = 0; i < spans[k].floats; ++i) spans[k].data[i] = value(rank, step, k, i);
+  s.set_step(step);
+}
+
+bool holds(TrainState& s, int rank, int64_t step) {
+  auto spans = s.spans();
+  for (size_t k = 0; k < spans.size(); ++k)
+    for (size_t i = 0; i < spans[k].floats; ++i) {
+      float want = value(rank, step, k, i);
+      if (std::memcmp(&spans[k].data[i], &want, sizeof(float)) != 0) return false;
+    }
+  return s.step() == step;
+}
+
+CheckpointLayout two_ranks() {
+  CheckpointLayout l;
+  l.dp = 2;
+  l.plugin_name = "test";
+  l.plugin_version = "1";
+  return l;
+}
+
+// Ranks 0 and 1, each a thread with its own checkpointer, save every step of `steps`.
+void save_steps(const std::string& dir, const std::vector<int64_t>& steps, int keep = 3) {
+  auto store = std::make_shared<HashStore>();
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto be = make_cpu_backend(1);
+      TrainState state(be.get(), model(), 0, 1, 1, false);
+      PersistentCheckpointer ck({.dir = dir,
+                                 .rank = r,
+                                 .layout = two_ranks(),
+                                 .keep = keep,
+                                 .wait_timeout = std::chrono::seconds(20)},
+                                [&] { return store; });
+      for (int64_t s : steps) {
+        fill(state, r, s);
+        ck.save_async(state);
+        fill(state, r, s + 1000);  // the next step changes the state at once
+      }
+      ck.wait();
+    });
+  }
+  for (auto& t : ranks) t.join();
+}
+
+TEST(PersistentCheckpoint, RoundTripIsBitwise) {
+  std::string dir = test::temp_dir("pckpt_roundtrip");
+  save_steps(dir, {10});
+  std::vector<std::string> skipped;
+  ResumePoint p = find_resume_point(dir, two_ranks(), &skipped);
+  EXPECT_TRUE(skipped.empty());
+  EXPECT_EQ(p.step, 10);
+  EXPECT_EQ(p.dir, dir + "/step_000010");
+  EXPECT_EQ(p.manifest.rank_file_size(), 2);
+  EXPECT_EQ(p.manifest.plugin_name(), "test");
+  EXPECT_GT(p.manifest.written_at(), 0);
+  auto be = make_cpu_backend(1);
+  for (int r = 0; r < 2; ++r) {
+    TrainState state(be.get(), model(), 0, 1, 1, false);
+    load_rank(p, r, state);
+    EXPECT_TRUE(holds(state, r, 10)) << "rank " << r;
+  }
+  // No temporary file is left behind.
+  for (const auto& e : fs::directory_iterator(p.dir))
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+TEST(PersistentCheckpoint, TruncatedOrCorruptNewestFallsBackToThePrevious) {
+  std::string dir = test::temp_dir("pckpt_truncated");
+  save_steps(dir, {10, 20, 30});
+  fs::resize_file(dir + "/step_000030/rank_1.bin",
+                  fs::file_size(dir + "/step_000030/rank_1.bin") - 8);
+  {
+    std::fstream f(dir + "/step_000020/rank_0.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');
+  }
+  std::vector<std::string> skipped;
+  ResumePoint p = find_resume_point(dir, two_ranks(), &skipped);
+  EXPECT_EQ(p.step, 10);
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_HAS(skipped[0], "step_000030/rank_1.bin: ");
+  EXPECT_HAS(skipped[0], "(truncated)");
+  EXPECT_EQ(skipped[1], "step_000020/rank_0.bin: checksum mismatch");
+  auto be = make_cpu_backend(1);
+  TrainState state(be.get(), model(), 0, 1, 1, false);
+  load_rank(p, 1, state);
+  EXPECT_TRUE(holds(state, 1, 10));
+}
+
+TEST(PersistentCheckpoint, MissingManifestIsIncomplete) {
+  std::string dir = test::temp_dir("pckpt_incomplete");
+  save_steps(dir, {10, 20});
+  fs::remove(dir + "/step_000020/manifest.pb");
+  std::vector<std::string> skipped;
+  ResumePoint p = find_resume_point(dir, two_ranks(), &skipped);
+  EXPECT_EQ(p.step, 10);
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0], "step_000020: no manifest (incomplete)");
+
+  fs::remove(dir + "/step_000010/manifest.pb");
+  std::string msg = input_error_of([&] { find_resume_point(dir, two_ranks()); });
+  EXPECT_HAS(msg, dir + ": no usable checkpoint");
+  EXPECT_HAS(msg, "step_000010: no manifest (incomplete)");
+  EXPECT_HAS(input_error_of([&] { find_resume_point(dir + "/nope", two_ranks()); }),
+             dir + "/nope: no such checkpoint directory");
+}
+
+TEST(PersistentCheckpoint, LayoutMismatchNamesTheFields) {
+  std::string dir = test::temp_dir("pckpt_layout");
+  save_steps(dir, {10});
+  CheckpointLayout other = two_ranks();
+  other.tp = 2;
+  other.dp = 1;
+  other.plugin_version = "2";
+  std::string msg = input_error_of([&] { find_resume_point(dir, other); });
+  EXPECT_HAS(msg, dir + "/step_000010: the checkpoint's layout differs from this job's:");
+  EXPECT_HAS(msg, "tp = 1 (this job: 2)");
+  EXPECT_HAS(msg, "dp = 2 (this job: 1)");
+  EXPECT_HAS(msg, "plugin_version = \"1\" (this job: \"2\")");
+
+  // A rank state of another model is refused by its layout fingerprint.
+  ResumePoint p = find_resume_point(dir, two_ranks());
+  auto be = make_cpu_backend(1);
+  TrainState wider(be.get(), model(32), 0, 1, 1, false);
+  EXPECT_HAS(input_error_of([&] { load_rank(p, 0, wider); }), "layout_fingerprint = ");
+  EXPECT_EQ(wider.step(), 0);
+}
+
+TEST(PersistentCheckpoint, KeepsTheNewestAndDropsFailedSaves) {
+  std::string dir = test::temp_dir("pckpt_keep");
+  fs::create_directories(dir + "/step_000000");  // an older save that never completed
+  save_steps(dir, {1, 2, 3, 4}, /*keep=*/2);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step_000003", "step_000004"}));
+  EXPECT_EQ(find_resume_point(dir, two_ranks()).step, 4);
+}
+
+TEST(PersistentCheckpoint, WriterErrorsSurfaceOnTheNextCall) {
+  std::string dir = test::temp_dir("pckpt_error") + "/not_a_dir";
+  std::ofstream(dir) << "a file where the checkpoint directory should be";
+  CheckpointLayout one;
+  auto store = std::make_shared<HashStore>();
+  PersistentCheckpointer ck({.dir = dir, .rank = 0, .layout = one}, [&] { return store; });
+  auto be = make_cpu_backend(1);
+  TrainState state(be.get(), model(), 0, 1, 1, false);
+  fill(state, 0, 5);
+  ck.save_async(state);
+  fill(state, 0, 6);
+  try {
+    ck.save_async(state);  // starts step 6, reports step 5
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_HAS(e.what(), "persistent checkpoint of step 5 to " + dir + "/step_000005 failed");
+  }
+  EXPECT_THROW(ck.wait(), Error);  // step 6 failed too
+  ck.wait();                       // each failure is reported once
+}
+
+}  // namespace
+}  // namespace keel

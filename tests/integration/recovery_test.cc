@@ -1,0 +1,207 @@
+// Surviving failures end to end (issue: crashed rank): a TP2×PP2×DP2 job under
+// `keel-worker --nproc 8` loses a rank to a real SIGKILL, a real exit, a real hang, a
+// corrupted or deleted snapshot, and must finish with the parameters of the same job
+// without faults, bit for bit, with the surviving processes never restarted and nothing
+// (process or shared memory) left behind.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "test_paths.h"
+#include "worker_harness.h"
+
+namespace keel::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kSteps = 12;
+
+std::string job_args(const std::string& dir, const std::string& extra = "") {
+  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
+  return "--config " + cfg + " --nproc 8 --set train.steps=" + std::to_string(kSteps) +
+         " --set parallel.comm_timeout_ms=3000 --set recovery.abort_timeout_ms=1500 " + extra;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// The same job without faults, run once per test binary.
+const JobRun& fault_free() {
+  static const JobRun r = [] {
+    std::string dir = temp_dir("fault-free");
+    return run_job(dir, job_args(dir));
+  }();
+  return r;
+}
+
+void expect_clean(const JobRun& r) {
+  EXPECT_EQ(r.leftover_processes, 0) << "processes outlived the job\n" << r.output;
+  EXPECT_TRUE(r.leftover_shm.empty()) << "shared memory left behind: " << r.leftover_shm.size()
+                                      << " segment(s), e.g. " << r.leftover_shm[0];
+}
+
+// Finished, bitwise equal to the fault-free run, one incident on `culprit` that lost at most
+// one step, every other rank served by one process all along.
+void expect_recovered(const JobRun& r, int culprit, const std::string& kind) {
+  const JobRun& base = fault_free();
+  ASSERT_EQ(base.exit_code, 0) << base.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_string_field(r.report, "param_checksum"),
+            json_string_field(base.report, "param_checksum"))
+      << r.output;
+  EXPECT_EQ(json_array_field(r.report, "losses"), json_array_field(base.report, "losses"));
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(inc[0], "kind"), kind) << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "rank"), culprit) << inc[0];
+  EXPECT_LE(json_number_field(inc[0], "steps_lost"), 1) << inc[0];
+  const double detected = json_number_field(inc[0], "detected_at");
+  EXPECT_GT(detected, 0) << inc[0];
+  EXPECT_GE(json_number_field(inc[0], "recovered_at"), detected) << inc[0];
+  EXPECT_GE(json_number_field(inc[0], "first_step_at"), json_number_field(inc[0], "recovered_at"))
+      << inc[0];
+  std::vector<std::string> ranks = json_object_array(r.report, "ranks");
+  ASSERT_EQ(ranks.size(), 8u);
+  for (int k = 0; k < 8; ++k) {
+    const size_t pids = json_array_field(ranks[size_t(k)], "pids").size();
+    EXPECT_EQ(pids, k == culprit ? 2u : 1u) << "rank " << k << ": " << ranks[size_t(k)];
+  }
+  expect_clean(r);
+}
+
+int random_step() {
+  std::random_device rd;
+  return 2 + int(rd() % (kSteps - 4));  // leave a step before and a few after
+}
+
+TEST(Recovery, FaultFreeJobIsCleanAndRepeatable) {
+  const JobRun& a = fault_free();
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  expect_clean(a);
+  EXPECT_TRUE(json_object_array(a.report, "incidents").empty());
+  EXPECT_NEAR(json_number_field(a.report, "ettr"), 0.5, 0.5);
+}
+
+TEST(Recovery, CrashedRankIsRestartedInPlace) {
+  const int step = random_step();
+  SCOPED_TRACE("crash at step " + std::to_string(step));
+  std::string dir = temp_dir("crash");
+  JobRun r = run_job(dir, job_args(dir, "--fault crash@step=" + std::to_string(step) + ",rank=5"));
+  expect_recovered(r, 5, "crash");
+}
+
+TEST(Recovery, ExitedRankIsRestartedInPlace) {
+  std::string dir = temp_dir("exit");
+  JobRun r = run_job(dir, job_args(dir,
+                                   "--fault 'exit@step=6,rank=2,code=1,message=CUDA error: "
+                                   "an illegal memory access was encountered'"));
+  expect_recovered(r, 2, "exit");
+  EXPECT_TRUE(contains(r.output, "illegal memory access")) << r.output;
+}
+
+TEST(Recovery, HungRankIsKilledAndRestarted) {
+  std::string dir = temp_dir("hang");
+  JobRun r = run_job(dir, job_args(dir, "--fault hang@step=4,rank=6"));
+  expect_recovered(r, 6, "hang");
+  EXPECT_TRUE(contains(r.output, "did not answer the abort")) << r.output;
+}
+
+TEST(Recovery, CorruptSnapshotSlotFallsBackToAnotherCopy) {
+  std::string dir = temp_dir("corrupt");
+  JobRun r = run_job(dir, job_args(dir, "--fault corrupt_snapshot@step=7,rank=1"));
+  expect_recovered(r, 1, "corrupt_snapshot");
+}
+
+TEST(Recovery, LostSharedMemoryIsRestoredFromTheBackupHolder) {
+  std::string dir = temp_dir("lose");
+  JobRun r = run_job(dir, job_args(dir, "--fault lose_snapshot@step=5,rank=4"));
+  expect_recovered(r, 4, "lose_snapshot");
+  EXPECT_TRUE(contains(r.output, "rank 4: restored step")) << r.output;
+  EXPECT_TRUE(contains(r.output, "backup held by rank")) << r.output;
+}
+
+TEST(Recovery, NanLossSkipsTheUpdateAndRetries) {
+  std::string dir = temp_dir("nan");
+  JobRun r = run_job(dir, job_args(dir, "--fault nan@step=3,rank=7"));
+  const JobRun& base = fault_free();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_string_field(r.report, "param_checksum"),
+            json_string_field(base.report, "param_checksum"));
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(inc[0], "kind"), "nan");
+  EXPECT_EQ(json_number_field(inc[0], "rank"), 7);
+  expect_clean(r);
+}
+
+TEST(Recovery, RestartAllFromThePersistentCheckpointIsEqualToo) {
+  std::string dir = temp_dir("restart-all");
+  JobRun r = run_job(
+      dir, job_args(dir,
+                    "--set recovery.mode=restart_all --set checkpoint.persistent_every_steps=4 "
+                    "--set checkpoint.dir=" +
+                        dir + "/ck --fault crash@step=6,rank=3"));
+  const JobRun& base = fault_free();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_string_field(r.report, "param_checksum"),
+            json_string_field(base.report, "param_checksum"))
+      << r.output;
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_TRUE(contains(json_string_field(inc[0], "action"), "restart all")) << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "restored_step"), 4) << inc[0];
+  expect_clean(r);
+}
+
+// A job stopped by SIGTERM (its ranks stop with it, nothing is left behind) and resumed
+// from its persistent checkpoints ends where the uninterrupted job ends; a truncated newest
+// checkpoint is skipped by name and the one before it used.
+TEST(Recovery, StoppedJobResumesFromItsCheckpoints) {
+  std::string dir = temp_dir("resume");
+  const std::string ck = dir + "/ck";
+  const std::string args =
+      job_args(dir, "--set checkpoint.persistent_every_steps=3 --set checkpoint.dir=" + ck);
+  bool sent = false;
+  JobRun stopped = run_job(dir, args, [&](pid_t pid) {
+    if (!sent && fs::exists(ck + "/step_000006/manifest.pb")) {
+      kill(pid, SIGTERM);
+      sent = true;
+    }
+  });
+  ASSERT_TRUE(sent) << stopped.output;
+  EXPECT_EQ(stopped.exit_code, 128 + SIGTERM) << stopped.output;
+  expect_clean(stopped);
+
+  JobRun resumed = run_job(dir, args + " --resume " + ck);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const JobRun& base = fault_free();
+  EXPECT_EQ(json_string_field(resumed.report, "param_checksum"),
+            json_string_field(base.report, "param_checksum"))
+      << resumed.output;
+  expect_clean(resumed);
+
+  // Truncate rank 3's file of the newest checkpoint: the one before it is used.
+  std::vector<fs::path> steps;
+  for (const auto& e : fs::directory_iterator(ck))
+    if (e.is_directory()) steps.push_back(e.path());
+  std::sort(steps.begin(), steps.end());
+  ASSERT_GE(steps.size(), 2u);
+  const fs::path newest = steps.back() / "rank_3.bin";
+  fs::resize_file(newest, fs::file_size(newest) / 2);
+  JobRun fallback = run_job(dir, args + " --resume " + ck);
+  ASSERT_EQ(fallback.exit_code, 0) << fallback.output;
+  EXPECT_TRUE(contains(fallback.output, steps.back().filename().string() + "/rank_3.bin"))
+      << fallback.output;
+  EXPECT_EQ(json_string_field(fallback.report, "param_checksum"),
+            json_string_field(base.report, "param_checksum"));
+  expect_clean(fallback);
+}
+
+}  // namespace
+}  // namespace keel::test

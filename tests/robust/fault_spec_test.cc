@@ -1,0 +1,115 @@
+// The --fault flag and --inject files: parsing, and the errors that name the flag or file
+// line, the field and the value; validation of a plan against the job.
+#include "robust/fault_spec.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "tests/test_expect.h"
+#include "tests/test_paths.h"
+
+namespace keel {
+namespace {
+
+using test::input_error_of;
+
+TEST(FaultSpec, ParsesEveryKey) {
+  faults::Fault f = parse_fault_flag("crash@step=3,rank=1");
+  EXPECT_EQ(f.kind(), faults::Fault::crash);
+  EXPECT_EQ(f.step(), 3);
+  EXPECT_EQ(f.rank(), 1);
+
+  f = parse_fault_flag("slow@step=2,rank=0,delay_ms=250");
+  EXPECT_EQ(f.kind(), faults::Fault::slow);
+  EXPECT_EQ(f.delay_ms(), 250);
+
+  // message takes the rest of the value, commas included.
+  f = parse_fault_flag(
+      "exit@rank=2,step=7,code=134,message=CUDA error: an illegal memory access, at 0x0");
+  EXPECT_EQ(f.kind(), faults::Fault::exit);
+  EXPECT_EQ(f.step(), 7);
+  EXPECT_EQ(f.rank(), 2);
+  EXPECT_EQ(f.exit_code(), 134);
+  EXPECT_EQ(f.message(), "CUDA error: an illegal memory access, at 0x0");
+
+  EXPECT_EQ(parse_fault_flag("hang@step=0,rank=0").kind(), faults::Fault::hang);
+  EXPECT_EQ(parse_fault_flag("nan@step=5,rank=3").kind(), faults::Fault::nan);
+}
+
+TEST(FaultSpec, FlagErrorsNameTheFlagKeyAndValue) {
+  EXPECT_EQ(input_error_of([] { parse_fault_flag("crush@step=3,rank=1"); }),
+            "--fault 'crush@step=3,rank=1': unknown kind 'crush' (crash, exit, hang, slow, nan)");
+  EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=x,rank=1"); }),
+            "--fault 'crash@step=x,rank=1': step = 'x': not an integer");
+  EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=1,rnk=1"); }),
+            "--fault 'crash@step=1,rnk=1': unknown key 'rnk' (step, rank, code, delay_ms, "
+            "message)");
+  EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@rank=1"); }),
+            "--fault 'crash@rank=1': missing step=S");
+  EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=1"); }),
+            "--fault 'crash@step=1': missing rank=R");
+  EXPECT_HAS(input_error_of([] { parse_fault_flag("crash"); }),
+             "--fault 'crash': expected KIND@step=S,rank=R");
+  EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=1,rank"); }),
+            "--fault 'crash@step=1,rank': expected key=value, got 'rank'");
+  EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=1,rank=99999999999"); }),
+            "--fault 'crash@step=1,rank=99999999999': rank = 99999999999: out of range");
+}
+
+TEST(FaultSpec, ScheduleSyntaxErrorHasLineAndColumn) {
+  std::string msg = input_error_of([] {
+    parse_fault_schedule("fault { kind: crash step: 1 rank: 0 }\nfault { kind: crsh }\n",
+                         "f.pbtxt");
+  });
+  EXPECT_HAS(msg, "f.pbtxt:2:");
+  EXPECT_HAS(msg, "crsh");
+}
+
+TEST(FaultSpec, ScheduleFileValidationNamesLineFieldAndValue) {
+  std::string path = test::temp_dir("fault_spec") + "/faults.pbtxt";
+  std::ofstream(path) << "fault { kind: crash step: 1 rank: 0 }\n"
+                         "fault {\n"
+                         "  kind: hang\n"
+                         "  step: 4\n"
+                         "  rank: 9\n"
+                         "}\n";
+  FaultPlan plan;
+  add_fault_file(&plan, path);
+  ASSERT_EQ(plan.schedule.fault_size(), 2);
+  EXPECT_EQ(plan.schedule.fault(1).kind(), faults::Fault::hang);
+  validate_fault_plan(plan, 10, 100);  // fine in a world of 10
+  EXPECT_EQ(input_error_of([&] { validate_fault_plan(plan, 4, 100); }),
+            path + ":5: fault[1].rank = 9: must be < the world size 4");
+  EXPECT_HAS(input_error_of([&] { add_fault_file(&plan, path + ".missing"); }),
+             path + ".missing: cannot open");
+}
+
+TEST(FaultSpec, ValidationListsEveryViolation) {
+  FaultPlan plan;
+  add_fault_flag(&plan, "slow@step=2,rank=0");
+  add_fault_flag(&plan, "crash@step=-1,rank=0");
+  add_fault_flag(&plan, "exit@step=1,rank=0,code=0");
+  add_fault_flag(&plan, "crash@step=1,rank=0,delay_ms=5");
+  add_fault_flag(&plan, "nan@step=50,rank=0");
+  add_fault_flag(&plan, "hang@step=3,rank=-1");
+  std::string msg = input_error_of([&] { validate_fault_plan(plan, 2, 10); });
+  EXPECT_HAS(msg, "--fault 'slow@step=2,rank=0': delay_ms = 0: a slow fault needs delay_ms > 0");
+  EXPECT_HAS(msg, "--fault 'crash@step=-1,rank=0': step = -1: must be >= 0");
+  EXPECT_HAS(msg, "--fault 'exit@step=1,rank=0,code=0': exit_code = 0: must be in [1, 255]");
+  EXPECT_HAS(msg,
+             "--fault 'crash@step=1,rank=0,delay_ms=5': delay_ms = 5: only a slow fault takes "
+             "delay_ms (this one is crash)");
+  EXPECT_HAS(msg,
+             "--fault 'nan@step=50,rank=0': step = 50: must be < the job's steps 10 (it would "
+             "never fire)");
+  EXPECT_HAS(msg, "--fault 'hang@step=3,rank=-1': rank = -1: must be >= 0");
+
+  FaultPlan good;
+  add_fault_flag(&good, "exit@step=1,rank=1,code=134,message=boom");
+  add_fault_flag(&good, "slow@step=0,rank=0,delay_ms=10");
+  validate_fault_plan(good, 2, 0);  // steps 0: unbounded
+}
+
+}  // namespace
+}  // namespace keel
