@@ -126,6 +126,7 @@ void Snapshotter::push_loop() {
     pending_.reset();
     const std::string addr = holder_;
     inflight_slot_ = p.slot;
+    stats_.push_in_flight_step = p.step;
     lk.unlock();
     std::string error;
     size_t bytes = 0;
@@ -138,6 +139,7 @@ void Snapshotter::push_loop() {
     }
     lk.lock();
     inflight_slot_ = -1;
+    stats_.push_in_flight_step = -1;
     if (error.empty()) {
       ++stats_.pushes;
       stats_.bytes_pushed += static_cast<int64_t>(bytes);

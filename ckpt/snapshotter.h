@@ -36,7 +36,8 @@ struct SnapshotStats {
   int64_t bytes_pushed = 0;
   int64_t last_committed_step = -1;
   int64_t last_pushed_step = -1;
-  std::string last_push_error;  // empty if the last push succeeded
+  int64_t push_in_flight_step = -1;  // -1: no push in flight
+  std::string last_push_error;       // empty if the last push succeeded
 };
 
 class Snapshotter {

@@ -40,7 +40,7 @@ std::string cannot_write_into(const std::string& dir) {
 void check_output_file(const std::string& flag, const std::string& path) {
   if (path.empty()) return;
   auto fail = [&](const std::string& why) {
-    throw InputError(detail::concat("keel-worker: ", flag, " ", path, ": ", why));
+    throw InputError(detail::concat(flag, " ", path, ": ", why));
   };
   std::error_code ec;
   if (fs::is_directory(path, ec)) fail("is a directory, expected a file to write");
@@ -83,8 +83,8 @@ void check_memory(const config::JobConfig& cfg, int first_rank, int num_ranks) {
 
 void check_launch(const WorkerOptions& o) {
   if (o.nproc > kMaxLocalRanks) {
-    throw InputError(detail::concat("keel-worker: --nproc ", o.nproc, ": at most ", kMaxLocalRanks,
-                                    " local ranks"));
+    throw InputError(
+        detail::concat("--nproc ", o.nproc, ": at most ", kMaxLocalRanks, " local ranks"));
   }
   // The config is read here, once, so that a bad one is reported once instead of by every
   // rank, and so that N can be compared with the layout before anything is started.

@@ -52,7 +52,10 @@ void write_loss_svg(const std::string& path, const RunReport& r) {
     << "' font-family='sans-serif' font-size='12'>\n"
     << "<rect width='100%' height='100%' fill='white'/>\n"
     << "<text x='" << L << "' y='18'>keel: training loss (" << r.layout() << ", " << r.losses_size()
-    << " steps, final " << num(r.final_loss()) << ")</text>\n";
+    << " steps, final " << num(r.final_loss());
+  if (r.incidents_size() > 0)
+    o << ", " << r.incidents_size() << " incident(s) survived, ETTR " << num(r.ettr()).substr(0, 5);
+  o << ")</text>\n";
   if (r.losses_size() > 0) {
     double lo = *std::min_element(r.losses().begin(), r.losses().end());
     double hi = *std::max_element(r.losses().begin(), r.losses().end());
@@ -69,7 +72,7 @@ void write_loss_svg(const std::string& path, const RunReport& r) {
       o << "<text x='" << L - 6 << "' y='" << y(v) + 4 << "' text-anchor='end'>"
         << num(v).substr(0, 5) << "</text>\n";
       o << "<text x='" << x(n * k / 4) << "' y='" << H - B + 16 << "' text-anchor='middle'>"
-        << int(n * k / 4) + 1 << "</text>\n";
+        << int(n * k / 4) + 1 + r.first_step() << "</text>\n";
     }
     o << "<text x='" << (L + W - R) / 2 << "' y='" << H - 6
       << "' text-anchor='middle'>step</text>\n";
@@ -87,9 +90,17 @@ void write_loss_svg(const std::string& path, const RunReport& r) {
       ema[i] = i == 0 ? losses[0] : 0.9 * ema[i - 1] + 0.1 * losses[i];
     polyline(losses, "#aec7e8", 1);
     polyline(ema, "#1f3f8f", 2);
+    // Incidents as red rules at the step they hit, labelled with their kind.
+    for (const auto& inc : r.incidents()) {
+      const double i = double(inc.step() - r.first_step());
+      if (i < 0 || i > n) continue;
+      o << "<line x1='" << x(i) << "' y1='" << T << "' x2='" << x(i) << "' y2='" << H - B
+        << "' stroke='#d62728' stroke-dasharray='4 3'/>\n<text x='" << x(i) + 3 << "' y='" << T + 12
+        << "' fill='#d62728' font-size='10'>" << inc.kind() << "</text>\n";
+    }
     for (int i = 0; i < r.val_losses_size(); ++i)
-      o << "<circle cx='" << x(r.val_steps(i) - 1) << "' cy='" << y(r.val_losses(i))
-        << "' r='4' fill='#ff7f0e'/>\n";
+      o << "<circle cx='" << x(r.val_steps(i) - 1 - r.first_step()) << "' cy='"
+        << y(r.val_losses(i)) << "' r='4' fill='#ff7f0e'/>\n";
     o << "<text x='14' y='" << (T + H - B) / 2 << "' transform='rotate(-90 14 " << (T + H - B) / 2
       << ")' text-anchor='middle'>loss (per step, moving average"
       << (r.val_losses_size() == 0 ? "" : ", validation: dots") << ")</text>\n";

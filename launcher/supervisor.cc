@@ -1,11 +1,13 @@
 #include "launcher/supervisor.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -52,6 +54,32 @@ struct Exit {
   }
 };
 
+// Segments of supervisors that died without cleaning up (SIGKILL, a power cut): their job
+// id starts with the supervisor's PID, and a PID with no process is a job that is over.
+void remove_stale_segments() {
+  DIR* dir = ::opendir("/dev/shm");
+  if (!dir) return;
+  std::set<std::string> stale;
+  while (dirent* e = ::readdir(dir)) {
+    int pid = 0;
+    unsigned tag = 0;
+    char kind = 0;
+    if (std::sscanf(e->d_name, "keel-%d-%8x-%c", &pid, &tag, &kind) == 3 && pid > 0 &&
+        ::kill(pid, 0) != 0 && errno == ESRCH) {
+      char job[32];
+      std::snprintf(job, sizeof(job), "%d-%08x", pid, tag);
+      stale.insert(job);
+    }
+  }
+  ::closedir(dir);
+  for (const auto& job : stale) {
+    const int n = unlink_job_segments(job);
+    if (n > 0)
+      std::fprintf(stderr, "keel-worker: removed %d shared-memory segment(s) of ended job %s\n", n,
+                   job.c_str());
+  }
+}
+
 std::string make_job_id() {
   std::random_device rd;
   char buf[32];
@@ -75,6 +103,7 @@ class Supervisor {
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     for (int sig : {SIGINT, SIGTERM}) KEEL_CHECK_ERRNO(sigaction(sig, &sa, nullptr));
+    remove_stale_segments();
     server_ = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
     addr_ = "127.0.0.1:" + std::to_string(server_->port());
     store_ = std::make_shared<TcpStore>("127.0.0.1", server_->port());

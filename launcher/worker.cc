@@ -1,6 +1,9 @@
 #include "launcher/worker.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <chrono>
 #include <cmath>
@@ -166,6 +169,20 @@ class Worker {
         store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
       }
       snapshotter_ = std::make_unique<Snapshotter>(state_.get(), region_.get());
+      if (injector_) {
+        FaultInjector::SnapshotActions act;
+        act.corrupt_newest = [this] {
+          snapshotter_->wait_idle();
+          std::vector<int64_t> steps = region_->valid_steps();
+          if (!steps.empty())
+            corrupt_snapshot_slot(region_->name(), *std::max_element(steps.begin(), steps.end()));
+        };
+        act.remove = [this] {
+          snapshotter_->wait_idle();
+          shm_unlink(region_->name().c_str());
+        };
+        injector_->set_snapshot_actions(act);
+      }
     }
     if (cfg_.checkpoint().persistent_every_steps() > 0) {
       PersistentCheckpointOptions po;
@@ -281,9 +298,8 @@ class Worker {
     for (const auto& why : r.skipped)
       std::fprintf(stderr, "keel-worker: rank %d: restore step %lld: %s\n", o_.rank,
                    static_cast<long long>(S), why.c_str());
-    if (!o_.quiet)
-      std::fprintf(stderr, "keel-worker: rank %d: restored step %lld from %s\n", o_.rank,
-                   static_cast<long long>(S), r.source.c_str());
+    std::fprintf(stderr, "keel-worker: rank %d: restored step %lld from %s\n", o_.rank,
+                 static_cast<long long>(S), r.source.c_str());
   }
 
   bool on_error(int64_t s, const std::exception& e) {

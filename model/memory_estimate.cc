@@ -17,10 +17,11 @@ namespace {
 // Sizes are kept in double: a config of 10^5 layers of width 10^4 overflows no int64, but
 // products of unchecked int32 fields could, and an estimate needs no exact byte count.
 constexpr double kFloat = 4;
-// A rank of the tiny test GPT has a resident set of about this much before its first
-// buffer: keel, protobuf, OpenBLAS and their thread stacks. It is what bounds --nproc on a
-// machine: 1000 ranks of nothing still need 1000 processes.
-constexpr double kProcessBytes = 48.0 * 1024 * 1024;
+// The process itself, before its first buffer: keel, protobuf, OpenBLAS, thread stacks. A
+// rank of the tiny test GPT peaks at 16 MiB with one thread; OpenBLAS adds buffers per
+// thread. It is what bounds --nproc on a machine: 1000 ranks of nothing are still 1000
+// processes.
+constexpr double kProcessBytes = 32.0 * 1024 * 1024;
 
 // "name: value" of the first line of `path` starting with `key`, in kB; < 0 if absent.
 double meminfo_kb(const std::string& path, const std::string& key) {

@@ -71,6 +71,18 @@ void FaultInjector::before_step(int64_t step) {
         break;
       case faults::Fault::nan:
         break;  // on_local_metrics
+      case faults::Fault::corrupt_snapshot:
+      case faults::Fault::lose_snapshot: {
+        const bool corrupt = f.kind() == faults::Fault::corrupt_snapshot;
+        const auto& act = corrupt ? snapshot_.corrupt_newest : snapshot_.remove;
+        KEEL_CHECK(act, "a ", fault_kind_name(f.kind()), " fault at step ", step,
+                   " needs snapshots (checkpoint.snapshot_every_step)");
+        if (!claim(i)) break;
+        record(f, step);
+        act();
+        raise(SIGKILL);
+        break;
+      }
     }
   }
   for (int i : slow_) {

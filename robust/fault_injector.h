@@ -13,6 +13,8 @@
 // read_injections() reads them back for the report and the incident timeline.
 #pragma once
 
+#include <functional>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -45,6 +47,14 @@ class FaultInjector {
   // forever. Throws keel::Error for a hang when wrap() was never called.
   void before_step(int64_t step);
 
+  // What corrupt_snapshot and lose_snapshot do to this rank's snapshot before the rank
+  // SIGKILLs itself (keel-worker owns the snapshot; the injector only says when).
+  struct SnapshotActions {
+    std::function<void()> corrupt_newest;  // flip a byte of the newest valid slot
+    std::function<void()> remove;          // unlink the rank's snapshot segment
+  };
+  void set_snapshot_actions(SnapshotActions actions) { snapshot_ = std::move(actions); }
+
   // Replaces the rank's five communicators by FaultyCommunicators sharing this injector's
   // hang switch. Call again after every rebuild (new communicators are unwrapped).
   void wrap(ProcessGroups& groups);
@@ -70,6 +80,7 @@ class FaultInjector {
   std::shared_ptr<HangSwitch> hang_ = std::make_shared<HangSwitch>();
   bool wrapped_ = false;
   std::vector<int> slow_;  // indices of slow faults this process claimed
+  SnapshotActions snapshot_;
 };
 
 }  // namespace keel

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <thread>
 
 #include "ckpt/backup_service.h"
 #include "ckpt/snapshot_region.h"
@@ -127,6 +128,9 @@ TEST_F(SnapshotterTest, SlotInFlightIsNotOverwritten) {
   Snapshotter snap(state.get(), region.get(), opt);
   snap.set_backup_holder("127.0.0.1:" + std::to_string(detail::local_port(silent.get())));
   step(snap, 1);  // slot 0, its push stalls
+  for (int i = 0; i < 2000 && snap.stats().push_in_flight_step != 1; ++i)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(snap.stats().push_in_flight_step, 1);
   step(snap, 2);  // slot 1
   auto t0 = std::chrono::steady_clock::now();
   auto three = step(snap, 3);  // needs slot 0 again: must wait for the push of step 1

@@ -51,6 +51,21 @@ TEST(InputErrors, OutputIntoMissingDirectoryIsRefusedAtStart) {
       << r.output;
 }
 
+// Root writes through permission bits, so the test needs a directory that refuses even root:
+// /sys is one in most containers and machines; elsewhere the test has nothing to try.
+TEST(InputErrors, OutputIntoUnwritableDirectoryIsRefusedAtStart) {
+  std::string dir = temp_dir("out-unwritable");
+  std::string cfg = write_config(dir);
+  std::string probe = "/sys/keel-probe";
+  if (std::FILE* f = std::fopen(probe.c_str(), "w")) {
+    std::fclose(f);
+    std::remove(probe.c_str());
+    GTEST_SKIP() << "/sys is writable here";
+  }
+  WorkerRun r = run_worker(dir, "--config " + cfg + " --loss-svg /sys/loss.svg");
+  expect_refused(r, "--loss-svg /sys/loss.svg: cannot write into directory /sys: ");
+}
+
 TEST(InputErrors, OutputThatIsADirectoryIsRefusedByName) {
   std::string dir = temp_dir("out-dir");
   std::string cfg = write_config(dir);

@@ -116,6 +116,8 @@ TEST(Recovery, CorruptSnapshotSlotFallsBackToAnotherCopy) {
   std::string dir = temp_dir("corrupt");
   JobRun r = run_job(dir, job_args(dir, "--fault corrupt_snapshot@step=7,rank=1"));
   expect_recovered(r, 1, "corrupt_snapshot");
+  EXPECT_TRUE(contains(r.output, "checksum mismatch")) << r.output;
+  EXPECT_TRUE(contains(r.output, "rank 1: restored step")) << r.output;
 }
 
 TEST(Recovery, LostSharedMemoryIsRestoredFromTheBackupHolder) {
