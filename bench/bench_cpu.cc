@@ -127,15 +127,16 @@ void bench_layouts(const std::string& shards) {
       size_t p = j.find("\"" + key + "\": ");
       return p == std::string::npos ? 0.0 : std::stod(j.substr(p + key.size() + 4));
     };
-    double tok = num("tokens_per_s"), c = num("compute"), m = num("comm"), b = num("bubble");
+    double tok = num("tokens_per_s"), c = num("compute_s"), m = num("comm_s"), b = num("bubble_s");
     double sum = std::max(1e-9, c + m + b);
     if (base == 0) base = tok;
     char name[32];
     std::snprintf(name, sizeof(name), "tp%d pp%d dp%d", l.tp, l.pp, l.dp);
     std::printf(
         "%-14s %10.0f %8.1f%% %8.1f%% %8.1f%% %10.1f %10.1f %10.1f %10.1f   (%.2fx of 1 rank)\n",
-        name, tok, 100 * c / sum, 100 * m / sum, 100 * b / sum, num("tp") / 11 / 1024,
-        num("pp") / 11 / 1024, num("dp") / 11 / 1024, num("emb") / 11 / 1024, tok / base);
+        name, tok, 100 * c / sum, 100 * m / sum, 100 * b / sum, num("bytes_tp") / 11 / 1024,
+        num("bytes_pp") / 11 / 1024, num("bytes_dp") / 11 / 1024, num("bytes_emb") / 11 / 1024,
+        tok / base);
   }
 }
 

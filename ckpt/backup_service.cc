@@ -139,7 +139,14 @@ BackupServer::BackupServer(const std::string& job, int holder_rank, BackupServer
   m.opt = std::move(options);
   m.segment = backup_segment_name(job, holder_rank);
   // Backups written by an earlier worker of this rank are served as they are.
-  m.region = SnapshotRegion::open_existing(m.segment, /*writable=*/true);
+  try {
+    m.region = SnapshotRegion::open_existing(m.segment, /*writable=*/true);
+  } catch (const SnapshotError& e) {
+    // Not worth failing the worker over: the next push makes a fresh segment.
+    std::fprintf(stderr, "keel backup server: %s; starting without backups\n", e.what());
+    if (::shm_unlink(m.segment.c_str()) != 0)
+      KEEL_CHECK(errno == ENOENT, "shm_unlink ", m.segment, ": ", std::strerror(errno));
+  }
   m.listener = detail::listen_tcp(m.opt.host, m.opt.port, 64);
   m.port = detail::local_port(m.listener.get());
   int p[2];
@@ -314,8 +321,11 @@ bool BackupServer::Impl::reply(int fd, Status status, const std::string& msg,
 
 // ---------------------------------------------------------------- client
 
-BackupClient::BackupClient(std::string addr, std::chrono::milliseconds timeout)
-    : addr_(std::move(addr)), timeout_(timeout) {}
+BackupClient::BackupClient(std::string addr, std::chrono::milliseconds timeout,
+                           std::chrono::milliseconds connect_timeout)
+    : addr_(std::move(addr)),
+      timeout_(timeout),
+      connect_timeout_(connect_timeout.count() > 0 ? connect_timeout : timeout) {}
 
 BackupClient::~BackupClient() = default;
 
@@ -328,7 +338,8 @@ void BackupClient::connect() {
   if (fd_.valid()) return;
   auto [host, port] = parse_host_port(addr_);
   try {
-    fd_ = detail::connect_tcp(host, port, Clock::now() + timeout_, "backup holder " + addr_);
+    fd_ =
+        detail::connect_tcp(host, port, Clock::now() + connect_timeout_, "backup holder " + addr_);
   } catch (const CommError& e) {
     throw BackupError(e.what());  // names the holder already
   }

@@ -39,8 +39,9 @@ struct BackupServerOptions {
 // Serves PUSH and FETCH for the backups held by rank `holder_rank` from a background thread.
 class BackupServer {
  public:
-  // Listens at once and reopens an existing backup segment of (job, holder_rank), if any.
-  // Throws keel::Error if the address cannot be bound.
+  // Listens at once and reopens an existing backup segment of (job, holder_rank), if any
+  // (one that is unreadable is reported, unlinked and started afresh). Throws keel::Error if
+  // the address cannot be bound.
   BackupServer(const std::string& job, int holder_rank, BackupServerOptions options = {});
   ~BackupServer();  // stop()
   BackupServer(const BackupServer&) = delete;
@@ -63,10 +64,11 @@ class BackupServer {
 // thread-safe: one caller at a time.
 class BackupClient {
  public:
-  // `addr` is "host:port". `timeout` bounds connecting and each stretch of a transfer
-  // without progress.
+  // `addr` is "host:port". `timeout` bounds each stretch of a transfer without progress;
+  // `connect_timeout` (default: `timeout`) how long refused connections are retried.
   explicit BackupClient(std::string addr,
-                        std::chrono::milliseconds timeout = std::chrono::seconds(30));
+                        std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                        std::chrono::milliseconds connect_timeout = std::chrono::milliseconds(0));
   ~BackupClient();
 
   const std::string& address() const { return addr_; }
@@ -89,7 +91,7 @@ class BackupClient {
   [[noreturn]] void fail(const std::string& what);
 
   std::string addr_;
-  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds timeout_, connect_timeout_;
   detail::Fd fd_;
 };
 

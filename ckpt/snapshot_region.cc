@@ -173,8 +173,9 @@ std::unique_ptr<SnapshotRegion> SnapshotRegion::open_or_create(const std::string
         throw SnapshotError(detail::concat("snapshot segment ", name, " was made for layout ",
                                            std::hex, h->fingerprint, ", this state's is ",
                                            fingerprint));
-      KEEL_CHECK(static_cast<size_t>(st.st_size) >= total, "snapshot segment ", name,
-                 " is truncated: ", st.st_size, " bytes, expected ", total);
+      if (static_cast<size_t>(st.st_size) < total)
+        throw SnapshotError(detail::concat("snapshot segment ", name, " is truncated: ", st.st_size,
+                                           " bytes, expected ", total));
       return r;
     }
     // The creator died before finishing the header: nothing in it was ever valid.

@@ -72,7 +72,10 @@ void Snapshotter::wait_pushed() {
 
 void Snapshotter::set_backup_holder(const std::string& addr) {
   std::lock_guard lk(mu_);
-  if (!addr.empty() && addr != holder_) push_error_reported_ = false;  // its own first report
+  if (!addr.empty() && addr != holder_) {
+    push_error_reported_ = false;  // a new holder gets its own first report
+    degraded_ = false;
+  }
   holder_ = addr;
   if (addr.empty()) pending_.reset();
   cv_.notify_all();
@@ -125,14 +128,19 @@ void Snapshotter::push_loop() {
     const Push p = *pending_;
     pending_.reset();
     const std::string addr = holder_;
+    const bool degraded = degraded_;
     inflight_slot_ = p.slot;
     stats_.push_in_flight_step = p.step;
     lk.unlock();
     std::string error;
     size_t bytes = 0;
     try {
-      if (!client_ || client_->address() != addr)
-        client_ = std::make_unique<BackupClient>(addr, options_.push_timeout);
+      if (!client_ || client_->address() != addr || client_degraded_ != degraded) {
+        client_ = degraded ? std::make_unique<BackupClient>(addr, options_.degraded_timeout)
+                           : std::make_unique<BackupClient>(addr, options_.push_timeout,
+                                                            options_.connect_timeout);
+        client_degraded_ = degraded;
+      }
       bytes = client_->push(*region_, p.step);
     } catch (const std::exception& e) {
       error = e.what();  // BackupClient reconnects on the next push
@@ -146,9 +154,11 @@ void Snapshotter::push_loop() {
       stats_.last_pushed_step = p.step;
       stats_.last_push_error.clear();
       push_error_reported_ = false;
+      degraded_ = false;
     } else {
       ++stats_.pushes_failed;
       stats_.last_push_error = error;
+      if (addr == holder_) degraded_ = true;
       if (!push_error_reported_) {
         // Once per outage: a dead holder would otherwise log every step until the rebuild.
         std::fprintf(stderr,

@@ -23,8 +23,14 @@ class SnapshotRegion;
 class TrainState;
 
 struct SnapshotterOptions {
-  // Bounds connecting to the backup holder and each stalled stretch of a push.
+  // How long a push retries a refused connection (the holder may be starting up).
+  std::chrono::milliseconds connect_timeout{2000};
+  // Bounds each stretch of a push without progress.
   std::chrono::milliseconds push_timeout{30000};
+  // Both bounds after a push failed, until one succeeds: a dead or hung holder then costs
+  // each step at most this much (a capture waits for the push of its slot) until the
+  // supervisor rebuilds with a new holder.
+  std::chrono::milliseconds degraded_timeout{500};
 };
 
 struct SnapshotStats {
@@ -86,9 +92,11 @@ class Snapshotter {
   std::string holder_;
   bool stop_ = false;
   bool push_error_reported_ = false;
+  bool degraded_ = false;  // the last push failed
   std::string copy_error_;
   SnapshotStats stats_;
   std::unique_ptr<BackupClient> client_;  // push thread only
+  bool client_degraded_ = false;          // client_ was made with the degraded timeouts
   std::thread copy_thread_, push_thread_;
 };
 

@@ -3,8 +3,10 @@
 // stalled and dying peers, and fetches that must fail cleanly.
 #include "ckpt/backup_service.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -231,6 +233,24 @@ TEST_F(BackupServiceTest, UnreachableHolderIsATypedError) {
   EXPECT_THROW(client.push(*own, 1), BackupError);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
   EXPECT_THROW(client.push(*own, 99), BackupError);  // no slot holds it
+}
+
+TEST_F(BackupServiceTest, UnreadableSegmentIsReplaced) {
+  const std::string name = backup_segment_name(guard.job(), 1);
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 8192), 0);
+  uint64_t junk = 0x1234;
+  ASSERT_EQ(::write(fd, &junk, sizeof(junk)), static_cast<ssize_t>(sizeof(junk)));
+  ::close(fd);
+  EXPECT_THROW(SnapshotRegion::open_existing(name), SnapshotError);
+
+  BackupServer server(guard.job(), 1);
+  snapshot(2);
+  BackupClient(server.address(), 5s).push(*own, 2);
+  auto seg = SnapshotRegion::open_existing(name);
+  ASSERT_NE(seg, nullptr);
+  EXPECT_EQ(seg->valid_steps(), std::vector<int64_t>{2});
 }
 
 TEST_F(BackupServiceTest, RestartedServerInProcessKeepsBackups) {
