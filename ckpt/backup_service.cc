@@ -246,6 +246,8 @@ bool BackupServer::Impl::handle_push(int fd, const RequestHeader& rq) {
   if (same_layout) {
     // Received straight into the slot: a connection lost midway leaves it invalid, and the
     // other slot (the newest backup) untouched.
+    // Backups of steps >= this one predate a restore of the owner to an older step.
+    region->invalidate_from(rq.step, rq.owner);
     slot = region->free_slot();
     region->begin_write(slot);
     if (recv_chunked(fd, region->payload(slot), rq.bytes, opt.io_timeout, &sum, &err) !=

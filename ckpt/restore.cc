@@ -48,15 +48,22 @@ RestoreResult restore_state(TrainState& state, int64_t step, const SnapshotRegio
   throw RestoreError(msg);
 }
 
-std::vector<int64_t> restorable_steps(const std::string& job, int rank, int holder) {
+std::vector<int64_t> restorable_steps(const std::string& job, int rank, int holder, bool verify) {
   std::vector<int64_t> out;
-  if (auto own = SnapshotRegion::open_existing(snapshot_segment_name(job, rank)))
-    out = own->valid_steps();
-  if (holder >= 0) {
-    if (auto backup = SnapshotRegion::open_existing(backup_segment_name(job, holder))) {
-      auto b = backup->valid_steps(rank);
-      out.insert(out.end(), b.begin(), b.end());
+  auto take = [&](const SnapshotRegion& region, int owner) {
+    for (int64_t s : region.valid_steps(owner)) {
+      std::string why;
+      if (verify) {
+        std::optional<SlotView> v = region.find(s, owner);
+        if (!v || !SnapshotRegion::verify(*v, &why)) continue;
+      }
+      out.push_back(s);
     }
+  };
+  if (auto own = SnapshotRegion::open_existing(snapshot_segment_name(job, rank))) take(*own, -1);
+  if (holder >= 0) {
+    if (auto backup = SnapshotRegion::open_existing(backup_segment_name(job, holder)))
+      take(*backup, rank);
   }
   std::sort(out.rbegin(), out.rend());
   out.erase(std::unique(out.begin(), out.end()), out.end());

@@ -38,8 +38,10 @@ RestoreResult restore_state(TrainState& state, int64_t step, const SnapshotRegio
 
 // Steps rank `rank` of `job` could restore, newest first: the valid slots of its own
 // segment and those of `holder`'s backup segment written for it (holder < 0: none). Reads
-// the segments read-only and checks headers only, so the supervisor can call it on every
-// incident; restore_state() still verifies checksums.
-std::vector<int64_t> restorable_steps(const std::string& job, int rank, int holder);
+// the segments read-only; with `verify` each slot's checksum is checked too (a pass over its
+// bytes), so that a corrupted slot is not chosen as the step to restore. restore_state()
+// verifies again when it loads.
+std::vector<int64_t> restorable_steps(const std::string& job, int rank, int holder,
+                                      bool verify = false);
 
 }  // namespace keel

@@ -223,7 +223,8 @@ std::unique_ptr<SnapshotRegion> SnapshotRegion::open_existing(const std::string&
   return r;
 }
 
-std::optional<SlotView> SnapshotRegion::view(int slot) const {
+std::optional<SlotView> SnapshotRegion::slot_view(int slot) const {
+  KEEL_CHECK(slot >= 0 && slot < kSlots, "bad slot ", slot);
   const Header::Slot& s = header()->slots[slot];
   int64_t step = s.step.load(std::memory_order_acquire);
   if (step < 0) return std::nullopt;
@@ -244,7 +245,7 @@ std::optional<SlotView> SnapshotRegion::view(int slot) const {
 std::vector<int64_t> SnapshotRegion::valid_steps(int owner) const {
   std::vector<int64_t> out;
   for (int i = 0; i < kSlots; ++i) {
-    auto v = view(i);
+    auto v = slot_view(i);
     if (v && (owner < 0 || v->owner_rank == owner)) out.push_back(v->step);
   }
   std::sort(out.rbegin(), out.rend());
@@ -254,7 +255,7 @@ std::vector<int64_t> SnapshotRegion::valid_steps(int owner) const {
 
 std::optional<SlotView> SnapshotRegion::find(int64_t step, int owner) const {
   for (int i = 0; i < kSlots; ++i) {
-    auto v = view(i);
+    auto v = slot_view(i);
     if (v && v->step == step && (owner < 0 || v->owner_rank == owner)) return v;
   }
   return std::nullopt;
@@ -273,10 +274,22 @@ int SnapshotRegion::free_slot() const {
   int newest = -1;
   int64_t newest_step = -1;
   for (int i = 0; i < kSlots; ++i) {
-    auto v = view(i);
+    auto v = slot_view(i);
     if (v && v->step > newest_step) newest = i, newest_step = v->step;
   }
   return newest < 0 ? 0 : (newest + 1) % kSlots;
+}
+
+int SnapshotRegion::invalidate_from(int64_t step, int owner) {
+  int n = 0;
+  for (int i = 0; i < kSlots; ++i) {
+    auto v = slot_view(i);
+    if (v && v->step >= step && (owner < 0 || v->owner_rank == owner)) {
+      begin_write(i);
+      ++n;
+    }
+  }
+  return n;
 }
 
 void SnapshotRegion::begin_write(int slot) {

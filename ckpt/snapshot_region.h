@@ -87,12 +87,18 @@ class SnapshotRegion {
   std::vector<int64_t> valid_steps(int owner = -1) const;
   // The committed slot holding `step` (for `owner` if >= 0), if any.
   std::optional<SlotView> find(int64_t step, int owner = -1) const;
+  // Slot `slot` (0 or 1) if it is committed.
+  std::optional<SlotView> slot_view(int slot) const;
   // Recomputes the payload checksum of a committed slot; false with the reason on mismatch.
   static bool verify(const SlotView& v, std::string* why);
 
   // --- writing (a writable region, one writer at a time) ---
   // The slot the next write must use: the one not holding the newest valid snapshot.
   int free_slot() const;
+  // Invalidates every slot holding a step >= `step` (written for `owner` if >= 0): after a
+  // restore to an older step those snapshots describe a history that was undone, and a new
+  // snapshot of `step` must not sit next to a stale one of the same number. Returns how many.
+  int invalidate_from(int64_t step, int owner = -1);
   // Marks `slot` invalid; from here until commit() its payload may be overwritten.
   void begin_write(int slot);
   char* payload(int slot);
@@ -113,7 +119,6 @@ class SnapshotRegion {
   struct Header;
   SnapshotRegion(std::string name, void* base, size_t mapped, bool writable);
   Header* header() const;
-  std::optional<SlotView> view(int slot) const;
 
   std::string name_;
   void* base_;

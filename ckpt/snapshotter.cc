@@ -92,6 +92,18 @@ void Snapshotter::copy_loop() {
     cv_.wait(lk, [&] { return stop_ || capture_; });
     if (stop_) return;
     const int64_t step = *capture_;
+    // Slots of steps >= this one are left from before a restore to an older step; they go
+    // first (once no push is reading them), so a restore never finds a stale twin.
+    auto stale_pinned = [&] {
+      for (int i = 0; i < SnapshotRegion::kSlots; ++i) {
+        auto v = region_->slot_view(i);
+        if (v && v->step >= step && pinned(i)) return true;
+      }
+      return false;
+    };
+    cv_.wait(lk, [&] { return stop_ || !stale_pinned(); });
+    if (stop_) return;
+    region_->invalidate_from(step);
     // Only this thread writes the region, so the free slot cannot change while we wait.
     const int slot = region_->free_slot();
     // Overwriting a slot that is being (or about to be) pushed would send a torn snapshot;

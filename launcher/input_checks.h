@@ -8,10 +8,18 @@
 
 namespace keel {
 
-// Checks made by the parent before it starts any rank (--nproc bounds, --config is a file).
+// Checks made by the --nproc parent before it starts any rank, so that each failure is
+// reported once: --nproc <= 4096; the config loads (a directory or missing file is named);
+// --nproc equals parallel.tp·pp·dp; the output files and checkpoint.dir can be written
+// (below); and the N ranks fit in this machine's memory (model/memory_estimate.h).
 void check_launch(const WorkerOptions& o);
 
-// Checks made by each rank after it read its config, before it allocates or trains.
+// Checks made by each rank right after it read its config, before it allocates or trains:
+// on rank 0, --report, --loss-svg and --export-llmc must name a file (not a directory) in an
+// existing directory that takes a new file; checkpoint.dir (when
+// checkpoint.persistent_every_steps > 0) must be, or be creatable under, such a directory;
+// and the ranks on this machine (KEEL_LOCAL_WORLD_SIZE consecutive ranks) must fit in its
+// host memory. The data (every token, shard sizes) is checked by DataLoader::from_config.
 void check_job_inputs(const WorkerOptions& o, const config::JobConfig& cfg);
 
 }  // namespace keel

@@ -251,7 +251,8 @@ class Supervisor {
     for (int r = 0; r < nproc_; ++r) {
       std::set<int64_t> have;
       const BackupPlacement bp = backup_holder(topo_, r);
-      for (int64_t s : restorable_steps(job_, r, bp.holder)) have.insert(s);
+      // Checksums are verified: a corrupted slot must not become the restore point.
+      for (int64_t s : restorable_steps(job_, r, bp.holder, /*verify=*/true)) have.insert(s);
       auto a = acks.find(r);
       if (a != acks.end()) have.insert(a->second.first);
       if (r == 0) {

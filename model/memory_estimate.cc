@@ -65,8 +65,8 @@ std::string MemoryEstimate::describe() const {
      << ", AdamW moments " << format_bytes(moments) << ", activations " << format_bytes(activations)
      << " (" << in_flight << " micro-batch" << (in_flight == 1 ? "" : "es")
      << " in flight), scratch " << format_bytes(scratch) << ", gradient buckets "
-     << format_bytes(comm) << ", snapshot slots " << format_bytes(snapshot)
-     << " (2 own + 2 peer backup, shared memory)";
+     << format_bytes(comm) << ", process " << format_bytes(process) << ", snapshot slots "
+     << format_bytes(snapshot) << " (2 own + 2 peer backup, shared memory)";
   return os.str();
 }
 

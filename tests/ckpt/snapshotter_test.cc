@@ -69,6 +69,35 @@ TEST_F(SnapshotterTest, CaptureAlternatesSlots) {
   snap.stop();
 }
 
+TEST_F(SnapshotterTest, CaptureAfterRestoreSupersedesStaleSnapshots) {
+  BackupServer server(guard.job(), 1);
+  Snapshotter snap(state.get(), region.get());
+  snap.set_backup_holder(server.address());
+  step(snap, 5);
+  snap.wait_pushed();
+  step(snap, 6);  // a step whose result the job later rolls back
+  snap.wait_pushed();
+  // Recovery: every rank restores step 5 and runs step 6 again, here with other results.
+  snap.wait_idle();
+  std::string why;
+  ASSERT_TRUE(region->read(5, *state, &why)) << why;
+  fill(*state, 600);
+  state->set_step(6);
+  snap.capture();
+  snap.wait_pushed();
+  auto redone = dump(*state);
+  EXPECT_EQ(region->valid_steps(), (std::vector<int64_t>{6, 5}));
+  auto b = make_state(backend.get());
+  ASSERT_TRUE(region->read(6, *b, &why)) << why;
+  EXPECT_EQ(dump(*b), redone);
+  auto c = make_state(backend.get());
+  ASSERT_TRUE(BackupClient(server.address(), 5s).fetch(0, 6, *c, &why)) << why;
+  EXPECT_EQ(dump(*c), redone);
+  auto held = SnapshotRegion::open_existing(backup_segment_name(guard.job(), 1));
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(held->valid_steps(), (std::vector<int64_t>{6, 5}));
+}
+
 TEST_F(SnapshotterTest, PushesEachSnapshotToTheHolder) {
   BackupServer server(guard.job(), 1);
   Snapshotter snap(state.get(), region.get());
@@ -96,7 +125,7 @@ TEST_F(SnapshotterTest, DeadHolderIsCountedNotFatal) {
     port = detail::local_port(l.get());
   }
   SnapshotterOptions opt;
-  opt.connect_timeout = 300ms;
+  opt.connect_timeout = 1500ms;
   opt.degraded_timeout = 50ms;
   Snapshotter snap(state.get(), region.get(), opt);
   snap.set_backup_holder("127.0.0.1:" + std::to_string(port));
@@ -107,7 +136,7 @@ TEST_F(SnapshotterTest, DeadHolderIsCountedNotFatal) {
   auto t0 = std::chrono::steady_clock::now();
   step(snap, 2);
   snap.wait_pushed();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 250ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1000ms);
   SnapshotStats st = snap.stats();
   EXPECT_EQ(st.copies, 2);
   EXPECT_EQ(st.pushes_failed, 2);
@@ -129,7 +158,8 @@ TEST_F(SnapshotterTest, SlotInFlightIsNotOverwritten) {
   // each push stalls until its timeout.
   detail::Fd silent = detail::listen_tcp("127.0.0.1", 0, 8);
   SnapshotterOptions opt;
-  opt.push_timeout = 300ms;
+  opt.push_timeout = 1000ms;
+  opt.degraded_timeout = 100ms;
   Snapshotter snap(state.get(), region.get(), opt);
   snap.set_backup_holder("127.0.0.1:" + std::to_string(detail::local_port(silent.get())));
   step(snap, 1);  // slot 0, its push stalls
@@ -140,13 +170,13 @@ TEST_F(SnapshotterTest, SlotInFlightIsNotOverwritten) {
   auto t0 = std::chrono::steady_clock::now();
   auto three = step(snap, 3);  // needs slot 0 again: must wait for the push of step 1
   snap.wait_idle();
-  EXPECT_GT(std::chrono::steady_clock::now() - t0, 100ms);
+  EXPECT_GT(std::chrono::steady_clock::now() - t0, 300ms);
   EXPECT_EQ(region->valid_steps(), (std::vector<int64_t>{3, 2}));
   auto b = make_state(backend.get());
   std::string why;
   ASSERT_TRUE(region->read(3, *b, &why)) << why;
   EXPECT_EQ(dump(*b), three);
-  EXPECT_GT(snap.stats().wait_idle_seconds, 0.1);
+  EXPECT_GT(snap.stats().wait_idle_seconds, 0.3);
   snap.set_backup_holder("");  // drop what is pending so stop() is quick
   snap.stop();
   EXPECT_GE(snap.stats().pushes_failed, 1);

@@ -5,11 +5,15 @@
 // happened (the report, written after the last step, is absent).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model/token_shards.h"
@@ -82,7 +86,8 @@ TEST(InputErrors, CheckpointDirUnderAFileIsRefused) {
                                     " --set checkpoint.persistent_every_steps=5"
                                     " --set checkpoint.dir=" +
                                     dir + "/file/ckpt");
-  expect_refused(r, "checkpoint.");
+  expect_refused(r, "checkpoint.dir = \"" + dir + "/file/ckpt\": " + dir +
+                        "/file is not a directory, so it cannot be created");
 }
 
 TEST(InputErrors, ConfigThatIsADirectoryIsRefused) {
@@ -112,6 +117,35 @@ TEST(InputErrors, ShortValShardIsRefusedAtStart) {
   WorkerRun r = run_worker(dir, "--config " + cfg + " --set data.val_files=" + dir + "/val_*.bin");
   expect_refused(r, dir + "/val_000.bin: 200 tokens, fewer than one batch");
   EXPECT_NE(r.output.find("(data.val_files)"), std::string::npos) << r.output;
+}
+
+// A shard cut short while the job trains on it ends the run with the file's name (exit 2), not
+// a SIGBUS: shards are read through pread (model/token_shards.h says why).
+TEST(InputErrors, ShardTruncatedDuringTrainingEndsTheRunByName) {
+  std::string dir = temp_dir("truncated");
+  std::string shard = dir + "/train_000.bin";
+  fs::copy_file(demo_data_dir() + "/train_000000.bin", shard);
+  std::string cfg = write_config(dir);
+  std::string out = dir + "/out.txt", rc = dir + "/rc.txt";
+  std::string cmd = "timeout 120 " + bin_dir() + "/keel-worker --config " + cfg +
+                    " --set train.steps=1000000 --set data.train_files=" + dir + "/train_*.bin > " +
+                    out + " 2>&1; echo $? > " + rc;
+  std::thread run([&] { std::system(cmd.c_str()); });
+  // Truncate once training is under way.
+  auto read_all = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (int i = 0; i < 600 && read_all(out).find("step ") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  fs::resize_file(shard, 2048);
+  run.join();
+  std::string output = read_all(out);
+  EXPECT_EQ(read_all(rc), "2\n") << output;
+  EXPECT_NE(output.find("step "), std::string::npos) << output;
+  EXPECT_NE(output.find(shard + ": truncated while in use: file size is now 2048 bytes"),
+            std::string::npos)
+      << output;
 }
 
 TEST(InputErrors, DirectoryMatchedByDataGlobIsRefusedByName) {

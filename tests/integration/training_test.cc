@@ -113,8 +113,7 @@ TEST_P(LayoutTest, MatchesSingleRankAndIsBitwiseRepeatable) {
       << name << " is not bitwise repeatable";
   // Each communicator that the layout uses moved bytes.
   auto bytes = [&](const char* k) {
-    size_t p = a.report.find(std::string("\"") + k + "\": ", a.report.find("bytes_sent"));
-    return std::stod(a.report.substr(p + std::string(k).size() + 4));
+    return json_number_field(a.report, std::string("bytes_") + k);
   };
   if (l.tp > 1) {
     EXPECT_GT(bytes("tp"), 0) << name;

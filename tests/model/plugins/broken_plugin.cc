@@ -1,6 +1,6 @@
 // Deliberately broken model plugins for tests/model/plugin_broken_test.cc. One source, built
 // once per defect (tests/CMakeLists.txt defines exactly one KEEL_BROKEN_* per library):
-//   KEEL_BROKEN_BAD_ABI    the table says abi_version 2
+//   KEEL_BROKEN_BAD_ABI    the table says an abi_version one past the runtime's
 //   KEEL_BROKEN_NO_ENTRY   exports keel_plugin_entry_v1 instead of keel_plugin_entry
 //   KEEL_BROKEN_BAD_SPLIT  describes a [5, 4] weight as split over TP on dim 0
 //   KEEL_BROKEN_NULL_FN    leaves backward NULL
