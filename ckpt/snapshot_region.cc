@@ -329,12 +329,21 @@ int SnapshotRegion::write(TrainState& state, int64_t step, int slot) {
   begin_write(slot);
   char* dst = payload(slot);
   size_t off = 0;
+  // Checksummed from the host copy, so it covers exactly the bytes a reader will load; chunk
+  // by chunk right after each copy, while the chunk is still in cache: one pass over memory
+  // instead of two.
+  constexpr size_t kChunk = size_t(1) << 20;
+  ChecksumStream sum;
   for (const StateSpan& s : state.spans()) {
-    state.backend()->copy_to_host(dst + off, s.data, s.bytes());
-    off += s.bytes();
+    const char* src = reinterpret_cast<const char*>(s.data);
+    for (size_t done = 0; done < s.bytes(); done += kChunk) {
+      const size_t n = std::min(kChunk, s.bytes() - done);
+      state.backend()->copy_to_host(dst + off, src + done, n);
+      sum.update(dst + off, n);
+      off += n;
+    }
   }
-  // Checksummed from the host copy, so it covers exactly the bytes a reader will load.
-  commit(slot, step, off, checksum(dst, off), state.layout_fingerprint(), owner_rank());
+  commit(slot, step, off, sum.digest(), state.layout_fingerprint(), owner_rank());
   return slot;
 }
 

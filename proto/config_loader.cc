@@ -467,6 +467,13 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
             c.persistent_every_steps(), "must be >= 0 (0 disables)");
   v.require(c.persistent_every_steps() == 0 || !c.dir().empty(), "checkpoint.dir", c.dir(),
             "must be set when checkpoint.persistent_every_steps > 0");
+  v.require(c.keep() >= 0, "checkpoint.keep", c.keep(), "must be >= 0 (0 keeps all)");
+
+  const auto& rc = cfg.recovery();
+  v.require(rc.abort_timeout_ms() > 0, "recovery.abort_timeout_ms", rc.abort_timeout_ms(),
+            "must be positive");
+  v.require(rc.max_incidents() >= 0, "recovery.max_incidents", rc.max_incidents(),
+            "must be >= 0");
 
   const auto& r = cfg.runtime();
   v.require(
