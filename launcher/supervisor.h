@@ -1,5 +1,6 @@
-// keel-worker --nproc N: runs the job's rendezvous store and N ranks of the same command on
-// this machine, and keeps the job alive through their failures (recovery.mode):
+// keel-worker --nproc N: runs the job's rendezvous store, its controller
+// (launcher/controller.h) and N ranks of the same command on this machine, and keeps the job
+// alive through their failures (recovery.mode):
 //   in_place     a rank that dies, exits with an error or hangs is restarted alone; the
 //                others abort their communicators, rebuild them for the next epoch and
 //                restore the newest step every rank can restore (launcher/recovery_protocol.h);
@@ -20,5 +21,9 @@ namespace keel {
 
 // `argv` is the command line without --nproc; returns the process exit code for the job.
 int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv);
+
+// A job id: "<pid>-<8 hex digits>", the PID being the process that cleans the job up (so a
+// later one can tell an ended job by its PID).
+std::string make_job_id();
 
 }  // namespace keel

@@ -1,0 +1,227 @@
+// ControlServer and ControlClient over cppzmq. Socket options are chosen so that a dead or
+// partitioned peer can never stall the controller or an agent: sends never wait (DONTWAIT,
+// ROUTER_MANDATORY off), closing never waits (LINGER 0), and ZMTP heartbeats tear down a
+// connection whose peer went silent so that a healed partition reconnects within
+// RECONNECT_IVL instead of waiting out TCP retransmission backoff.
+#include "launcher/control_plane.h"
+
+#include <array>
+#include <cerrno>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+#include <zmq_addon.hpp>
+
+#include "runtime/check.h"
+
+namespace keel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Reconnect quickly and at a steady rate (no backoff): a slot whose link comes back should
+// be heard from well within the controller's slot timeout (2 s by default).
+constexpr int kReconnectIvlMs = 100;
+// ZMTP heartbeats: a connection whose peer sent nothing for kHeartbeatTimeoutMs is closed
+// (and, on a client, reconnected).
+constexpr int kHeartbeatIvlMs = 500;
+constexpr int kHeartbeatTimeoutMs = 1500;
+// Largest message accepted; an Envelope is a few KiB at most (Event.last_lines). Guards the
+// controller against a confused peer announcing a huge frame.
+constexpr int64_t kMaxMsgSize = 16 << 20;
+
+[[noreturn]] void throw_zmq(const std::string& what, const zmq::error_t& e) {
+  throw Error(what + ": " + e.what() + " (zmq errno " + std::to_string(e.num()) + ")");
+}
+
+// Options both ends share.
+void set_common_options(zmq::socket_t& sock) {
+  sock.set(zmq::sockopt::linger, 0);
+  sock.set(zmq::sockopt::maxmsgsize, kMaxMsgSize);
+  sock.set(zmq::sockopt::heartbeat_ivl, kHeartbeatIvlMs);
+  sock.set(zmq::sockopt::heartbeat_timeout, kHeartbeatTimeoutMs);
+  sock.set(zmq::sockopt::heartbeat_ttl, kHeartbeatTimeoutMs);
+}
+
+// Waits up to `timeout` for `sock` to be readable. False on timeout and on EINTR (a signal,
+// e.g. SIGCHLD in an agent: the caller simply polls again).
+bool wait_readable(zmq::socket_t& sock, std::chrono::milliseconds timeout, const char* who) {
+  std::array<zmq::pollitem_t, 1> items{{{sock.handle(), 0, ZMQ_POLLIN, 0}}};
+  try {
+    return zmq::poll(items, timeout) > 0 && (items[0].revents & ZMQ_POLLIN);
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return false;
+    throw_zmq(std::string(who) + ": poll", e);
+  }
+}
+
+// Receives one whole multi-part message if one is waiting; empty if none is (EAGAIN) or a
+// signal interrupted the call.
+std::vector<zmq::message_t> recv_now(zmq::socket_t& sock, const char* who) {
+  std::vector<zmq::message_t> parts;
+  try {
+    if (!zmq::recv_multipart(sock, std::back_inserter(parts), zmq::recv_flags::dontwait)) {
+      parts.clear();
+    }
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) throw_zmq(std::string(who) + ": receive", e);
+    parts.clear();
+  }
+  return parts;
+}
+
+// Parses one frame into an Envelope; false for bytes that are not one or carry no body.
+bool parse_envelope(const zmq::message_t& frame, control::Envelope* msg) {
+  return msg->ParseFromArray(frame.data(), static_cast<int>(frame.size())) &&
+         msg->body_case() != control::Envelope::BODY_NOT_SET;
+}
+
+std::string serialize(const control::Envelope& msg) {
+  std::string bytes;
+  KEEL_CHECK(msg.SerializeToString(&bytes), "cannot serialize control::Envelope");
+  return bytes;
+}
+
+// "tcp://host:port" with IPv6 hosts in brackets, as ZeroMQ expects them.
+std::string tcp_endpoint(const std::string& host, const std::string& port) {
+  bool v6 = host.find(':') != std::string::npos && host.front() != '[';
+  return "tcp://" + (v6 ? "[" + host + "]" : host) + ":" + port;
+}
+
+}  // namespace
+
+control::Envelope make_envelope(int epoch) {
+  control::Envelope msg;
+  msg.set_epoch(epoch);
+  msg.set_sent_at(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  return msg;
+}
+
+bool EpochFilter::accept(const control::Envelope& msg, int current_epoch) {
+  switch (msg.body_case()) {
+    case control::Envelope::BODY_NOT_SET:
+      ++dropped_;
+      return false;
+    // A restarted agent registers before it has heard the epoch, and keel-ctl never hears
+    // it: their messages are valid at any epoch.
+    case control::Envelope::kRegistration:
+    case control::Envelope::kStatusRequest:
+    case control::Envelope::kInjectRequest:
+      return true;
+    default:
+      break;
+  }
+  if (msg.epoch() < current_epoch) {
+    ++dropped_;
+    return false;
+  }
+  return true;
+}
+
+ControlServer::ControlServer(const std::string& bind_host, int port) try
+    : sock_(ctx_, zmq::socket_type::router) {
+  set_common_options(sock_);
+  // Off (the default, set to say so): a message for a client that is gone is dropped, not
+  // an EHOSTUNREACH the controller would have to handle on every send.
+  sock_.set(zmq::sockopt::router_mandatory, false);
+  // A restarted agent, or one that reconnects after a partition while its old connection
+  // is not yet known dead, takes its identity over instead of being refused.
+  sock_.set(zmq::sockopt::router_handover, true);
+  if (bind_host.find(':') != std::string::npos) sock_.set(zmq::sockopt::ipv6, true);
+  std::string addr = tcp_endpoint(bind_host, port == 0 ? "*" : std::to_string(port));
+  try {
+    sock_.bind(addr);
+  } catch (const zmq::error_t& e) {
+    throw_zmq("ControlServer: cannot bind " + addr, e);
+  }
+  endpoint_ = sock_.get(zmq::sockopt::last_endpoint);
+  port_ = std::stoi(endpoint_.substr(endpoint_.rfind(':') + 1));
+} catch (const zmq::error_t& e) {
+  throw_zmq("ControlServer on " + bind_host + ":" + std::to_string(port), e);
+}
+
+std::optional<ControlServer::Incoming> ControlServer::poll(std::chrono::milliseconds timeout) {
+  if (!wait_readable(sock_, timeout, "ControlServer")) return std::nullopt;
+  std::vector<zmq::message_t> parts = recv_now(sock_, "ControlServer");
+  if (parts.empty()) return std::nullopt;
+  // A DEALER's message arrives as [identity, payload]. Tolerate the empty delimiter frame a
+  // REQ socket would add, but nothing else.
+  bool delimited = parts.size() == 3 && parts[1].size() == 0;
+  Incoming in;
+  if ((parts.size() != 2 && !delimited) || !parse_envelope(parts.back(), &in.msg)) {
+    ++malformed_;
+    return std::nullopt;
+  }
+  in.identity = parts[0].to_string();
+  return in;
+}
+
+bool ControlServer::send(const std::string& identity, const control::Envelope& msg) {
+  std::string bytes = serialize(msg);
+  try {
+    // The identity frame is where ZeroMQ decides whether the message can be queued; once it
+    // is accepted, the payload frame always is.
+    if (!sock_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+      return false;
+    return sock_.send(zmq::buffer(bytes), zmq::send_flags::dontwait).has_value();
+  } catch (const zmq::error_t& e) {
+    throw_zmq("ControlServer: send to " + identity, e);
+  }
+}
+
+ControlClient::ControlClient(const std::string& endpoint, const std::string& identity) try
+    : sock_(ctx_, zmq::socket_type::dealer), identity_(identity) {
+  set_common_options(sock_);
+  sock_.set(zmq::sockopt::routing_id, identity);
+  sock_.set(zmq::sockopt::reconnect_ivl, kReconnectIvlMs);
+  sock_.set(zmq::sockopt::reconnect_ivl_max, 0);  // no exponential backoff
+  if (endpoint.find('[') != std::string::npos) sock_.set(zmq::sockopt::ipv6, true);
+  try {
+    sock_.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    throw_zmq("ControlClient " + identity + ": cannot connect to " + endpoint, e);
+  }
+} catch (const zmq::error_t& e) {
+  throw_zmq("ControlClient " + identity + " for " + endpoint, e);
+}
+
+bool ControlClient::send(const control::Envelope& msg) {
+  std::string bytes = serialize(msg);
+  try {
+    return sock_.send(zmq::buffer(bytes), zmq::send_flags::dontwait).has_value();
+  } catch (const zmq::error_t& e) {
+    throw_zmq("ControlClient " + identity_ + ": send", e);
+  }
+}
+
+std::optional<control::Envelope> ControlClient::poll(std::chrono::milliseconds timeout) {
+  if (!wait_readable(sock_, timeout, "ControlClient")) return std::nullopt;
+  std::vector<zmq::message_t> parts = recv_now(sock_, "ControlClient");
+  if (parts.empty()) return std::nullopt;
+  control::Envelope msg;
+  if (parts.size() != 1 || !parse_envelope(parts[0], &msg)) {
+    ++malformed_;
+    return std::nullopt;
+  }
+  return msg;
+}
+
+std::optional<control::Envelope> ControlClient::request(const control::Envelope& msg,
+                                                        std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  // A reply that arrived after an earlier request gave up must not answer this one.
+  while (!recv_now(sock_, "ControlClient").empty()) {
+  }
+  if (!send(msg)) return std::nullopt;
+  // poll() also returns early on a signal or a malformed message: keep waiting until the
+  // deadline.
+  for (auto now = Clock::now(); now < deadline; now = Clock::now()) {
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+    if (auto reply = poll(left)) return reply;
+  }
+  return std::nullopt;
+}
+
+}  // namespace keel

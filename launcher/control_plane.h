@@ -1,0 +1,121 @@
+// The control-plane transport of a multi-machine job (see ../shared/DESIGN.md, Processes):
+// the controller's ControlServer (a ZeroMQ ROUTER) and the ControlClients (DEALERs) of the
+// agents, workers and keel-ctl, each message one serialized control::Envelope
+// (proto/control.proto). Nothing here blocks without a bound: a peer that died, never came,
+// or is cut off by a partition costs a dropped message or a timeout, never a hang.
+//
+// Thread-safety: like the ZeroMQ socket it owns, a ControlServer or ControlClient is used by
+// one thread at a time. A process that sends from a background thread (a worker's progress
+// heartbeat) gives that thread its own ControlClient, with its own identity.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <zmq.hpp>
+
+#include "proto/control.pb.h"
+
+namespace keel {
+
+// A fresh Envelope of `epoch`, sent_at stamped with the current unix time in seconds.
+control::Envelope make_envelope(int epoch);
+
+// The stale-message rule: a message from an older epoch than the receiver's is dropped,
+// except a Register (a restarted agent does not know the epoch yet) and keel-ctl's
+// StatusRequest and InjectRequest (keel-ctl never knows it). A newer epoch is accepted: the
+// receiver is the one behind. An Envelope with no body is dropped too.
+class EpochFilter {
+ public:
+  // True if `msg` should be handled by a receiver at `current_epoch`; false (and counted)
+  // if it must be dropped.
+  bool accept(const control::Envelope& msg, int current_epoch);
+  // How many messages accept() has refused so far.
+  int64_t dropped() const { return dropped_; }
+
+ private:
+  int64_t dropped_ = 0;
+};
+
+// The controller's end: a ROUTER that any number of clients connect to. Each incoming
+// message names its sender's identity, which send() uses to answer that one client.
+class ControlServer {
+ public:
+  // One received message and the identity of the client that sent it.
+  struct Incoming {
+    std::string identity;
+    control::Envelope msg;
+  };
+
+  // Binds to tcp://bind_host:port (port 0: an ephemeral port; bind_host may be "*", an IPv4
+  // or an IPv6 address). Throws keel::Error naming the address if it cannot be bound.
+  ControlServer(const std::string& bind_host, int port);
+  ControlServer(const ControlServer&) = delete;
+  ControlServer& operator=(const ControlServer&) = delete;
+
+  // The bound endpoint with its real port, e.g. "tcp://10.0.0.1:41234".
+  const std::string& endpoint() const { return endpoint_; }
+  int port() const { return port_; }
+
+  // Waits up to `timeout` for a message. nullopt on timeout, on a signal interrupting the
+  // wait, and on a malformed message (wrong frames, not an Envelope, no body), which is
+  // dropped and counted in malformed(). Never throws for what a peer sent.
+  std::optional<Incoming> poll(std::chrono::milliseconds timeout);
+
+  // Queues `msg` for the client `identity` without blocking. A client that is unknown or
+  // gone is dropped silently (it may be dead; the caller learns that from heartbeats).
+  // Returns false if the message could not be queued (the peer's queue is full).
+  bool send(const std::string& identity, const control::Envelope& msg);
+
+  // Messages poll() dropped because they were not a well-formed Envelope.
+  int64_t malformed() const { return malformed_; }
+
+ private:
+  zmq::context_t ctx_{1};
+  zmq::socket_t sock_;
+  std::string endpoint_;
+  int port_ = 0;
+  int64_t malformed_ = 0;
+};
+
+// An agent's, worker's or keel-ctl's end: a DEALER connected to the controller. Connecting
+// never fails for a server that is not there yet or has gone: ZeroMQ reconnects every
+// 100 ms in the background, and messages sent meanwhile wait in a bounded queue.
+class ControlClient {
+ public:
+  // Connects to `endpoint` ("tcp://host:port", as ControlServer::endpoint() gives it) under
+  // `identity` ("agent/3", "worker/12", "ctl/<pid>"): the name the server answers to. A
+  // client that reconnects under an identity already known to the server takes it over.
+  // Throws keel::Error if the endpoint is malformed.
+  ControlClient(const std::string& endpoint, const std::string& identity);
+  ControlClient(const ControlClient&) = delete;
+  ControlClient& operator=(const ControlClient&) = delete;
+
+  const std::string& identity() const { return identity_; }
+
+  // Queues `msg` for the server without blocking. Returns false if it could not be queued
+  // (the queue is full because the server has been unreachable for a long time).
+  bool send(const control::Envelope& msg);
+
+  // Waits up to `timeout` for a message from the server; nullopt on timeout, on a signal,
+  // or on a malformed message (dropped, counted in malformed()).
+  std::optional<control::Envelope> poll(std::chrono::milliseconds timeout);
+
+  // keel-ctl's call: discards any message already waiting (a late answer to an earlier
+  // request), sends `msg`, and returns the first message that arrives within `timeout`, or
+  // nullopt if none does (no controller, or it did not answer).
+  std::optional<control::Envelope> request(const control::Envelope& msg,
+                                           std::chrono::milliseconds timeout);
+
+  int64_t malformed() const { return malformed_; }
+
+ private:
+  zmq::context_t ctx_{1};
+  zmq::socket_t sock_;
+  std::string identity_;
+  int64_t malformed_ = 0;
+};
+
+}  // namespace keel

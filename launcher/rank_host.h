@@ -1,0 +1,78 @@
+// Where the controller's ranks run: forked on this machine (keel-worker --nproc,
+// launcher/local_host.h) or on the slots' agents over the control plane (keel-launch,
+// launcher/agent_host.h). The controller decides; a RankHost carries it out and reports what
+// happened to the ranks.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "launcher/recovery_protocol.h"
+#include "parallel/topology.h"
+#include "proto/control.pb.h"
+
+namespace keel {
+
+// A rank that ended: its wait status, or its whole slot lost (the machine died, its launcher
+// was killed, or its network was cut).
+struct RankExit {
+  int rank = -1;
+  int status = 0;          // as waitpid() gives it
+  bool slot_lost = false;  // no status: the slot stopped answering
+  int slot = -1;
+  std::string detail;  // the last lines of its log, or why the slot is taken as lost
+
+  bool clean() const { return !slot_lost && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+  // Exits the controller must not answer with a restart: the same input or numbers would
+  // fail again.
+  bool fatal() const {
+    return !slot_lost && WIFEXITED(status) &&
+           (WEXITSTATUS(status) == recovery::kExitInputError ||
+            WEXITSTATUS(status) == recovery::kExitNonFinite);
+  }
+  int code() const {
+    if (slot_lost) return 1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string describe() const;
+};
+
+class RankHost {
+ public:
+  virtual ~RankHost() = default;
+  // Starts `rank` with these environment variables (the controller's: store, job, epoch...).
+  virtual void spawn(int rank, const std::map<std::string, std::string>& env) = 0;
+  // SIGKILLs `rank` and returns once it is gone (its exit is not reported by poll_exit).
+  virtual void kill(int rank) = 0;
+  // The next rank that ended, if any; never blocks.
+  virtual std::optional<RankExit> poll_exit() = 0;
+  // Sends `sig` to every rank, waits up to `grace`, then SIGKILLs what is left.
+  virtual void stop_all(int sig, std::chrono::milliseconds grace) = 0;
+  // For each rank, the steps it could restore from snapshots that still exist anywhere (its
+  // own slot, or its backup holder's copy), checksums verified.
+  virtual std::map<int, std::set<int64_t>> survey(const Topology& topo) = 0;
+  // Removes the job's shared memory (at the end of the job).
+  virtual void finish() = 0;
+
+  // The slot (machine) a rank runs on; -1 where there are no slots (--nproc).
+  virtual int slot_of(int rank) const {
+    (void)rank;
+    return -1;
+  }
+  // False while the rank's slot is lost: the controller waits (on_slot_loss: wait) or gives
+  // up (fail) before it restarts the rank.
+  virtual bool can_spawn(int rank) const {
+    (void)rank;
+    return true;
+  }
+  // Adds the hosts' view (slots, their state and heartbeats) to a keel-ctl status reply.
+  virtual void fill_status(control::StatusReply* reply) const { (void)reply; }
+};
+
+}  // namespace keel
