@@ -165,6 +165,11 @@ bool ControlServer::send(const std::string& identity, const control::Envelope& m
     // is accepted, the payload frame always is.
     if (!sock_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait))
       return false;
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return false;  // nothing was queued; the caller may retry
+    throw_zmq("ControlServer: send to " + identity, e);
+  }
+  try {
     return sock_.send(zmq::buffer(bytes), zmq::send_flags::dontwait).has_value();
   } catch (const zmq::error_t& e) {
     throw_zmq("ControlServer: send to " + identity, e);
@@ -192,6 +197,7 @@ bool ControlClient::send(const control::Envelope& msg) {
   try {
     return sock_.send(zmq::buffer(bytes), zmq::send_flags::dontwait).has_value();
   } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return false;
     throw_zmq("ControlClient " + identity_ + ": send", e);
   }
 }

@@ -66,7 +66,8 @@ class ControlServer {
 
   // Queues `msg` for the client `identity` without blocking. A client that is unknown or
   // gone is dropped silently (it may be dead; the caller learns that from heartbeats).
-  // Returns false if the message could not be queued (the peer's queue is full).
+  // Returns false if the message could not be queued (the peer's queue is full, or a signal
+  // interrupted the call).
   bool send(const std::string& identity, const control::Envelope& msg);
 
   // Messages poll() dropped because they were not a well-formed Envelope.
@@ -96,7 +97,8 @@ class ControlClient {
   const std::string& identity() const { return identity_; }
 
   // Queues `msg` for the server without blocking. Returns false if it could not be queued
-  // (the queue is full because the server has been unreachable for a long time).
+  // (the queue, 1000 messages, is full because the server has been unreachable for a long
+  // time; or a signal interrupted the call).
   bool send(const control::Envelope& msg);
 
   // Waits up to `timeout` for a message from the server; nullopt on timeout, on a signal,

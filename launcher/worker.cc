@@ -20,6 +20,7 @@
 #include "ckpt/snapshotter.h"
 #include "launcher/input_checks.h"
 #include "launcher/mfu.h"
+#include "launcher/progress_reporter.h"
 #include "launcher/recovery_client.h"
 #include "launcher/recovery_protocol.h"
 #include "launcher/run_report.h"
@@ -32,6 +33,7 @@
 #include "parallel/hash_store.h"
 #include "parallel/process_groups.h"
 #include "parallel/tcp_store.h"
+#include "parallel/traced_communicator.h"
 #include "proto/config_loader.h"
 #include "robust/fault_injector.h"
 #include "robust/fault_spec.h"
@@ -154,6 +156,13 @@ class Worker {
     if (!plan.schedule.fault().empty())
       injector_ = std::make_unique<FaultInjector>(plan.schedule, o_.rank, connect_());
     if (env_.supervised) recovery_ = std::make_unique<RecoveryClient>(connect_, o_.rank);
+    if (const char* ep = std::getenv("KEEL_CONTROLLER"); ep && *ep) {
+      activity_ = std::make_shared<CommActivity>();
+      const char* slot = std::getenv("KEEL_SLOT");
+      reporter_ =
+          std::make_unique<ProgressReporter>(ep, o_.rank, slot ? std::atoi(slot) : -1, activity_);
+      reporter_->set_epoch(epoch_);
+    }
     const std::string pids = "pids/" + std::to_string(o_.rank) + "/";
     store_->set(pids + std::to_string(store_->add(pids + "count", 1) - 1),
                 std::to_string(getpid()));
@@ -277,7 +286,9 @@ class Worker {
     g.timeout = Millis(cfg_.parallel().comm_timeout_ms());
     g.device = backend_->kind();
     g.cuda_device = o_.rank % std::max(1, o_.local_world_size);
-    return make_process_groups(topo_, o_.rank, store_, g);
+    ProcessGroups groups = make_process_groups(topo_, o_.rank, store_, g);
+    if (activity_) trace_communicators(groups, activity_);
+    return groups;
   }
 
   std::string holder_address() {
@@ -350,6 +361,10 @@ class Worker {
     if (injector_) injector_->wrap(*groups);
     trainer_->rebind(groups.get());
     groups_ = std::move(groups);
+    if (reporter_) {
+      reporter_->set_epoch(epoch_);
+      reporter_->set_steps(state_->step());
+    }
     if (snapshotter_ && holder_ >= 0) snapshotter_->set_backup_holder(holder_address());
     restore(S);
     recovery_->mark_restored(epoch_);
@@ -360,6 +375,7 @@ class Worker {
   void after_step(const StepStats& st) {
     const int64_t s = st.step, steps = cfg_.train().steps();
     if (snapshotter_) snapshotter_->capture();
+    if (reporter_) reporter_->step_done(s + 1, st.loss, st.wall_s, st.compute_s, st.comm_s);
     const int every = cfg_.checkpoint().persistent_every_steps();
     if (checkpointer_ && (s + 1) % every == 0) checkpointer_->save_async(*state_);
     if (leader_) record_step(st);
@@ -411,6 +427,14 @@ class Worker {
     r.set_tokens(double(st.tokens));
     store_->set(recovery::step_key(st.step), r.SerializeAsString());
     store_->set("progress", std::to_string(st.step + 1));
+    if (env_.supervised) {  // for keel-ctl status
+      const double tok_s = double(st.tokens) / st.wall_s;
+      store_->set("live/tokens_per_s", std::to_string(tok_s));
+      store_->set("live/mfu",
+                  std::to_string(peak_.flops_per_s > 0
+                                     ? trainer_->model_flops_per_token() * tok_s / peak_.flops_per_s
+                                     : 0));
+    }
     if (first_step_in_epoch_) {
       first_step_in_epoch_ = false;
       store_->set(recovery::first_step_key(epoch_), time_str(unix_now()));
@@ -443,6 +467,8 @@ class Worker {
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<FaultInjector> injector_;
   std::unique_ptr<RecoveryClient> recovery_;
+  std::shared_ptr<CommActivity> activity_;
+  std::unique_ptr<ProgressReporter> reporter_;
   std::unique_ptr<SnapshotRegion> region_;
   std::unique_ptr<BackupServer> backup_server_;
   std::unique_ptr<Snapshotter> snapshotter_;

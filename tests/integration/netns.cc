@@ -97,8 +97,15 @@ std::string ns_path(const std::string& ns) {
   return "/var/run/netns/" + ns;
 }
 
+// True when no live process has this pid. A crashed test binary may stay a zombie until
+// its parent reaps it, and its leftovers are stale by then already.
 bool pid_gone(pid_t pid) {
-  return ::kill(pid, 0) == -1 && errno == ESRCH;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(f, stat)) return true;
+  const size_t paren = stat.rfind(')');  // the command name may contain spaces and ')'
+  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z' ||
+         stat[paren + 2] == 'X';
 }
 
 // Pids whose network namespace is the one bind-mounted at `ns` (same nsfs device and

@@ -105,9 +105,29 @@ TEST(Recovery, ExitedRankIsRestartedInPlace) {
   EXPECT_TRUE(contains(r.output, "illegal memory access")) << r.output;
 }
 
-TEST(Recovery, HungRankIsKilledAndRestarted) {
+// The stalled rank that is not waiting inside a collective while the others are is the
+// culprit, found from the ranks' progress reports before any communicator times out.
+TEST(Recovery, HungRankIsFoundByProgressKilledAndRestarted) {
   std::string dir = temp_dir("hang");
-  JobRun r = run_job(dir, job_args(dir, "--fault hang@step=4,rank=6"));
+  JobRun r =
+      run_job(dir, job_args(dir,
+                            "--fault hang@step=4,rank=6 --set "
+                            "parallel.comm_timeout_ms=60000 --set detect.hang_grace_ms=1000"));
+  expect_recovered(r, 6, "hang");
+  EXPECT_TRUE(contains(r.output, "not inside a collective")) << r.output;
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u);
+  // 2 steps (~20 ms each here) + the 1 s grace; far below the 60 s communicator timeout.
+  EXPECT_LT(json_number_field(inc[0], "detected_at") - json_number_field(inc[0], "injected_at"),
+            10.0)
+      << inc[0];
+}
+
+// Without progress-based detection the communicator timeout finds it: the peers time out,
+// the controller aborts the epoch, and the rank that does not answer is killed.
+TEST(Recovery, HungRankIsFoundByTheCommunicatorTimeout) {
+  std::string dir = temp_dir("hang-timeout");
+  JobRun r = run_job(dir, job_args(dir, "--fault hang@step=4,rank=6 --set detect.hang_grace_ms=0"));
   expect_recovered(r, 6, "hang");
   EXPECT_TRUE(contains(r.output, "did not answer the abort")) << r.output;
 }

@@ -253,6 +253,28 @@ TEST(ControlPlane, ClientThatConnectsBeforeTheServerBindsGetsThrough) {
   EXPECT_EQ(welcome->command().kind(), control::Command::welcome);
 }
 
+TEST(ControlPlane, ClientReconnectsToARestartedServerByItself) {
+  auto server = std::make_unique<ControlServer>(kHost, 0);
+  int port = server->port();
+  ControlClient agent(server->endpoint(), "agent/9");
+  ASSERT_TRUE(agent.send(heartbeat(0, 9)));
+  ASSERT_TRUE(next(*server));
+  server.reset();  // the controller's end goes away (a cut link looks the same to ZeroMQ)
+  std::this_thread::sleep_for(300ms);
+  server = std::make_unique<ControlServer>(kHost, port);
+  // Messages written into the dead connection are lost; the ones after the reconnect arrive.
+  auto deadline = Clock::now() + 5s;
+  std::optional<ControlServer::Incoming> in;
+  while (!in && Clock::now() < deadline) {
+    ASSERT_TRUE(agent.send(heartbeat(0, 9)));
+    in = server->poll(100ms);
+  }
+  ASSERT_TRUE(in);
+  EXPECT_EQ(in->identity, "agent/9");
+  ASSERT_TRUE(server->send("agent/9", server_messages(1)[0]));
+  EXPECT_TRUE(next(agent));
+}
+
 TEST(ControlPlane, SendToAVanishedOrUnknownPeerDoesNotBlock) {
   ControlServer server(kHost, 0);
   {
