@@ -81,7 +81,10 @@ struct Controller::Impl {
     while (auto in = server->poll(std::chrono::milliseconds(0))) {
       const control::Envelope& m = in->msg;
       if (m.has_progress()) {
-        if (m.epoch() == epoch) progress[m.progress().rank()] = {m.progress(), Clock::now()};
+        if (m.epoch() != epoch) continue;  // a report of an older epoch: stale
+        const control::WorkerProgress& p = m.progress();
+        if (o.console_progress && p.rank() == 0) print_progress(p);
+        progress[p.rank()] = {p, Clock::now()};
       } else if (m.has_status_request()) {
         control::Envelope r = make_envelope(epoch);
         status(r.mutable_status_reply());
@@ -94,6 +97,24 @@ struct Controller::Impl {
         on_agent(in->identity, m);
       }
     }
+  }
+
+  int64_t last_printed = -1;
+  void print_progress(const control::WorkerProgress& p) {
+    const int every = std::max(1, o.cfg.train().log_every());
+    if (p.step() == last_printed || p.step() <= 0 ||
+        (p.step() % every != 0 && p.step() != o.cfg.train().steps()))
+      return;
+    last_printed = p.step();
+    const double tokens =
+        double(o.cfg.train().global_batch_size()) * double(o.cfg.model().seq_len());
+    std::printf(
+        "step %5lld/%d | loss %.6f | %8.0f tok/s | compute %3.0f%% comm %3.0f%% | epoch %d\n",
+        static_cast<long long>(p.step()), o.cfg.train().steps(), p.loss(),
+        p.step_s() > 0 ? tokens / p.step_s() : 0.0,
+        p.step_s() > 0 ? 100 * p.compute_s() / p.step_s() : 0.0,
+        p.step_s() > 0 ? 100 * p.comm_s() / p.step_s() : 0.0, epoch);
+    std::fflush(stdout);
   }
 
   void status(control::StatusReply* r) const {
@@ -459,6 +480,10 @@ void Controller::set_agent_handler(
 
 int Controller::run() {
   return impl_->run();
+}
+
+void Controller::pump() {
+  impl_->pump();
 }
 
 int Controller::epoch() const {

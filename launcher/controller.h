@@ -36,6 +36,7 @@ struct ControllerOptions {
   std::string store_addr;           // host:port of the rendezvous store the ranks meet through
   std::string controller_endpoint;  // the control plane's endpoint ("" under --nproc)
   std::string program = "keel";     // how messages name the process ("keel-worker", ...)
+  bool console_progress = false;    // print rank 0's progress every train.log_every steps
   const volatile sig_atomic_t* stop_signal = nullptr;  // set by SIGINT/SIGTERM handlers
   // Called for every event worth a line in the job's event log (kind, fields as JSON).
   std::function<void(const std::string& kind, const std::string& json)> on_event;
@@ -56,6 +57,10 @@ class Controller {
 
   // Starts every rank and runs the job to its end. Returns the process exit code.
   int run();
+
+  // Handles the control-plane messages that have arrived (progress, keel-ctl, agents): for
+  // a RankHost that waits on its agents outside run()'s loop.
+  void pump();
 
   int epoch() const;
 

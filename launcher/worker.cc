@@ -25,6 +25,7 @@
 #include "launcher/recovery_protocol.h"
 #include "launcher/run_report.h"
 #include "launcher/step_loop.h"
+#include "launcher/supervisor.h"
 #include "model/data_loader.h"
 #include "model/job_layout.h"
 #include "model/llmc_checkpoint.h"
@@ -60,7 +61,7 @@ struct JobEnv {
       return v ? v : "";
     };
     e.job = get("KEEL_JOB_ID");
-    if (e.job.empty()) e.job = "solo-" + std::to_string(getpid());
+    if (e.job.empty()) e.job = make_job_id();  // its own job: removed at its end
     e.supervised = get("KEEL_SUPERVISED") == "1";
     if (!get("KEEL_EPOCH").empty()) e.epoch = std::stoi(get("KEEL_EPOCH"));
     e.restarted = get("KEEL_RESTARTED") == "1";
@@ -93,6 +94,15 @@ class FatalStop : public Error {
 class Worker {
  public:
   explicit Worker(const WorkerOptions& o) : o_(o), env_(JobEnv::read()) {}
+  // A rank without a supervisor owns its job's shared memory: removed however it ends
+  // (short of SIGKILL; a later supervisor removes that of a dead PID).
+  ~Worker() {
+    if (snapshotter_) snapshotter_->stop();
+    if (!env_.supervised) {
+      region_.reset();
+      unlink_job_segments(env_.job);
+    }
+  }
 
   int run() {
     setup();
@@ -504,8 +514,6 @@ void Worker::finish() {
   }
   // Keep every rank's communicators alive until rank 0 has its gather.
   groups_->world->barrier();
-  if (snapshotter_) snapshotter_->stop();
-  if (!env_.supervised) unlink_job_segments(env_.job);
 }
 
 void Worker::fill_report(RunReport* rep) {

@@ -1,0 +1,185 @@
+#include "launcher/agent.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <thread>
+
+#include "ckpt/backup_placement.h"
+#include "ckpt/restore.h"
+#include "ckpt/snapshot_region.h"
+#include "launcher/control_plane.h"
+#include "launcher/local_host.h"
+
+namespace keel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The last `n` lines of a worker's log, to tell the user why it ended.
+std::string tail(const std::string& path, size_t n) {
+  std::ifstream in(path);
+  std::deque<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) {
+    lines.push_back(line);
+    if (lines.size() > n) lines.pop_front();
+  }
+  std::string out;
+  for (const auto& l : lines) out += l + "\n";
+  return out;
+}
+
+}  // namespace
+
+int Agent::run(const volatile int* stop) {
+  const std::string me = "agent/" + std::to_string(o_.slot);
+  ControlClient client(o_.controller, me);
+  auto send_register = [&] {
+    control::Envelope r = make_envelope(0);
+    auto* reg = r.mutable_registration();
+    reg->set_slot(o_.slot);
+    reg->set_host(o_.host);
+    reg->set_pid(int(getpid()));
+    reg->set_workers(o_.workers);
+    client.send(r);
+  };
+  send_register();
+  bool welcomed = false;
+  const auto register_deadline = Clock::now() + o_.register_timeout;
+  auto next_heartbeat = Clock::now();
+  auto log_of = [&](int rank) { return o_.log_dir + "/rank" + std::to_string(rank) + ".log"; };
+  auto kill_all = [&] {
+    for (auto& [rank, pid] : workers_) {
+      ::kill(pid, SIGKILL);
+      int st = 0;
+      waitpid(pid, &st, 0);
+    }
+    workers_.clear();
+  };
+  while (!(stop && *stop)) {
+    if (!welcomed && Clock::now() > register_deadline) {
+      std::fprintf(stderr,
+                   "keel-launch: slot %d: cannot reach the controller at %s within %lld s\n",
+                   o_.slot, o_.controller.c_str(),
+                   static_cast<long long>(o_.register_timeout.count() / 1000));
+      return 1;
+    }
+    if (auto m = client.poll(std::chrono::milliseconds(20))) {
+      if (!m->has_command()) continue;
+      const control::Command& c = m->command();
+      switch (c.kind()) {
+        case control::Command::welcome:
+          welcomed = true;
+          break;
+        case control::Command::spawn: {
+          std::vector<std::string> argv(c.args().begin(), c.args().end());
+          std::map<std::string, std::string> env(c.env().begin(), c.env().end());
+          workers_[c.rank()] = spawn_child(argv, env, log_of(c.rank()));
+          break;
+        }
+        case control::Command::kill: {
+          auto it = workers_.find(c.rank());
+          if (it == workers_.end()) break;
+          ::kill(it->second, SIGKILL);
+          int st = 0;
+          waitpid(it->second, &st, 0);
+          workers_.erase(it);
+          control::Envelope e = make_envelope(m->epoch());
+          auto* ev = e.mutable_event();
+          ev->set_kind(control::Event::worker_exit);
+          ev->set_slot(o_.slot);
+          ev->set_rank(c.rank());
+          ev->set_signal(SIGKILL);
+          client.send(e);
+          break;
+        }
+        case control::Command::survey: {
+          control::Envelope e = make_envelope(m->epoch());
+          auto* ev = e.mutable_event();
+          ev->set_kind(control::Event::snapshots);
+          ev->set_slot(o_.slot);
+          // Ranks of this slot: their own snapshots, and the backups they hold for others.
+          for (int r = o_.slot * o_.workers; r < (o_.slot + 1) * o_.workers; ++r) {
+            if (r >= o_.topo.world_size()) break;
+            control::SnapshotHolding* own = ev->add_holdings();
+            own->set_owner_rank(r);
+            for (int64_t s : restorable_steps(o_.job, r, -1, /*verify=*/true)) own->add_steps(s);
+            const int owner = backup_owner(o_.topo, r);
+            if (owner >= 0) {
+              control::SnapshotHolding* held = ev->add_holdings();
+              held->set_owner_rank(owner);
+              // Only the backup segment of holder r: restorable_steps(owner, r) would also
+              // read the owner's own segment, which lives on its slot, not here.
+              if (auto b = SnapshotRegion::open_existing(backup_segment_name(o_.job, r)))
+                for (int64_t s : b->valid_steps(owner)) {
+                  std::optional<SlotView> v = b->find(s, owner);
+                  std::string why;
+                  if (v && SnapshotRegion::verify(*v, &why)) held->add_steps(s);
+                }
+            }
+          }
+          client.send(e);
+          break;
+        }
+        case control::Command::reset:
+          kill_all();
+          send_register();
+          break;
+        case control::Command::wipe_snapshots:
+          for (int r = o_.slot * o_.workers; r < (o_.slot + 1) * o_.workers; ++r) {
+            shm_unlink(snapshot_segment_name(o_.job, r).c_str());
+            shm_unlink(backup_segment_name(o_.job, r).c_str());
+          }
+          break;
+        case control::Command::shutdown:
+          kill_all();
+          for (int r = o_.slot * o_.workers; r < (o_.slot + 1) * o_.workers; ++r) {
+            shm_unlink(snapshot_segment_name(o_.job, r).c_str());
+            shm_unlink(backup_segment_name(o_.job, r).c_str());
+          }
+          return 0;
+        case control::Command::inject:
+          break;  // faults reach the workers through the store (keel-ctl inject)
+        default:
+          break;
+      }
+    }
+    // Worker exits, known within one poll (20 ms).
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      int st = 0;
+      if (waitpid(it->second, &st, WNOHANG) != it->second) {
+        ++it;
+        continue;
+      }
+      control::Envelope e = make_envelope(0);
+      auto* ev = e.mutable_event();
+      ev->set_kind(control::Event::worker_exit);
+      ev->set_slot(o_.slot);
+      ev->set_rank(it->first);
+      ev->set_pid(it->second);
+      if (WIFEXITED(st)) ev->set_exit_code(WEXITSTATUS(st));
+      if (WIFSIGNALED(st)) ev->set_signal(WTERMSIG(st));
+      if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) ev->set_last_lines(tail(log_of(it->first), 12));
+      client.send(e);
+      it = workers_.erase(it);
+    }
+    if (Clock::now() >= next_heartbeat) {
+      next_heartbeat = Clock::now() + std::chrono::milliseconds(200);
+      control::Envelope h = make_envelope(0);
+      h.mutable_heartbeat()->set_slot(o_.slot);
+      for (const auto& [rank, pid] : workers_) h.mutable_heartbeat()->add_ranks_alive(rank);
+      client.send(h);
+    }
+  }
+  kill_all();
+  return 0;
+}
+
+}  // namespace keel

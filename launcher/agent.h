@@ -1,0 +1,42 @@
+// The agent of one slot (machine), inside every keel-launch process: registers with the
+// controller, heartbeats, starts and kills the slot's workers when told, reports each
+// worker's exit (code or signal, with the last lines of its log), answers surveys of the
+// snapshots its shared memory holds, and at shutdown removes that shared memory (the
+// workers' own snapshots and the backups the slot held for others).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <string>
+
+#include <sys/types.h>
+
+#include "parallel/topology.h"
+
+namespace keel {
+
+struct AgentOptions {
+  int slot = 0;
+  int workers = 1;         // worker capacity of the slot
+  std::string host;        // the slot's reachable address, for the controller
+  std::string controller;  // the control plane's endpoint
+  std::string log_dir;     // each worker's stdout and stderr: log_dir/rank<R>.log
+  Topology topo{1, 1, 1};  // to know whose backups the slot holds
+  std::string job;         // names the job's shared memory
+  std::chrono::milliseconds register_timeout{std::chrono::seconds(30)};
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions o) : o_(std::move(o)) {}
+  // Runs until the controller says shutdown (0), the controller cannot be reached at the
+  // start (1), or `stop` is set (from another thread or a signal handler).
+  int run(const volatile int* stop = nullptr);
+
+ private:
+  AgentOptions o_;
+  std::map<int, pid_t> workers_;  // rank -> pid
+};
+
+}  // namespace keel

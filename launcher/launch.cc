@@ -1,0 +1,228 @@
+#include "launcher/launch.h"
+
+#include <mpi.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <glog/logging.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "ckpt/snapshot_region.h"
+#include "launcher/agent.h"
+#include "launcher/agent_host.h"
+#include "launcher/control_plane.h"
+#include "launcher/controller.h"
+#include "launcher/local_host.h"
+#include "launcher/recovery_protocol.h"
+#include "launcher/supervisor.h"
+#include "parallel/net_address.h"
+#include "parallel/tcp_store.h"
+#include "proto/config_loader.h"
+#include "runtime/check.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) {
+  g_signal = sig;
+}
+
+std::string self_dir() {
+  return fs::canonical("/proc/self/exe").parent_path().string();
+}
+
+// The host part of "tcp://host:port".
+std::string endpoint_host(const std::string& ep) {
+  std::string h = ep.substr(ep.find("//") + 2);
+  return h.substr(0, h.rfind(':'));
+}
+
+int workers_per_slot(const LaunchOptions& o, const config::JobConfig& cfg) {
+  if (o.workers_per_slot > 0) return o.workers_per_slot;
+  (void)cfg;  // one per GPU once GPU slots are launched; 1 on CPU
+  return 1;
+}
+
+// The job's event log: one JSON object a line, appended by the controller's thread.
+class EventLog {
+ public:
+  explicit EventLog(const std::string& path) : out_(path, std::ios::app) {}
+  void write(const std::string& kind, const std::string& json) {
+    std::lock_guard<std::mutex> l(mu_);
+    char t[32];
+    std::snprintf(t, sizeof(t), "%.6f", recovery::unix_now());
+    out_ << "{\"t\": " << t << ", \"kind\": \"" << kind << "\", \"data\": " << json << "}\n";
+    out_.flush();
+    LOG(INFO) << kind << " " << json;
+  }
+
+ private:
+  std::mutex mu_;
+  std::ofstream out_;
+};
+
+int run_agent(const LaunchOptions& o, const config::JobConfig& cfg, int slot,
+              const std::string& endpoint, const std::string& job, const std::string& host) {
+  AgentOptions a;
+  a.slot = slot;
+  a.workers = workers_per_slot(o, cfg);
+  a.host = host;
+  a.controller = endpoint;
+  a.log_dir = (fs::path(o.run_dir) / job / "logs").string();
+  a.topo = Topology(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
+  a.job = job;
+  fs::create_directories(a.log_dir);
+  Agent agent(a);
+  return agent.run(reinterpret_cast<const volatile int*>(&g_signal));
+}
+
+int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, bool mpi) {
+  const Topology topo(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
+  const int world = topo.world_size(), W = workers_per_slot(o, cfg);
+  if (world % W != 0)
+    throw InputError(detail::concat("--workers-per-slot ", W, " does not divide the job's ", world,
+                                    " ranks (parallel.tp·pp·dp)"));
+  if (nslots != world / W)
+    throw InputError(detail::concat("the job needs ", world / W, " slot(s) (", world, " ranks, ", W,
+                                    " per slot) but was started with ", nslots, "; start it with ",
+                                    mpi ? "mpirun -np " : "--local ", world / W));
+  const std::string job = make_job_id();
+  const fs::path dir = fs::path(o.run_dir) / job;
+  fs::create_directories(dir / "logs");
+  std::ofstream(dir / "config.pbtxt") << config_to_text(cfg);
+  FLAGS_log_dir = (dir / "logs").string();
+  google::InitGoogleLogging("keel-launch");
+  EventLog events((dir / "events.jsonl").string());
+
+  // Every slot on this machine: loopback; across machines: this machine's reachable address.
+  const bool one_box = !mpi || std::getenv("KEEL_IFNAME") == nullptr;
+  const std::string host = one_box ? "127.0.0.1" : reachable_address("127.0.0.1");
+  remove_stale_segments();
+  TcpStoreServer store_server(host, 0);
+  ControlServer control(host, 0);
+  const std::string store_addr = host + ":" + std::to_string(store_server.port());
+  std::ofstream(dir / "controller") << control.endpoint() << "\n" << job << "\n";
+  events.write("launch", "{\"job\": \"" + job + "\", \"slots\": " + std::to_string(nslots) +
+                             ", \"world\": " + std::to_string(world) + "}");
+
+  std::vector<pid_t> children;
+  if (mpi) {
+    char buf[512] = {0};
+    std::snprintf(buf, sizeof(buf), "%s\n%s", control.endpoint().c_str(), job.c_str());
+    MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
+    MPI_Finalize();  // MPI is for starting only: it cannot survive a dead peer
+  } else {
+    for (int k = 1; k < nslots; ++k) {
+      std::vector<std::string> argv = {
+          "/proc/self/exe", "--join", control.endpoint(), "--slot",      std::to_string(k),
+          "--job",          job,      "--config",         o.config_path, "--run-dir",
+          o.run_dir};
+      for (const auto& s : o.overrides) argv.insert(argv.end(), {"--set", s});
+      if (o.workers_per_slot > 0)
+        argv.insert(argv.end(), {"--workers-per-slot", std::to_string(o.workers_per_slot)});
+      children.push_back(spawn_child(argv, {}));
+    }
+  }
+  std::thread agent0([&] { run_agent(o, cfg, 0, control.endpoint(), job, host); });
+
+  std::vector<std::string> worker_argv = {self_dir() + "/keel-worker", "--config",
+                                          fs::absolute(o.config_path).string()};
+  for (const auto& s : o.overrides) worker_argv.insert(worker_argv.end(), {"--set", s});
+  bool has_report = false;
+  for (const auto& a : o.worker_args) has_report = has_report || a == "--report";
+  worker_argv.insert(worker_argv.end(), o.worker_args.begin(), o.worker_args.end());
+  if (!has_report)
+    worker_argv.insert(worker_argv.end(), {"--report", fs::absolute(dir / "report.json").string()});
+
+  AgentHost agents(&control, world, W, nslots, worker_argv,
+                   std::chrono::milliseconds(cfg.detect().slot_timeout_ms()));
+  ControllerOptions co;
+  co.cfg = cfg;
+  co.job = job;
+  co.job_start = recovery::unix_now();
+  co.store_addr = store_addr;
+  co.controller_endpoint = control.endpoint();
+  co.program = "keel-launch";
+  co.console_progress = !o.quiet;
+  co.stop_signal = &g_signal;
+  co.on_event = [&](const std::string& k, const std::string& j) { events.write(k, j); };
+  auto store = std::make_shared<TcpStore>(host, store_server.port());
+  Controller controller(co, &agents, store, &control);
+  controller.set_agent_handler(
+      [&](const std::string& id, const control::Envelope& m) { agents.on_message(id, m); });
+  agents.set_pump([&] { controller.pump(); });
+  int code = 0;
+  if (!agents.wait_for_slots(std::chrono::seconds(60),
+                             reinterpret_cast<const volatile int*>(&g_signal))) {
+    std::fprintf(stderr,
+                 "keel-launch: not every slot registered with the controller within 60 s\n");
+    code = 1;
+  } else {
+    if (!o.quiet)
+      std::printf("keel-launch: job %s: %d slot(s) x %d worker(s), run directory %s\n", job.c_str(),
+                  nslots, W, dir.c_str());
+    code = controller.run();
+  }
+  events.write("end", "{\"code\": " + std::to_string(code) + "}");
+  agents.stop_all(SIGKILL, std::chrono::milliseconds(0));
+  agents.finish();
+  // Give the agents a moment to take the shutdown, then make sure they are gone.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  g_signal = g_signal ? g_signal : SIGTERM;
+  agent0.join();
+  for (pid_t p : children) {
+    kill(p, SIGTERM);
+    int st = 0;
+    waitpid(p, &st, 0);
+  }
+  if (!mpi) unlink_job_segments(job);
+  if (!o.quiet && code == 0)
+    std::printf("keel-launch: done; report %s\n", (dir / "report.json").c_str());
+  return code;
+}
+
+}  // namespace
+
+int run_launch(const LaunchOptions& o) {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM}) KEEL_CHECK_ERRNO(sigaction(sig, &sa, nullptr));
+  config::JobConfig cfg = load_config(o.config_path, o.overrides);
+  if (!o.join.empty()) {
+    const std::string host = reachable_address(endpoint_host(o.join));
+    return run_agent(o, cfg, o.slot, o.join, o.job, host);
+  }
+  if (o.local > 0) return run_slot0(o, cfg, o.local, /*mpi=*/false);
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) {
+    int argc = 0;
+    char** argv = nullptr;
+    MPI_Init(&argc, &argv);
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (rank == 0) return run_slot0(o, cfg, size, /*mpi=*/true);
+    char buf[512] = {0};
+    MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
+    MPI_Finalize();
+    std::string s(buf);
+    const std::string endpoint = s.substr(0, s.find('\n')), job = s.substr(s.find('\n') + 1);
+    return run_agent(o, cfg, rank, endpoint, job, reachable_address(endpoint_host(endpoint)));
+  }
+  throw InputError(
+      "keel-launch: say where the slots are: --local N (this machine), under mpirun (one slot "
+      "per MPI rank), or --join ENDPOINT --slot K --job ID");
+}
+
+}  // namespace keel

@@ -1,0 +1,28 @@
+// keel-launch's command line. A slot is one machine: under mpirun each MPI rank is a slot;
+// with --local N this process forks N slots on this machine; with --join a slot's launcher
+// is started by hand (to bring back a lost machine) and joins a running job's controller.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace keel {
+
+struct LaunchOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;    // --set path=value
+  int local = 0;                         // --local N: N slots on this machine
+  int workers_per_slot = 0;              // --workers-per-slot W (0: one per GPU, or 1 on CPU)
+  std::string run_dir = "runs";          // --run-dir DIR: runs/<job>/ holds logs and events
+  std::string join;                      // --join ENDPOINT: the controller of a running job
+  int slot = -1;                         // --slot K (with --join)
+  std::string job;                       // --job ID (with --join; default: from the endpoint)
+  std::vector<std::string> worker_args;  // passed to every keel-worker (--report, --fault, ...)
+  bool quiet = false;
+};
+
+// Throws keel::InputError naming the flag on a bad or missing value; false for --help.
+bool parse_launch_options(int argc, char** argv, LaunchOptions* out);
+std::string launch_usage();
+
+}  // namespace keel
