@@ -11,6 +11,7 @@
 #include "ckpt/persistent_checkpoint.h"
 #include "launcher/control_plane.h"
 #include "launcher/recovery_protocol.h"
+#include "robust/fault_injector.h"
 #include "robust/fault_spec.h"
 #include "runtime/check.h"
 
@@ -149,6 +150,13 @@ struct Controller::Impl {
       FaultPlan plan;
       add_fault_flag(&plan, fault);
       validate_fault_plan(plan, world, 0);
+      const faults::Fault& f = plan.schedule.fault(0);
+      if ((f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition) &&
+          host->slot_of(f.rank()) <= 0)
+        throw InputError(fault + ": rank " + std::to_string(f.rank()) +
+                         (host->slot_of(f.rank()) < 0 ? " has no slot (keel-launch runs slots)"
+                                                      : " is on slot 0, which hosts the controller "
+                                                        "and cannot be lost yet"));
       const int64_t n = store->add("runtime_faults/count", 1) - 1;
       store->set("runtime_faults/" + std::to_string(n), fault);
       r->set_ok(true);
@@ -214,6 +222,31 @@ struct Controller::Impl {
     }
   }
 
+  // Silence alone cannot tell a dead machine from a cut network; an injected fault on the
+  // slot can.
+  void label_slot_loss(report::Incident* inc, int slot) {
+    if (inc->kind() != "slot_loss" && inc->kind() != "comm_error") return;
+    inc->set_kind("slot_loss");
+    inc->set_slot(slot);
+    for (const InjectionRecord& in : FaultInjector::read_injections(*store))
+      if ((in.kind == "partition" || in.kind == "slot_loss") && host->slot_of(in.rank) == slot &&
+          in.time <= unix_now()) {
+        inc->set_kind(in.kind);
+        inc->set_rank(in.rank);
+        inc->set_injected_at(in.time);
+      }
+    const double now = unix_now();
+    std::fprintf(
+        stderr, "%s: slot %d lost (%s)%s\n", o.program.c_str(), slot, inc->kind().c_str(),
+        inc->injected_at() > 0
+            ? detail::concat(" ", now - inc->injected_at(), " s after the injection").c_str()
+            : "");
+    event("slot_lost",
+          detail::concat("{\"slot\": ", slot, ", \"kind\": \"", inc->kind(),
+                         "\", \"after_injection_s\": ",
+                         inc->injected_at() > 0 ? now - inc->injected_at() : -1.0, "}"));
+  }
+
   report::Incident new_incident(const RankExit& ex) {
     report::Incident inc;
     inc.set_detected_at(unix_now());
@@ -221,6 +254,7 @@ struct Controller::Impl {
     inc.set_slot(host->slot_of(ex.rank));
     inc.set_kind(ex.slot_lost ? "slot_loss" : WIFSIGNALED(ex.status) ? "crash" : "exit");
     inc.set_detail(detail::concat("rank ", ex.rank, " ", ex.describe()));
+    if (ex.slot_lost) label_slot_loss(&inc, ex.slot);
     return inc;
   }
 
@@ -304,6 +338,7 @@ struct Controller::Impl {
       pump();
       while (auto ex = host->poll_exit()) {
         restart.insert(ex->rank);
+        if (ex->slot_lost && !lost_slots.count(ex->slot)) label_slot_loss(inc, ex->slot);
         if (ex->slot_lost) lost_slots.insert(ex->slot);
         inc->set_detail(inc->detail() + detail::concat("; rank ", ex->rank, " ", ex->describe()));
       }
@@ -379,15 +414,15 @@ struct Controller::Impl {
                    "newest step every rank can restore is %s.\n",
                    o.program.c_str(), slots.c_str(), inc->detail().c_str(),
                    S < 0 ? "none (the job's start)" : std::to_string(S).c_str());
-      event("slot_lost", "{\"slots\": \"" + slots + "\", \"restorable_step\": " +
-                             std::to_string(S) + ", \"decision\": \"fail\"}");
+      event("stop_on_slot_loss",
+            "{\"slots\": \"" + slots + "\", \"restorable_step\": " + std::to_string(S) + "}");
       return false;
     }
     state = "waiting";
     std::fprintf(stderr,
                  "%s: slot %s lost; waiting for it to rejoin (detect.on_slot_loss = wait)\n",
                  o.program.c_str(), slots.c_str());
-    event("slot_lost", "{\"slots\": \"" + slots + "\", \"decision\": \"wait\"}");
+    event("wait_for_slot", "{\"slots\": \"" + slots + "\"}");
     while (true) {
       if (stopping()) return false;
       pump();

@@ -26,6 +26,7 @@
 #include "parallel/net_address.h"
 #include "parallel/tcp_store.h"
 #include "proto/config_loader.h"
+#include "robust/fault_spec.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -97,6 +98,26 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     throw InputError(detail::concat("the job needs ", world / W, " slot(s) (", world, " ranks, ", W,
                                     " per slot) but was started with ", nslots, "; start it with ",
                                     mpi ? "mpirun -np " : "--local ", world / W));
+  // Faults that take a slot: slot 0 hosts the controller, which cannot fail over yet.
+  FaultPlan plan;
+  for (size_t i = 0; i + 1 < o.worker_args.size(); ++i) {
+    if (o.worker_args[i] == "--fault") add_fault_flag(&plan, o.worker_args[i + 1]);
+    if (o.worker_args[i] == "--inject") add_fault_file(&plan, o.worker_args[i + 1]);
+  }
+  validate_fault_plan(plan, world, cfg.train().steps());
+  for (const auto& f : plan.schedule.fault()) {
+    const bool slot_fault =
+        f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition;
+    if (slot_fault && f.rank() / W == 0)
+      throw InputError(detail::concat(fault_kind_name(f.kind()), "@step=", f.step(),
+                                      ",rank=", f.rank(), ": rank ", f.rank(),
+                                      " is on slot 0, which hosts the controller and cannot be "
+                                      "lost yet; pick a rank of another slot"));
+    if (f.kind() == faults::Fault::partition && !std::getenv("KEEL_IFNAME"))
+      throw InputError(
+          "a partition fault needs each slot on its own network interface, named by KEEL_IFNAME "
+          "(e.g. machines as network namespaces)");
+  }
   const std::string job = make_job_id();
   const fs::path dir = fs::path(o.run_dir) / job;
   fs::create_directories(dir / "logs");

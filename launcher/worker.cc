@@ -1,5 +1,6 @@
 #include "launcher/worker.h"
 
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -132,6 +133,11 @@ class Worker {
     for (const auto& f : o_.faults) add_fault_flag(&plan, f);
     if (!o_.inject_path.empty()) add_fault_file(&plan, o_.inject_path);
     validate_fault_plan(plan, topo_.world_size(), cfg_.train().steps());
+    for (const auto& f : plan.schedule.fault())
+      if ((f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition) &&
+          !std::getenv("KEEL_SLOT"))
+        throw InputError(fault_kind_name(f.kind()) +
+                         " faults need slots (machines): start the job with keel-launch");
     leader_ = o_.rank == 0;
     epoch_ = env_.epoch;
 
@@ -203,6 +209,7 @@ class Worker {
         injector_->set_snapshot_actions(act);
       }
     }
+    if (injector_ && std::getenv("KEEL_SLOT")) set_slot_actions();
     if (cfg_.checkpoint().persistent_every_steps() > 0) {
       PersistentCheckpointOptions po;
       po.dir = cfg_.checkpoint().dir();
@@ -211,6 +218,35 @@ class Worker {
       po.keep = cfg_.checkpoint().keep();
       checkpointer_ = std::make_unique<PersistentCheckpointer>(po, connect_);
     }
+  }
+
+  // keel-launch: what slot_loss and partition do to this rank's slot (machine).
+  void set_slot_actions() {
+    FaultInjector::SlotActions act;
+    act.kill_slot = [this] {
+      // The machine is gone with everything on it: the shared memory of the slot's ranks
+      // (their snapshots and the backups they held), its launcher, its workers.
+      std::string ranks = std::getenv("KEEL_SLOT_RANKS") ? std::getenv("KEEL_SLOT_RANKS") : "";
+      for (size_t at = 0; at < ranks.size();) {
+        size_t comma = ranks.find(',', at);
+        const int r = std::stoi(ranks.substr(at, comma - at));
+        shm_unlink(snapshot_segment_name(env_.job, r).c_str());
+        shm_unlink(backup_segment_name(env_.job, r).c_str());
+        at = comma == std::string::npos ? ranks.size() : comma + 1;
+      }
+      std::fflush(nullptr);
+      ::kill(getppid(), SIGKILL);  // the slot's keel-launch; its workers die with it
+      raise(SIGKILL);
+    };
+    act.cut_network = [] {
+      const char* ifname = std::getenv("KEEL_IFNAME");
+      if (!ifname || !*ifname)
+        throw InputError(
+            "a partition fault needs the slot on its own network interface (KEEL_IFNAME)");
+      const std::string cmd = std::string("ip link set dev ") + ifname + " down";
+      KEEL_CHECK(std::system(cmd.c_str()) == 0, "partition: '", cmd, "' failed");
+    };
+    injector_->set_slot_actions(act);
   }
 
   CheckpointLayout checkpoint_layout() const {

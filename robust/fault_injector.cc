@@ -39,7 +39,24 @@ void FaultInjector::record(const faults::Fault& f, int64_t step) {
               detail::concat(fault_kind_name(f.kind()), " ", rank_, " ", step, " ", time));
 }
 
+void FaultInjector::poll_runtime_faults() {
+  const int64_t n = store_->add("runtime_faults/count", 0);
+  for (; runtime_seen_ < n; ++runtime_seen_) {
+    std::string text;
+    try {
+      text = store_->get("runtime_faults/" + std::to_string(runtime_seen_),
+                         std::chrono::milliseconds(2000));
+    } catch (const CommTimeout&) {
+      continue;
+    }
+    faults::Fault f = parse_fault_flag(text);
+    // Claimed under its own key, so the schedule's indices stay as they were.
+    *schedule_.add_fault() = f;
+  }
+}
+
 void FaultInjector::before_step(int64_t step) {
+  poll_runtime_faults();
   for (int i = 0; i < schedule_.fault_size(); ++i) {
     const faults::Fault& f = schedule_.fault(i);
     if (f.rank() != rank_ || f.step() != step) continue;
@@ -71,6 +88,17 @@ void FaultInjector::before_step(int64_t step) {
         break;
       case faults::Fault::nan:
         break;  // on_local_metrics
+      case faults::Fault::slot_loss:
+      case faults::Fault::partition: {
+        const bool loss = f.kind() == faults::Fault::slot_loss;
+        const auto& act = loss ? slot_.kill_slot : slot_.cut_network;
+        KEEL_CHECK(act, "a ", fault_kind_name(f.kind()), " fault at step ", step,
+                   " needs keel-launch (a slot to lose or cut)");
+        if (!claim(i)) break;
+        record(f, step);
+        act();
+        break;
+      }
       case faults::Fault::corrupt_snapshot:
       case faults::Fault::lose_snapshot: {
         const bool corrupt = f.kind() == faults::Fault::corrupt_snapshot;

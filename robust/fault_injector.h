@@ -55,6 +55,17 @@ class FaultInjector {
   };
   void set_snapshot_actions(SnapshotActions actions) { snapshot_ = std::move(actions); }
 
+  // What slot_loss and partition do (keel-launch's worker provides them: the injector only
+  // says when). Without them those faults are refused when they fire.
+  struct SlotActions {
+    std::function<void()> kill_slot;    // the slot's launcher, workers and shared memory go
+    std::function<void()> cut_network;  // the slot's interface goes down
+  };
+  void set_slot_actions(SlotActions actions) { slot_ = std::move(actions); }
+
+  // Faults added while the job runs (keel-ctl inject), read from the store at each step.
+  void poll_runtime_faults();
+
   // Replaces the rank's five communicators by FaultyCommunicators sharing this injector's
   // hang switch. Call again after every rebuild (new communicators are unwrapped).
   void wrap(ProcessGroups& groups);
@@ -81,6 +92,8 @@ class FaultInjector {
   bool wrapped_ = false;
   std::vector<int> slow_;  // indices of slow faults this process claimed
   SnapshotActions snapshot_;
+  SlotActions slot_;
+  int64_t runtime_seen_ = 0;
 };
 
 }  // namespace keel

@@ -14,7 +14,8 @@ namespace {
 
 namespace pb = google::protobuf;
 
-constexpr const char* kKinds = "crash, exit, hang, slow, nan, corrupt_snapshot, lose_snapshot";
+constexpr const char* kKinds =
+    "crash, exit, hang, slow, nan, corrupt_snapshot, lose_snapshot, slot_loss, partition";
 
 // Keeps the first error protobuf reports, with its position (protobuf counts from 0).
 class FirstErrorCollector : public pb::io::ErrorCollector {
