@@ -24,7 +24,7 @@ struct AgentOptions {
   std::string log_dir;     // each worker's stdout and stderr: log_dir/rank<R>.log
   Topology topo{1, 1, 1};  // to know whose backups the slot holds
   std::string job;         // names the job's shared memory
-  std::chrono::milliseconds register_timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds register_timeout{std::chrono::seconds(10)};
 };
 
 class Agent {

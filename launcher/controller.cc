@@ -149,7 +149,7 @@ struct Controller::Impl {
     try {
       FaultPlan plan;
       add_fault_flag(&plan, fault);
-      validate_fault_plan(plan, world, 0);
+      validate_fault_plan(plan, world, o.cfg.train().steps());
       const faults::Fault& f = plan.schedule.fault(0);
       if ((f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition) &&
           host->slot_of(f.rank()) <= 0)

@@ -88,7 +88,11 @@ int run_agent(const LaunchOptions& o, const config::JobConfig& cfg, int slot,
   return agent.run(reinterpret_cast<const volatile int*>(&g_signal));
 }
 
-int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, bool mpi) {
+// Slot 0 of `nslots`: the controller and slot 0's agent. Under mpirun the other slots learn
+// the controller's address from MPI; with `fork_slots` (--local) this process starts them on
+// this machine; otherwise (--slots) they are started by hand with --join.
+int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, bool mpi,
+              bool fork_slots) {
   const Topology topo(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
   const int world = topo.world_size(), W = workers_per_slot(o, cfg);
   if (world % W != 0)
@@ -97,7 +101,10 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   if (nslots != world / W)
     throw InputError(detail::concat("the job needs ", world / W, " slot(s) (", world, " ranks, ", W,
                                     " per slot) but was started with ", nslots, "; start it with ",
-                                    mpi ? "mpirun -np " : "--local ", world / W));
+                                    mpi          ? "mpirun -np "
+                                    : fork_slots ? "--local "
+                                                 : "--slots ",
+                                    world / W));
   // Faults that take a slot: slot 0 hosts the controller, which cannot fail over yet.
   FaultPlan plan;
   for (size_t i = 0; i + 1 < o.worker_args.size(); ++i) {
@@ -126,8 +133,9 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   google::InitGoogleLogging("keel-launch");
   EventLog events((dir / "events.jsonl").string());
 
-  // Every slot on this machine: loopback; across machines: this machine's reachable address.
-  const bool one_box = !mpi || std::getenv("KEEL_IFNAME") == nullptr;
+  // Every slot on this machine: loopback; across machines (KEEL_IFNAME names the interface
+  // they share): this machine's reachable address.
+  const bool one_box = std::getenv("KEEL_IFNAME") == nullptr;
   const std::string host = one_box ? "127.0.0.1" : reachable_address("127.0.0.1");
   remove_stale_segments();
   TcpStoreServer store_server(host, 0);
@@ -143,7 +151,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     std::snprintf(buf, sizeof(buf), "%s\n%s", control.endpoint().c_str(), job.c_str());
     MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
     MPI_Finalize();  // MPI is for starting only: it cannot survive a dead peer
-  } else {
+  } else if (fork_slots) {
     for (int k = 1; k < nslots; ++k) {
       std::vector<std::string> argv = {
           "/proc/self/exe", "--join", control.endpoint(), "--slot",      std::to_string(k),
@@ -225,7 +233,8 @@ int run_launch(const LaunchOptions& o) {
     const std::string host = reachable_address(endpoint_host(o.join));
     return run_agent(o, cfg, o.slot, o.join, o.job, host);
   }
-  if (o.local > 0) return run_slot0(o, cfg, o.local, /*mpi=*/false);
+  if (o.local > 0) return run_slot0(o, cfg, o.local, /*mpi=*/false, /*fork_slots=*/true);
+  if (o.slots > 0) return run_slot0(o, cfg, o.slots, /*mpi=*/false, /*fork_slots=*/false);
   if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) {
     int argc = 0;
     char** argv = nullptr;
@@ -233,7 +242,7 @@ int run_launch(const LaunchOptions& o) {
     int rank = 0, size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (rank == 0) return run_slot0(o, cfg, size, /*mpi=*/true);
+    if (rank == 0) return run_slot0(o, cfg, size, /*mpi=*/true, /*fork_slots=*/false);
     char buf[512] = {0};
     MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
     MPI_Finalize();
@@ -243,7 +252,8 @@ int run_launch(const LaunchOptions& o) {
   }
   throw InputError(
       "keel-launch: say where the slots are: --local N (this machine), under mpirun (one slot "
-      "per MPI rank), or --join ENDPOINT --slot K --job ID");
+      "per MPI rank), --slots N (slot 0 here, the others by hand), or --join ENDPOINT --slot K "
+      "--job ID");
 }
 
 }  // namespace keel

@@ -13,6 +13,9 @@ std::string launch_usage() {
   --set PATH=VALUE        override a config field (repeatable)
   --local N               run N slots (machines) on this machine; without it, under mpirun,
                           each MPI rank is a slot
+  --slots N               this process is slot 0 of N (controller and agent) on this
+                          machine; slots 1..N-1 are started by hand on their machines with
+                          --join (endpoint and job id appear in runs/<job>/controller)
   --workers-per-slot W    ranks per slot (default: 1 on CPU); ranks fill slots in Megatron
                           order, so a TP group stays inside a slot where it fits
   --run-dir DIR           where runs/<job>/ goes (default: runs): logs, events.jsonl, config
@@ -51,6 +54,8 @@ bool parse_launch_options(int argc, char** argv, LaunchOptions* o) {
       o->overrides.push_back(value());
     } else if (a == "--local") {
       o->local = number(a, value(), 1);
+    } else if (a == "--slots") {
+      o->slots = number(a, value(), 1);
     } else if (a == "--workers-per-slot") {
       o->workers_per_slot = number(a, value(), 1);
     } else if (a == "--run-dir") {
@@ -73,6 +78,8 @@ bool parse_launch_options(int argc, char** argv, LaunchOptions* o) {
   }
   if (o->config_path.empty())
     throw InputError("keel-launch: --config FILE is required\n" + launch_usage());
+  if (o->slots > 0 && (o->local > 0 || !o->join.empty()))
+    throw InputError("keel-launch: --slots N cannot be combined with --local or --join");
   if (!o->join.empty() && (o->slot < 0 || o->job.empty()))
     throw InputError("keel-launch: --join needs --slot K and --job ID");
   return true;

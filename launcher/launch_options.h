@@ -12,6 +12,8 @@ struct LaunchOptions {
   std::string config_path;
   std::vector<std::string> overrides;    // --set path=value
   int local = 0;                         // --local N: N slots on this machine
+  int slots = 0;                         // --slots N: this process is slot 0 of N; the
+                                         // others join by hand (--join)
   int workers_per_slot = 0;              // --workers-per-slot W (0: one per GPU, or 1 on CPU)
   std::string run_dir = "runs";          // --run-dir DIR: runs/<job>/ holds logs and events
   std::string join;                      // --join ENDPOINT: the controller of a running job

@@ -169,7 +169,8 @@ class Worker {
       connect_ = [shared] { return shared; };
     }
     store_ = connect_();
-    if (!plan.schedule.fault().empty())
+    // Under a supervisor faults may also arrive while the job runs (keel-ctl inject).
+    if (!plan.schedule.fault().empty() || env_.supervised)
       injector_ = std::make_unique<FaultInjector>(plan.schedule, o_.rank, connect_());
     if (env_.supervised) recovery_ = std::make_unique<RecoveryClient>(connect_, o_.rank);
     if (const char* ep = std::getenv("KEEL_CONTROLLER"); ep && *ep) {
@@ -476,6 +477,9 @@ class Worker {
     if (env_.supervised) {  // for keel-ctl status
       const double tok_s = double(st.tokens) / st.wall_s;
       store_->set("live/tokens_per_s", std::to_string(tok_s));
+      live_step_s_ += st.wall_s;
+      store_->set("live/ettr",
+                  std::to_string(live_step_s_ / std::max(1e-9, unix_now() - env_.job_start)));
       store_->set("live/mfu",
                   std::to_string(peak_.flops_per_s > 0
                                      ? trainer_->model_flops_per_token() * tok_s / peak_.flops_per_s
@@ -523,6 +527,7 @@ class Worker {
   int64_t nonfinite_retried_ = -1;
   report::Incident nan_incident_;
   bool first_step_in_epoch_ = true;
+  double live_step_s_ = 0;  // rank 0: time in steps so far (for keel-ctl status)
 };
 
 void Worker::finish() {

@@ -1,0 +1,122 @@
+// keel-ctl: talks to a running job's controller over the control plane.
+//   keel-ctl status [--run runs/<job> | --controller tcp://host:port]
+//   keel-ctl inject KIND@step=S,rank=R [--run ... | --controller ...]
+// Without --run or --controller it finds the newest job under ./runs.
+#include <unistd.h>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "launcher/control_plane.h"
+#include "runtime/check.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kUsage =
+    "usage: keel-ctl status [--run DIR | --controller ENDPOINT]\n"
+    "       keel-ctl inject KIND@step=S,rank=R[,...] [--run DIR | --controller ENDPOINT]\n"
+    "DIR is a job's run directory (runs/<job>); by default the newest under ./runs.\n";
+
+std::string find_endpoint(const std::string& run, const std::string& controller) {
+  if (!controller.empty()) return controller;
+  fs::path dir = run;
+  if (dir.empty()) {
+    fs::file_time_type newest{};
+    if (fs::is_directory("runs"))
+      for (const auto& e : fs::directory_iterator("runs"))
+        if (fs::exists(e.path() / "controller") && e.last_write_time() >= newest)
+          newest = e.last_write_time(), dir = e.path();
+    if (dir.empty())
+      throw keel::InputError("keel-ctl: no job under ./runs; say which with --run or --controller");
+  }
+  std::ifstream in(dir / "controller");
+  std::string ep;
+  if (!std::getline(in, ep) || ep.empty())
+    throw keel::InputError("keel-ctl: " + (dir / "controller").string() +
+                           ": missing or empty (is it a keel-launch run directory?)");
+  return ep;
+}
+
+int status(keel::ControlClient& c) {
+  keel::control::Envelope req = keel::make_envelope(0);
+  req.mutable_status_request();
+  auto rep = c.request(req, std::chrono::seconds(3));
+  if (!rep || !rep->has_status_reply()) {
+    std::fprintf(stderr, "keel-ctl: the controller did not answer within 3 s\n");
+    return 1;
+  }
+  const auto& s = rep->status_reply();
+  std::printf(
+      "state %s | epoch %d | step %lld | loss %.6f | %.0f tok/s | MFU %.1f%% | ETTR %.3f | "
+      "%d incident(s)\n",
+      s.state().c_str(), s.epoch(), static_cast<long long>(s.step()), s.loss(), s.tokens_per_s(),
+      100 * s.mfu(), s.ettr(), s.incidents());
+  for (const auto& sl : s.slots()) {
+    std::string ranks;
+    for (int r : sl.ranks()) {
+      if (!ranks.empty()) ranks += ',';
+      ranks += std::to_string(r);
+    }
+    std::printf("slot %2d  %-8s %-16s heartbeat %.1f s ago  ranks %s\n", sl.slot(),
+                sl.state().c_str(), sl.host().c_str(), sl.last_heartbeat_age_s(), ranks.c_str());
+  }
+  for (const auto& r : s.ranks())
+    std::printf("rank %3d  slot %2d  pid %7d  step %6lld  %s\n", r.rank(), r.slot(), r.pid(),
+                static_cast<long long>(r.step()), r.in_collective() ? "in a collective" : "");
+  return 0;
+}
+
+int inject(keel::ControlClient& c, const std::string& fault) {
+  keel::control::Envelope req = keel::make_envelope(0);
+  req.mutable_inject_request()->set_fault(fault);
+  auto rep = c.request(req, std::chrono::seconds(3));
+  if (!rep || !rep->has_inject_reply()) {
+    std::fprintf(stderr, "keel-ctl: the controller did not answer within 3 s\n");
+    return 1;
+  }
+  std::printf("%s\n", rep->inject_reply().message().c_str());
+  return rep->inject_reply().ok() ? 0 : 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc < 2) {
+      std::fputs(kUsage, stderr);
+      return 2;
+    }
+    const std::string cmd = argv[1];
+    std::string run, controller, fault;
+    for (int i = 2; i < argc; ++i) {
+      std::string a = argv[i];
+      if ((a == "--run" || a == "--controller") && i + 1 < argc) {
+        (a == "--run" ? run : controller) = argv[++i];
+      } else if (cmd == "inject" && fault.empty() && a.rfind("--", 0) != 0) {
+        fault = a;
+      } else {
+        std::fprintf(stderr, "keel-ctl: unknown argument '%s'\n%s", a.c_str(), kUsage);
+        return 2;
+      }
+    }
+    if (cmd != "status" && cmd != "inject") {
+      std::fprintf(stderr, "keel-ctl: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+      return 2;
+    }
+    if (cmd == "inject" && fault.empty()) {
+      std::fprintf(stderr, "keel-ctl: inject needs a fault, e.g. crash@step=40,rank=3\n");
+      return 2;
+    }
+    keel::ControlClient c(find_endpoint(run, controller), "ctl/" + std::to_string(getpid()));
+    return cmd == "status" ? status(c) : inject(c, fault);
+  } catch (const keel::InputError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "keel-ctl: %s\n", e.what());
+    return 1;
+  }
+}
