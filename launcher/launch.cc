@@ -168,11 +168,12 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   std::vector<std::string> worker_argv = {self_dir() + "/keel-worker", "--config",
                                           fs::absolute(o.config_path).string()};
   for (const auto& s : o.overrides) worker_argv.insert(worker_argv.end(), {"--set", s});
-  bool has_report = false;
-  for (const auto& a : o.worker_args) has_report = has_report || a == "--report";
+  std::string report = fs::absolute(dir / "report.json").string();
+  for (size_t i = 0; i + 1 < o.worker_args.size(); ++i)
+    if (o.worker_args[i] == "--report") report = o.worker_args[i + 1];
   worker_argv.insert(worker_argv.end(), o.worker_args.begin(), o.worker_args.end());
-  if (!has_report)
-    worker_argv.insert(worker_argv.end(), {"--report", fs::absolute(dir / "report.json").string()});
+  if (report == fs::absolute(dir / "report.json").string())
+    worker_argv.insert(worker_argv.end(), {"--report", report});
 
   AgentHost agents(&control, world, W, nslots, worker_argv,
                    std::chrono::milliseconds(cfg.detect().slot_timeout_ms()));

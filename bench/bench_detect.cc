@@ -1,0 +1,436 @@
+// keel-bench-detect: how fast keel-launch notices each kind of failure across slots, and what
+// the control plane costs a step, measured in one invocation (bench/RESULTS.md records the
+// output). The tiny TP2×PP2×DP2 job (8 ranks), 2 workers per slot, so 4 slots:
+//   1. control-plane overhead: the same fault-free run under keel-worker --nproc 8 and under
+//      keel-launch --local 4, interleaved pairs, median step time of each and their ratio;
+//   2. detection latency per fault kind (detected_at − injected_at), and the time from the
+//      injection to the first step after it where the job goes on:
+//      - crash, exit, hang: `--injections` faults in one keel-launch --local run, recovered in
+//        place (incidents of the run's report);
+//      - slot_loss: one run per injection (detect.on_slot_loss = fail ends the job), the
+//        latency from the controller's `slot_lost` event;
+//      - partition: as slot_loss, but the 4 slots are network namespaces (machines, one
+//        keel-launch each: slot 0 with --slots 4, the others --join) and the slot's link goes
+//        down; needs root and iproute2, otherwise reported as not measured.
+//
+//   keel-bench-detect [--injections 10] [--pairs 3] [--steps 200] [--kinds crash,exit,...]
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "integration/netns.h"
+#include "model/token_shards.h"
+#include "proto/report.pb.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kRanks = 8, kPerSlot = 2, kSlots = kRanks / kPerSlot;
+constexpr double kTokensPerStep = 16 * 64;  // global batch × seq_len of the tiny job
+
+std::string exe_dir() {
+  return fs::canonical("/proc/self/exe").parent_path().string();
+}
+
+std::string random_shards(const std::string& dir) {
+  fs::create_directories(dir);
+  std::mt19937 gen(7);
+  std::vector<uint16_t> tokens(1 << 20);
+  for (auto& t : tokens) t = uint16_t(gen() % 256);
+  write_token_shard(dir + "/train_000000.bin", tokens);
+  return dir + "/train_*.bin";
+}
+
+std::string tiny3d(const std::string& dir, const std::string& shards, int steps) {
+  const std::string cfg = dir + "/tiny3d-" + std::to_string(steps) + ".pbtxt";
+  std::ofstream(cfg) << "model { plugin: \"" << exe_dir()
+                     << "/libkeel_gpt.so\" num_layers: 2 hidden_size: 64 num_heads: 4 "
+                        "seq_len: 64 vocab_size: 256 }\n"
+                     << "train { micro_batch_size: 2 global_batch_size: 16 steps: " << steps
+                     << " }\nparallel { tp: 2 pp: 2 dp: 2 }\n"
+                     << "data { train_files: \"" << shards << "\" }\nruntime { threads: 1 }\n";
+  return cfg;
+}
+
+// The detector under test, not the communicator's timeout, must be what ends a hang.
+const std::string kSets =
+    " --set parallel.comm_timeout_ms=60000 --set detect.hang_grace_ms=2000 "
+    "--set detect.slot_timeout_ms=2000";
+
+bool read_report(const std::string& path, report::RunReport* r) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::string json((std::istreambuf_iterator<char>(in)), {});
+  google::protobuf::util::JsonParseOptions o;
+  o.ignore_unknown_fields = true;
+  return google::protobuf::util::JsonStringToMessage(json, r, o).ok();
+}
+
+// Runs `program` (keel-worker or keel-launch) with `args` under a 300 s limit, its report in
+// dir/report.json and its run directories under dir/runs; returns the exit status.
+int run(const std::string& dir, const std::string& program, const std::string& args) {
+  fs::remove(dir + "/report.json");
+  fs::remove_all(dir + "/runs");
+  fs::create_directories(dir + "/runs");
+  const bool launch = program == "keel-launch";
+  const std::string cmd = "timeout 300 " + exe_dir() + "/" + program + " --quiet --report " + dir +
+                          "/report.json " + (launch ? "--run-dir " + dir + "/runs " : "") + args +
+                          " > " + dir + "/run.log 2>&1";
+  const int st = std::system(cmd.c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+report::RunReport must_run(const std::string& dir, const std::string& program,
+                           const std::string& args) {
+  report::RunReport r;
+  if (run(dir, program, args) != 0 || !read_report(dir + "/report.json", &r)) {
+    std::fprintf(stderr, "keel-bench-detect: failed: %s %s (see %s/run.log)\n", program.c_str(),
+                 args.c_str(), dir.c_str());
+    std::exit(1);
+  }
+  return r;
+}
+
+// The one job directory under dir/runs (empty if none).
+std::string job_dir(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir + "/runs", ec))
+    if (e.is_directory()) return e.path().string();
+  return "";
+}
+
+double number_after(const std::string& line, const std::string& key) {
+  const size_t at = line.find("\"" + key + "\": ");
+  return at == std::string::npos ? -1 : std::strtod(line.c_str() + at + key.size() + 4, nullptr);
+}
+
+// The controller's `slot_lost` event: the seconds from the injection to the slot declared
+// lost (-1 when absent), and the kind it was labelled with.
+double slot_lost_after(const std::string& job, std::string* kind) {
+  std::ifstream in(job + "/events.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"kind\": \"slot_lost\"") == std::string::npos) continue;
+    const size_t k = line.find("\"kind\": \"", line.find("\"data\""));
+    if (k != std::string::npos) *kind = line.substr(k + 9, line.find('"', k + 9) - k - 9);
+    return number_after(line, "after_injection_s");
+  }
+  return -1;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+double worst(const std::vector<double>& v) {
+  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
+
+double step_time(const report::RunReport& r) {
+  // tokens_per_s leaves out the first step (warm-up).
+  return r.tokens_per_s() > 0 ? kTokensPerStep / r.tokens_per_s() : 0;
+}
+
+// Returns the median step time under keel-launch (for the hang target).
+double bench_overhead(const std::string& dir, const std::string& shards, int steps, int pairs) {
+  const std::string cfg = tiny3d(dir, shards, steps);
+  std::printf(
+      "== control-plane overhead: the tiny TP2xPP2xDP2 job, %d steps, fault-free, %d pairs "
+      "interleaved\n",
+      steps, pairs);
+  std::printf("%-5s %-28s %12s %10s %s\n", "pair", "runner", "step s", "wall s", "params");
+  std::vector<double> worker, launch;
+  for (int p = 0; p < pairs; ++p)
+    for (const std::string program : {"keel-worker", "keel-launch"}) {
+      const bool l = program == "keel-launch";
+      report::RunReport r = must_run(dir, program,
+                                     (l ? "--local " + std::to_string(kSlots) +
+                                              " --workers-per-slot " + std::to_string(kPerSlot)
+                                        : "--nproc " + std::to_string(kRanks)) +
+                                         " --config " + cfg + kSets);
+      (l ? launch : worker).push_back(step_time(r));
+      std::printf("%-5d %-28s %12.5f %10.2f %s\n", p + 1,
+                  l ? "keel-launch --local 4 (W=2)" : "keel-worker --nproc 8", step_time(r),
+                  r.wall_s(), r.param_checksum().c_str());
+      std::fflush(stdout);
+    }
+  const double w = median(worker), l = median(launch);
+  std::printf(
+      "median step: keel-worker --nproc %.5f s, keel-launch --local %.5f s: ratio %.4f "
+      "(%+.2f%%); target within 2%%: %s\n",
+      w, l, l / w, 100 * (l / w - 1), std::abs(l / w - 1) <= 0.02 ? "met" : "NOT MET");
+  return l;
+}
+
+struct KindResult {
+  std::string kind, target, note;
+  int injected = 0;
+  std::vector<double> detect, first_step;
+  double limit = 0;  // the target, seconds
+};
+
+void print_header() {
+  std::printf("%-10s %10s %10s %14s %12s %18s %-16s %s\n", "kind", "injected", "detected",
+              "median det s", "worst det s", "median to step s", "target", "met");
+}
+
+void print(const KindResult& k) {
+  if (k.detect.empty()) {
+    std::printf("%-10s %10d %10d %14s %12s %18s %-16s %s\n", k.kind.c_str(), k.injected, 0, "-",
+                "-", "-", k.target.c_str(), ("not measured: " + k.note).c_str());
+  } else {
+    const double m = median(k.detect);
+    char to_step[32] = "-";
+    if (!k.first_step.empty())
+      std::snprintf(to_step, sizeof(to_step), "%.3f", median(k.first_step));
+    std::printf("%-10s %10d %10zu %14.3f %12.3f %18s %-16s %s%s\n", k.kind.c_str(), k.injected,
+                k.detect.size(), m, worst(k.detect), to_step, k.target.c_str(),
+                m <= k.limit ? "met" : "NOT MET", k.note.empty() ? "" : ("; " + k.note).c_str());
+  }
+  std::fflush(stdout);
+}
+
+// crash, exit or hang: `n` injections, one every 20 steps on ranks 1..7 in turn, in one run
+// recovered in place.
+KindResult in_run(const std::string& dir, const std::string& shards, const std::string& kind,
+                  int n) {
+  const int every = 20, steps = every * (n + 1);
+  const std::string cfg = tiny3d(dir, shards, steps);
+  std::string faults;
+  for (int k = 0; k < n; ++k) {
+    faults += " --fault " + kind + "@step=" + std::to_string(every * (k + 1)) +
+              ",rank=" + std::to_string(1 + k % (kRanks - 1));
+    if (kind == "exit") faults += ",code=3,message=bench";
+  }
+  KindResult res;
+  res.kind = kind;
+  res.injected = n;
+  report::RunReport r =
+      must_run(dir, "keel-launch",
+               "--local " + std::to_string(kSlots) + " --workers-per-slot " +
+                   std::to_string(kPerSlot) + " --config " + cfg + kSets +
+                   " --set recovery.max_incidents=" + std::to_string(n + 5) + faults);
+  int other = 0;
+  for (const auto& inc : r.incidents()) {
+    if (inc.kind() != kind || inc.injected_at() <= 0) {
+      ++other;
+      continue;
+    }
+    res.detect.push_back(inc.detected_at() - inc.injected_at());
+    if (inc.first_step_at() > 0) res.first_step.push_back(inc.first_step_at() - inc.injected_at());
+  }
+  if (other > 0) res.note = std::to_string(other) + " other incident(s) in the run";
+  return res;
+}
+
+// slot_loss under --local: one run per injection (the job ends on a lost slot), at steps
+// 10, 12, ... on ranks 2..7 (slots 1..3) in turn.
+KindResult slot_loss(const std::string& dir, const std::string& shards, int n) {
+  const std::string cfg = tiny3d(dir, shards, 60);
+  KindResult res;
+  res.kind = "slot_loss";
+  for (int k = 0; k < n; ++k) {
+    const std::string fault = "slot_loss@step=" + std::to_string(10 + 2 * (k % 10)) +
+                              ",rank=" + std::to_string(kPerSlot + k % (kRanks - kPerSlot));
+    run(dir, "keel-launch",
+        "--local " + std::to_string(kSlots) + " --workers-per-slot " + std::to_string(kPerSlot) +
+            " --config " + cfg + kSets + " --fault " + fault);
+    ++res.injected;
+    std::string seen;
+    const double d = slot_lost_after(job_dir(dir), &seen);
+    if (d >= 0 && seen == "slot_loss")
+      res.detect.push_back(d);
+    else
+      std::fprintf(stderr, "keel-bench-detect: %s: no slot_lost event for it (see %s/run.log)\n",
+                   fault.c_str(), dir.c_str());
+  }
+  return res;
+}
+
+// partition over network namespaces: one lab and one run per injection.
+KindResult partition(const std::string& dir, const std::string& shards, int n) {
+  KindResult res;
+  res.kind = "partition";
+  std::string why;
+  if (!test::NetnsLab::available(&why)) {
+    res.note = why;
+    return res;
+  }
+  const std::string cfg = tiny3d(dir, shards, 60);
+  const std::string launch = exe_dir() + "/keel-launch";
+  std::vector<std::string> sets;
+  std::istringstream words(kSets);
+  for (std::string w; words >> w;) sets.push_back(w);
+  for (int k = 0; k < n; ++k) {
+    const std::string fault = "partition@step=" + std::to_string(10 + 2 * (k % 10)) +
+                              ",rank=" + std::to_string(kPerSlot + k % (kRanks - kPerSlot));
+    fs::remove_all(dir + "/runs");
+    fs::create_directories(dir + "/runs");
+    ++res.injected;
+    try {
+      test::NetnsLab lab(kSlots);
+      const std::vector<std::string> env = {"KEEL_IFNAME=" + lab.ifname()};
+      std::vector<std::string> argv0 = {launch,
+                                        "--slots",
+                                        std::to_string(kSlots),
+                                        "--workers-per-slot",
+                                        std::to_string(kPerSlot),
+                                        "--config",
+                                        cfg,
+                                        "--run-dir",
+                                        dir + "/runs",
+                                        "--quiet",
+                                        "--fault",
+                                        fault};
+      argv0.insert(argv0.end(), sets.begin(), sets.end());
+      const pid_t slot0 = lab.spawn(0, argv0, env, dir + "/slot0.log");
+      // The controller's endpoint and job id, once slot 0 has written them.
+      std::string endpoint, job;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (job.empty() && std::chrono::steady_clock::now() < deadline) {
+        const std::string jd = job_dir(dir);
+        std::ifstream in(jd + "/controller");
+        if (!jd.empty() && std::getline(in, endpoint) && std::getline(in, job)) break;
+        job.clear();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (job.empty()) throw std::runtime_error("slot 0 wrote no controller file (see slot0.log)");
+      for (int s = 1; s < kSlots; ++s) {
+        std::vector<std::string> argv = {launch,
+                                         "--join",
+                                         endpoint,
+                                         "--slot",
+                                         std::to_string(s),
+                                         "--job",
+                                         job,
+                                         "--config",
+                                         cfg,
+                                         "--run-dir",
+                                         dir + "/runs",
+                                         "--workers-per-slot",
+                                         std::to_string(kPerSlot),
+                                         "--quiet"};
+        argv.insert(argv.end(), sets.begin(), sets.end());
+        lab.spawn(s, argv, env, dir + "/slot" + std::to_string(s) + ".log");
+      }
+      // Slot 0 ends the job once the slot is declared lost (detect.on_slot_loss = fail).
+      int st = 0;
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (waitpid(slot0, &st, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() > end) {
+          kill(-slot0, SIGKILL);
+          waitpid(slot0, &st, 0);
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      std::string seen;
+      const double d = slot_lost_after(job_dir(dir), &seen);
+      if (d >= 0 && seen == "partition")
+        res.detect.push_back(d);
+      else
+        std::fprintf(stderr,
+                     "keel-bench-detect: %s: no slot_lost event labelled partition (saw '%s'; see "
+                     "%s/slot*.log)\n",
+                     fault.c_str(), seen.c_str(), dir.c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "keel-bench-detect: %s: %s\n", fault.c_str(), e.what());
+    }
+  }
+  if (res.detect.empty() && res.note.empty()) res.note = "no run detected it (see stderr)";
+  return res;
+}
+
+}  // namespace
+}  // namespace keel
+
+int main(int argc, char** argv) {
+  using namespace keel;
+  int injections = 10, pairs = 3, steps = 200;
+  std::string kinds = "overhead,crash,exit,hang,slot_loss,partition";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
+    if (a == "--injections")
+      injections = next();
+    else if (a == "--pairs")
+      pairs = next();
+    else if (a == "--steps")
+      steps = next();
+    else if (a == "--kinds" && i + 1 < argc)
+      kinds = argv[++i];
+    else {
+      std::fprintf(stderr,
+                   "usage: keel-bench-detect [--injections 10] [--pairs 3] [--steps 200] "
+                   "[--kinds overhead,crash,exit,hang,slot_loss,partition]\n");
+      return 2;
+    }
+  }
+  auto want = [&](const std::string& k) {
+    return ("," + kinds + ",").find("," + k + ",") != std::string::npos;
+  };
+  const std::string dir = fs::temp_directory_path() / "keel-bench-detect";
+  fs::create_directories(dir);
+  const std::string shards = random_shards(fs::temp_directory_path() / "keel-bench-data");
+  double step = 0;
+  if (want("overhead") && pairs > 0) step = bench_overhead(dir, shards, steps, pairs);
+
+  std::printf(
+      "\n== detection latency: the tiny TP2xPP2xDP2 job under keel-launch, %d slots x %d "
+      "workers; detected_at - injected_at; crash/exit/hang: %d injections in one run each, "
+      "recovered in place; slot_loss (--local) and partition (network namespaces): one run per "
+      "injection, detect.on_slot_loss = fail\n",
+      kSlots, kPerSlot, injections);
+  print_header();
+  if (want("crash")) {
+    KindResult k = in_run(dir, shards, "crash", injections);
+    k.target = "<= 0.5 s";
+    k.limit = 0.5;
+    print(k);
+  }
+  if (want("exit")) {
+    KindResult k = in_run(dir, shards, "exit", injections);
+    k.target = "<= 0.5 s";
+    k.limit = 0.5;
+    print(k);
+  }
+  if (want("hang")) {
+    KindResult k = in_run(dir, shards, "hang", injections);
+    k.target = "<= 2 steps + 2 s";
+    k.limit = 2 * step + 2.0;
+    if (step > 0) {
+      char n[64];
+      std::snprintf(n, sizeof(n), "target = %.3f s at %.4f s/step", k.limit, step);
+      k.note = k.note.empty() ? n : k.note + "; " + n;
+    }
+    print(k);
+  }
+  if (want("slot_loss")) {
+    KindResult k = slot_loss(dir, shards, injections);
+    k.target = "<= 2 s";
+    k.limit = 2.0;
+    print(k);
+  }
+  if (want("partition")) {
+    KindResult k = partition(dir, shards, injections);
+    k.target = "<= 2 s";
+    k.limit = 2.0;
+    print(k);
+  }
+  return 0;
+}

@@ -1,0 +1,505 @@
+// keel-launch end to end, with real processes (issue 7): slots on this box (--local) and
+// under mpirun train bit for bit like `keel-worker --nproc`; a crashed rank is restarted in
+// place; machines made of network namespaces (NetnsLab) run one slot each, lose one
+// (slot_loss, then it rejoins) or get cut off (partition); a slot that cannot reach the
+// controller, a worker that cannot load its plugin and Ctrl-C end the job cleanly. After
+// every job no process of it and no shared-memory segment of it is left.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "integration/netns.h"
+#include "test_paths.h"
+#include "worker_harness.h"
+
+namespace keel::test {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kSteps = 30;
+const std::string kTp2Dp2 = "tp: 2 dp: 2";
+const std::string kPp2Dp2 = "pp: 2 dp: 2";
+// Three machines with a TP pair each: rank = 2·d + t, so slot d holds DP replica d and the
+// backup holder of (d, t), (d+1, t+1), lives on the next slot.
+const std::string kTp2Dp3 = "tp: 2 dp: 3";
+
+std::string launch_bin() {
+  return bin_dir() + "/keel-launch";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The job's directory under `run_dir` (a run directory holds one job here), "" if none yet.
+std::string job_dir_in(const std::string& run_dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir, ec))
+    if (e.is_directory()) return e.path().string();
+  return "";
+}
+
+// The job's shared-memory segments still in /dev/shm (names keel-<job>-r<R> / -b<R>).
+std::vector<std::string> job_shm(const std::string& job) {
+  std::vector<std::string> out;
+  if (job.empty()) return out;
+  const std::string prefix = "keel-" + job + "-";
+  for (const auto& e : fs::directory_iterator("/dev/shm"))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().string());
+  return out;
+}
+
+// Processes whose session id is `sid` (field 6 of /proc/PID/stat), zombies aside.
+std::vector<pid_t> session_processes(pid_t sid) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "stat");
+    std::string line;
+    if (!std::getline(f, line)) continue;
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    std::string state;
+    long ppid = 0, pgrp = 0, session = 0;
+    rest >> state >> ppid >> pgrp >> session;
+    if (session == sid && state != "Z") out.push_back(pid_t(std::stol(name)));
+  }
+  return out;
+}
+
+struct LaunchRun {
+  int exit_code = -1;
+  double seconds = 0;
+  std::string output;  // stdout and stderr of the launcher (slot 0's under namespaces)
+  std::string job, job_dir;
+  std::string report, events;
+  int leftover_processes = 0;
+  std::vector<std::string> leftover_shm;  // the job's segments still there (then removed)
+};
+
+// Reads the run directory of a finished job and removes (after noting) its leftover segments.
+void collect(LaunchRun* r, const std::string& run_dir) {
+  r->job_dir = job_dir_in(run_dir);
+  if (r->job_dir.empty()) return;
+  r->job = fs::path(r->job_dir).filename().string();
+  r->report = slurp(r->job_dir + "/report.json");
+  r->events = slurp(r->job_dir + "/events.jsonl");
+  r->leftover_shm = job_shm(r->job);
+  for (const auto& p : r->leftover_shm) fs::remove(p);
+}
+
+// Runs the shell command line `cmd` as the leader of its own session, output into
+// dir/launch.log, its job's run directory dir/runs; `poll(pid)` every 20 ms. Kills the
+// session after `timeout_s`. Leftover processes are counted, then killed.
+LaunchRun run_launch(const std::string& dir, const std::string& cmd,
+                     const std::function<void(pid_t)>& poll = {}, int timeout_s = 120) {
+  LaunchRun r;
+  const std::string log = dir + "/launch.log";
+  const auto t0 = Clock::now();
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    setsid();
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (poll) poll(pid);
+    if (seconds_since(t0) > timeout_s) {
+      kill(-pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  r.seconds = seconds_since(t0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::this_thread::sleep_for(200ms);  // let PDEATHSIG act on anything that outlived it
+  std::vector<pid_t> left = session_processes(pid);
+  r.leftover_processes = int(left.size());
+  for (pid_t p : left) kill(p, SIGKILL);
+  r.output = slurp(log);
+  collect(&r, dir + "/runs");
+  return r;
+}
+
+// `keel-launch --quiet --config CFG --run-dir DIR/runs --set train.steps=30 <extra>`.
+std::string launch_cmd(const std::string& dir, const std::string& cfg, const std::string& extra) {
+  return launch_bin() + " --quiet --config " + cfg + " --run-dir " + dir +
+         "/runs --set train.steps=" + std::to_string(kSteps) + " " + extra;
+}
+
+// write_config() with the given parallel section; three DP replicas of micro-batches of 2
+// need a global batch that 6 divides.
+std::string job_config(const std::string& dir, const std::string& parallel) {
+  const std::string path = write_config(dir, {{"parallel", parallel}});
+  if (parallel != kTp2Dp3) return path;
+  std::string text = slurp(path);
+  const std::string from = "global_batch_size: 8", to = "global_batch_size: 12";
+  text.replace(text.find(from), from.size(), to);
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The same job under `keel-worker --nproc`, once per layout.
+const JobRun& nproc_reference(const std::string& parallel, int world) {
+  static std::map<std::string, JobRun> runs;
+  auto it = runs.find(parallel);
+  if (it == runs.end()) {
+    const std::string dir = temp_dir("nproc");
+    const std::string cfg = job_config(dir, parallel);
+    it = runs.emplace(parallel,
+                      run_job(dir, "--config " + cfg + " --nproc " + std::to_string(world) +
+                                       " --set train.steps=" + std::to_string(kSteps)))
+             .first;
+  }
+  return it->second;
+}
+
+void expect_clean(const LaunchRun& r) {
+  EXPECT_EQ(r.leftover_processes, 0) << "processes outlived the job\n" << r.output;
+  EXPECT_TRUE(r.leftover_shm.empty()) << "shared memory left behind: " << r.leftover_shm.size()
+                                      << " segment(s), e.g. " << r.leftover_shm[0];
+}
+
+void expect_bitwise_equal(const std::string& report, const std::string& reference) {
+  ASSERT_FALSE(report.empty()) << "no report";
+  ASSERT_FALSE(reference.empty()) << "no reference report";
+  EXPECT_EQ(json_string_field(report, "param_checksum"),
+            json_string_field(reference, "param_checksum"));
+  const std::vector<double> losses = json_array_field(report, "losses");
+  EXPECT_EQ(losses.size(), size_t(kSteps));
+  EXPECT_EQ(losses, json_array_field(reference, "losses"));
+}
+
+void expect_matches_nproc(const std::string& parallel, int world, const std::string& extra) {
+  const JobRun& ref = nproc_reference(parallel, world);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const std::string dir = temp_dir("launch");
+  const std::string cfg = job_config(dir, parallel);
+  LaunchRun r = run_launch(dir, launch_cmd(dir, cfg, extra));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_bitwise_equal(r.report, ref.report);
+  EXPECT_TRUE(json_object_array(r.report, "incidents").empty()) << r.report;
+  expect_clean(r);
+}
+
+TEST(Launch, LocalTp2Dp2MatchesNproc) {
+  expect_matches_nproc(kTp2Dp2, 4, "--local 4");
+}
+
+TEST(Launch, LocalPp2Dp2MatchesNproc) {
+  expect_matches_nproc(kPp2Dp2, 4, "--local 4");
+}
+
+TEST(Launch, TwoWorkersPerSlotMatchNproc) {
+  expect_matches_nproc(kTp2Dp2, 4, "--local 2 --workers-per-slot 2");
+}
+
+TEST(Launch, MpirunMatchesNproc) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "mpirun is not installed (Open MPI's launcher is needed for this test)";
+  const JobRun& ref = nproc_reference(kTp2Dp2, 4);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const std::string dir = temp_dir("mpirun");
+  const std::string cfg = job_config(dir, kTp2Dp2);
+  LaunchRun r = run_launch(dir,
+                           "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun "
+                           "-np 4 --oversubscribe --enable-recovery " +
+                               launch_cmd(dir, cfg, ""));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_bitwise_equal(r.report, ref.report);
+  expect_clean(r);
+}
+
+// A rank of slot 3 is SIGKILLed at step 10: its agent restarts it, the other three keep
+// their processes, and the job ends where the fault-free one does.
+TEST(Launch, CrashedRankIsRestartedInItsSlot) {
+  const JobRun& ref = nproc_reference(kTp2Dp2, 4);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const std::string dir = temp_dir("launch-crash");
+  const std::string cfg = job_config(dir, kTp2Dp2);
+  LaunchRun r = run_launch(dir, launch_cmd(dir, cfg, "--local 4 --fault crash@step=10,rank=3"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_bitwise_equal(r.report, ref.report);
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(inc[0], "kind"), "crash") << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "rank"), 3) << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "slot"), 3) << inc[0];
+  std::vector<std::string> ranks = json_object_array(r.report, "ranks");
+  ASSERT_EQ(ranks.size(), 4u) << r.report;
+  for (int k = 0; k < 4; ++k)
+    EXPECT_EQ(json_array_field(ranks[size_t(k)], "pids").size(), k == 3 ? 2u : 1u)
+        << "rank " << k << ": " << ranks[size_t(k)];
+  expect_clean(r);
+}
+
+// --- errors ---
+
+TEST(LaunchErrors, SlotThatCannotReachTheControllerSaysSo) {
+  const std::string dir = temp_dir("launch-unreachable");
+  const std::string cfg = job_config(dir, kTp2Dp2);
+  LaunchRun r = run_launch(dir,
+                           launch_bin() + " --join tcp://127.0.0.1:1 --slot 1 --job x " +
+                               "--config " + cfg + " --run-dir " + dir + "/runs",
+                           {}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "cannot reach the controller at tcp://127.0.0.1:1")) << r.output;
+  EXPECT_LT(r.seconds, 20) << r.output;  // the register timeout (10 s), not a hang
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+}
+
+TEST(LaunchErrors, WorkerThatCannotLoadItsPluginStopsTheJob) {
+  const std::string dir = temp_dir("launch-plugin");
+  const std::string cfg = job_config(dir, kTp2Dp2);
+  LaunchRun r =
+      run_launch(dir, launch_cmd(dir, cfg, "--local 4 --set model.plugin=/nonexistent.so"), {}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "/nonexistent.so")) << r.output;
+  EXPECT_LT(r.seconds, 15) << r.output;
+  expect_clean(r);
+}
+
+TEST(LaunchErrors, CtrlCStopsEverythingAndLeavesNothing) {
+  const std::string dir = temp_dir("launch-sigint");
+  const std::string cfg = job_config(dir, kTp2Dp2);
+  std::string job_dir;
+  bool sent = false;
+  Clock::time_point started{}, sent_at{};
+  LaunchRun r = run_launch(
+      dir, launch_cmd(dir, cfg, "--local 4 --set train.steps=100000"),
+      [&](pid_t pid) {
+        if (sent) return;
+        if (job_dir.empty()) job_dir = job_dir_in(dir + "/runs");
+        if (started == Clock::time_point{}) {
+          if (!job_dir.empty() && contains(slurp(job_dir + "/events.jsonl"), "\"start\""))
+            started = Clock::now();
+          return;
+        }
+        // A second into training: every rank holds snapshots by then.
+        if (Clock::now() - started < 1s) return;
+        kill(pid, SIGINT);
+        sent = true;
+        sent_at = Clock::now();
+      },
+      90);
+  ASSERT_TRUE(sent) << r.output;
+  EXPECT_LT(seconds_since(sent_at), 10) << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  expect_clean(r);
+}
+
+// --- machines made of network namespaces ---
+
+class LaunchNetns : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!NetnsLab::available(&why)) GTEST_SKIP() << why;
+  }
+};
+
+// A tp 2 × dp 3 job over three namespace machines, one slot (two workers) each: slot 0
+// (controller and agent) runs with --slots 3 in machine 0, slots 1 and 2 join from theirs.
+class NetJob {
+ public:
+  NetJob(NetnsLab* lab, const std::string& dir, const std::vector<std::string>& extra)
+      : lab_(lab), dir_(dir), run_dir_(dir + "/runs") {
+    cfg_ = job_config(dir, kTp2Dp3);
+    sets_ = {"--set", "train.steps=" + std::to_string(kSteps)};
+    std::vector<std::string> argv = {launch_bin(), "--slots",   "3",      "--config",
+                                     cfg_,         "--run-dir", run_dir_, "--workers-per-slot",
+                                     "2"};
+    argv.insert(argv.end(), sets_.begin(), sets_.end());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    slot0_ = lab->spawn(0, argv, {"KEEL_IFNAME=" + lab->ifname()}, log(0));
+    // The controller's endpoint and the job id, once slot 0 has written them.
+    const auto t0 = Clock::now();
+    while (seconds_since(t0) < 10) {
+      const std::string jd = job_dir_in(run_dir_);
+      std::istringstream c(jd.empty() ? "" : slurp(jd + "/controller"));
+      if (std::getline(c, endpoint_) && std::getline(c, job_) && !job_.empty()) break;
+      std::this_thread::sleep_for(20ms);
+    }
+    if (job_.empty()) throw std::runtime_error("slot 0 wrote no controller file:\n" + output(0));
+    for (int k = 1; k < 3; ++k) join(k);
+  }
+
+  // Starts slot k's launcher in machine k, joining the job.
+  void join(int k) {
+    std::vector<std::string> argv = {
+        launch_bin(), "--join", endpoint_,   "--slot", std::to_string(k),    "--job", job_,
+        "--config",   cfg_,     "--run-dir", run_dir_, "--workers-per-slot", "2"};
+    argv.insert(argv.end(), sets_.begin(), sets_.end());
+    lab_->spawn(k, argv, {"KEEL_IFNAME=" + lab_->ifname()}, log(k) + (rejoined_ ? ".2" : ""));
+  }
+  void set_rejoined() { rejoined_ = true; }
+
+  // Waits for slot 0's launcher (calling `poll` every 20 ms); its exit code, or -1 after
+  // timeout_s (it is then killed).
+  int wait(const std::function<void()>& poll, int timeout_s) {
+    const auto t0 = Clock::now();
+    int status = 0;
+    while (waitpid(slot0_, &status, WNOHANG) == 0) {
+      if (poll) poll();
+      if (seconds_since(t0) > timeout_s) {
+        kill(-slot0_, SIGKILL);
+        waitpid(slot0_, &status, 0);
+        return -1;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  std::string log(int k) const { return dir_ + "/slot" + std::to_string(k) + ".log"; }
+  std::string output(int k) const { return slurp(log(k)); }
+  const std::string& run_dir() const { return run_dir_; }
+  const std::string& job() const { return job_; }
+
+ private:
+  NetnsLab* lab_;
+  std::string dir_, run_dir_, cfg_, endpoint_, job_;
+  std::vector<std::string> sets_;
+  pid_t slot0_ = -1;
+  bool rejoined_ = false;
+};
+
+// Waits up to `timeout` for no process to be left in machine i.
+bool machine_empties(const NetnsLab& lab, int i, std::chrono::seconds timeout = 5s) {
+  const auto t0 = Clock::now();
+  while (!lab.processes_in(i).empty()) {
+    if (Clock::now() - t0 > timeout) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+// The "data" object of the first event of `kind` in an events.jsonl text ("" if none).
+std::string event_data(const std::string& events, const std::string& kind) {
+  std::istringstream in(events);
+  std::string line;
+  while (std::getline(in, line))
+    if (contains(line, "\"kind\": \"" + kind + "\"")) {
+      const size_t d = line.find("\"data\":");
+      return d == std::string::npos ? "" : line.substr(d);
+    }
+  return "";
+}
+
+// Machine 2 loses its launcher and workers at step 10; with on_slot_loss = wait the job
+// parks until slot 2's launcher is started again, restores slot 2's ranks from their backups
+// on slot 0 and ends bit for bit where the fault-free job ends.
+TEST_F(LaunchNetns, LostMachineRejoinsAndTheJobFinishesBitwise) {
+  // The fault-free reference: the same layout, three slots of two workers on this box,
+  // itself equal to keel-worker --nproc 6.
+  const std::string ref_dir = temp_dir("netns-ref");
+  LaunchRun ref = run_launch(
+      ref_dir, launch_cmd(ref_dir, job_config(ref_dir, kTp2Dp3), "--local 3 --workers-per-slot 2"));
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  expect_clean(ref);
+  {
+    const JobRun& nproc = nproc_reference(kTp2Dp3, 6);
+    ASSERT_EQ(nproc.exit_code, 0) << nproc.output;
+    expect_bitwise_equal(ref.report, nproc.report);
+  }
+
+  NetnsLab lab(3);
+  const std::string dir = temp_dir("netns-slot-loss");
+  NetJob job(&lab, dir,
+             {"--set", "detect.on_slot_loss=wait", "--fault", "slot_loss@step=10,rank=4"});
+  bool rejoined = false;
+  const int code = job.wait(
+      [&] {
+        if (rejoined || !contains(job.output(0), "waiting for it to rejoin")) return;
+        if (!lab.processes_in(2).empty()) return;  // the lost machine is not quite gone yet
+        job.set_rejoined();
+        job.join(2);
+        rejoined = true;
+      },
+      120);
+  ASSERT_TRUE(rejoined) << job.output(0);
+  ASSERT_EQ(code, 0) << job.output(0) << "\n--- slot 2 after rejoining:\n"
+                     << slurp(job.log(2) + ".2");
+  LaunchRun r;
+  collect(&r, job.run_dir());
+  expect_bitwise_equal(r.report, ref.report);
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(inc[0], "kind"), "slot_loss") << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "slot"), 2) << inc[0];
+  EXPECT_FALSE(event_data(r.events, "slot_rejoined").empty()) << r.events;
+  EXPECT_FALSE(event_data(r.events, "recovered").empty()) << r.events;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(machine_empties(lab, i)) << "machine " << i;
+  EXPECT_TRUE(r.leftover_shm.empty()) << r.leftover_shm[0];
+}
+
+// Machine 1's link goes down at step 10: its processes live on, but its heartbeats stop;
+// within the slot timeout (1 s) it is declared lost as a partition, and with on_slot_loss =
+// fail the job ends, naming the slot and the newest step every rank can restore.
+TEST_F(LaunchNetns, PartitionedMachineIsDetectedAndReported) {
+  NetnsLab lab(3);
+  const std::string dir = temp_dir("netns-partition");
+  const auto t0 = Clock::now();
+  NetJob job(&lab, dir,
+             {"--set", "detect.slot_timeout_ms=1000", "--fault", "partition@step=10,rank=2"});
+  const int code = job.wait({}, 60);
+  const double took = seconds_since(t0);
+  const std::string out = job.output(0);
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(code, -1) << "slot 0 did not end within 60 s\n" << out;
+  EXPECT_LT(took, 30) << out;
+  EXPECT_TRUE(contains(out, "slot 1 lost (partition)")) << out;
+  EXPECT_TRUE(contains(out, "The newest step every rank can restore is")) << out;
+  LaunchRun r;
+  collect(&r, job.run_dir());
+  const std::string lost = event_data(r.events, "slot_lost");
+  ASSERT_FALSE(lost.empty()) << r.events;
+  EXPECT_EQ(json_string_field(lost, "kind"), "partition") << lost;
+  EXPECT_EQ(json_number_field(lost, "slot"), 1) << lost;
+  EXPECT_LE(json_number_field(lost, "after_injection_s"), 2.0) << lost;
+  EXPECT_FALSE(event_data(r.events, "stop_on_slot_loss").empty()) << r.events;
+  // Slots 0 and 2 end with the job; the cut-off machine's processes are alive by design.
+  EXPECT_TRUE(machine_empties(lab, 0)) << "machine 0";
+  EXPECT_TRUE(machine_empties(lab, 2)) << "machine 2";
+  lab.kill_machine(1);
+  EXPECT_TRUE(lab.processes_in(1).empty());
+  r.leftover_shm = job_shm(r.job);
+  EXPECT_TRUE(r.leftover_shm.empty()) << r.leftover_shm[0];
+  for (const auto& p : r.leftover_shm) fs::remove(p);
+}
+
+}  // namespace
+}  // namespace keel::test
