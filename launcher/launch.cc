@@ -218,7 +218,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   }
   if (!mpi) unlink_job_segments(job);
   if (!o.quiet && code == 0)
-    std::printf("keel-launch: done; report %s\n", (dir / "report.json").c_str());
+    std::printf("keel-launch: done; report %s\n", report.c_str());
   return code;
 }
 
