@@ -40,7 +40,7 @@ TEST(FaultSpec, ParsesEveryKey) {
 TEST(FaultSpec, FlagErrorsNameTheFlagKeyAndValue) {
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crush@step=3,rank=1"); }),
             "--fault 'crush@step=3,rank=1': unknown kind 'crush' (crash, exit, hang, slow, nan, "
-            "corrupt_snapshot, lose_snapshot)");
+            "corrupt_snapshot, lose_snapshot, slot_loss, partition)");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=x,rank=1"); }),
             "--fault 'crash@step=x,rank=1': step = 'x': not an integer");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=1,rnk=1"); }),
