@@ -330,7 +330,7 @@ KindResult partition(const std::string& dir, const std::string& shards, int n) {
       }
       // Slot 0 ends the job once the slot is declared lost (detect.on_slot_loss = fail).
       int st = 0;
-      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       while (waitpid(slot0, &st, WNOHANG) == 0) {
         if (std::chrono::steady_clock::now() > end) {
           kill(-slot0, SIGKILL);

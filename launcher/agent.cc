@@ -56,12 +56,14 @@ int Agent::run(const volatile int* stop) {
   auto next_heartbeat = Clock::now();
   auto log_of = [&](int rank) { return o_.log_dir + "/rank" + std::to_string(rank) + ".log"; };
   auto kill_all = [&] {
-    for (auto& [rank, pid] : workers_) {
-      ::kill(pid, SIGKILL);
-      int st = 0;
-      waitpid(pid, &st, 0);
+    for (auto* m : {&workers_, &parked_}) {
+      for (auto& [key, pid] : *m) {
+        ::kill(pid, SIGKILL);
+        int st = 0;
+        waitpid(pid, &st, 0);
+      }
+      m->clear();
     }
-    workers_.clear();
   };
   while (!(stop && *stop)) {
     if (!welcomed && Clock::now() > register_deadline) {
@@ -79,9 +81,33 @@ int Agent::run(const volatile int* stop) {
           welcomed = true;
           break;
         case control::Command::spawn: {
-          std::vector<std::string> argv(c.args().begin(), c.args().end());
           std::map<std::string, std::string> env(c.env().begin(), c.env().end());
-          workers_[c.rank()] = spawn_child(argv, env, log_of(c.rank()));
+          if (c.rank() < 0) {  // a warm standby, parked until it is given a rank
+            const int index = -1 - c.rank();
+            std::vector<std::string> argv(c.args().begin(), c.args().end());
+            parked_[index] = spawn_child(argv, env,
+                                         o_.log_dir + "/slot" + std::to_string(o_.slot) +
+                                             "-standby" + std::to_string(index) + ".log");
+          } else if (auto a = env.find("KEEL_ADOPT_INDEX"); a != env.end()) {
+            // Promotion: the parked worker takes the rank (the controller told it through
+            // the store); from now on it is that rank's worker.
+            auto p = parked_.find(std::stoi(a->second));
+            if (p == parked_.end()) {
+              control::Envelope e = make_envelope(m->epoch());
+              e.mutable_event()->set_kind(control::Event::slot_error);
+              e.mutable_event()->set_slot(o_.slot);
+              e.mutable_event()->set_message("no parked standby worker " + a->second);
+              client.send(e);
+              break;
+            }
+            workers_[c.rank()] = p->second;
+            parked_.erase(p);
+            hosted_.insert(c.rank());
+          } else {
+            std::vector<std::string> argv(c.args().begin(), c.args().end());
+            workers_[c.rank()] = spawn_child(argv, env, log_of(c.rank()));
+            hosted_.insert(c.rank());
+          }
           break;
         }
         case control::Command::kill: {
@@ -105,9 +131,8 @@ int Agent::run(const volatile int* stop) {
           auto* ev = e.mutable_event();
           ev->set_kind(control::Event::snapshots);
           ev->set_slot(o_.slot);
-          // Ranks of this slot: their own snapshots, and the backups they hold for others.
-          for (int r = o_.slot * o_.workers; r < (o_.slot + 1) * o_.workers; ++r) {
-            if (r >= o_.topo.world_size()) break;
+          // Ranks this slot ran: their own snapshots, and the backups they hold for others.
+          for (int r : hosted_) {
             control::SnapshotHolding* own = ev->add_holdings();
             own->set_owner_rank(r);
             for (int64_t s : restorable_steps(o_.job, r, -1, /*verify=*/true)) own->add_steps(s);
@@ -133,14 +158,14 @@ int Agent::run(const volatile int* stop) {
           send_register();
           break;
         case control::Command::wipe_snapshots:
-          for (int r = o_.slot * o_.workers; r < (o_.slot + 1) * o_.workers; ++r) {
+          for (int r : hosted_) {
             shm_unlink(snapshot_segment_name(o_.job, r).c_str());
             shm_unlink(backup_segment_name(o_.job, r).c_str());
           }
           break;
         case control::Command::shutdown:
           kill_all();
-          for (int r = o_.slot * o_.workers; r < (o_.slot + 1) * o_.workers; ++r) {
+          for (int r : hosted_) {
             shm_unlink(snapshot_segment_name(o_.job, r).c_str());
             shm_unlink(backup_segment_name(o_.job, r).c_str());
           }
@@ -169,6 +194,22 @@ int Agent::run(const volatile int* stop) {
       if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) ev->set_last_lines(tail(log_of(it->first), 12));
       client.send(e);
       it = workers_.erase(it);
+    }
+    for (auto it = parked_.begin(); it != parked_.end();) {
+      int st = 0;
+      if (waitpid(it->second, &st, WNOHANG) != it->second) {
+        ++it;
+        continue;
+      }
+      control::Envelope e = make_envelope(0);
+      e.mutable_event()->set_kind(control::Event::slot_error);
+      e.mutable_event()->set_slot(o_.slot);
+      e.mutable_event()->set_message("standby worker " + std::to_string(it->first) + " ended: " +
+                                     tail(o_.log_dir + "/slot" + std::to_string(o_.slot) +
+                                              "-standby" + std::to_string(it->first) + ".log",
+                                          3));
+      client.send(e);
+      it = parked_.erase(it);
     }
     if (Clock::now() >= next_heartbeat) {
       next_heartbeat = Clock::now() + std::chrono::milliseconds(200);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <set>
 #include <string>
 
 #include <sys/types.h>
@@ -37,6 +38,8 @@ class Agent {
  private:
   AgentOptions o_;
   std::map<int, pid_t> workers_;  // rank -> pid
+  std::map<int, pid_t> parked_;   // standby index -> pid of a worker waiting for a rank
+  std::set<int> hosted_;          // every rank this slot ran (its shared memory is here)
 };
 
 }  // namespace keel

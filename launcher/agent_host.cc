@@ -2,10 +2,12 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 
 #include "launcher/control_plane.h"
+#include "launcher/standby.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -20,15 +22,35 @@ int wait_status(int exit_code, int signal) {
 
 }  // namespace
 
-AgentHost::AgentHost(ControlServer* server, int world, int workers_per_slot, int slots,
-                     std::vector<std::string> worker_argv, std::chrono::milliseconds slot_timeout)
+AgentHost::AgentHost(ControlServer* server, std::shared_ptr<Store> store, int world,
+                     int workers_per_slot, int slots, int standby_slots,
+                     std::vector<std::string> worker_argv,
+                     std::map<std::string, std::string> worker_env,
+                     std::chrono::milliseconds slot_timeout)
     : server_(server),
+      store_(std::move(store)),
       world_(world),
       workers_per_slot_(workers_per_slot),
       slots_(size_t(slots)),
       worker_argv_(std::move(worker_argv)),
+      worker_env_(std::move(worker_env)),
       slot_timeout_(slot_timeout),
-      alive_(size_t(world), false) {}
+      rank_slot_(size_t(world)),
+      alive_(size_t(world), false) {
+  for (int r = 0; r < world; ++r) rank_slot_[size_t(r)] = r / workers_per_slot;
+  for (int k = slots - standby_slots; k < slots; ++k) {
+    slots_[size_t(k)].role = Role::kStandby;
+    slots_[size_t(k)].initial_standby = true;
+  }
+  initial_standbys_ = standby_slots;
+}
+
+std::vector<int> AgentHost::ranks_on(int slot) const {
+  std::vector<int> out;
+  for (int r = 0; r < world_; ++r)
+    if (rank_slot_[size_t(r)] == slot) out.push_back(r);
+  return out;
+}
 
 void AgentHost::on_message(const std::string& identity, const control::Envelope& m) {
   if (m.has_registration()) {
@@ -39,17 +61,21 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
       return;
     }
     Slot& s = slots_[size_t(reg.slot())];
-    const bool back = s.state == State::kLost;
+    const bool back = s.state == State::kLost || s.role == Role::kEvicted;
     s.identity = identity;
     s.host = reg.host();
     s.pid = reg.pid();
     s.state = State::kActive;
     s.last_heartbeat = Clock::now();
-    control::Envelope w = make_envelope(epoch_);
+    control::Envelope w = make_envelope(0);
     w.mutable_command()->set_kind(control::Command::welcome);
     server_->send(identity, w);
+    // A slot whose ranks moved elsewhere comes back as a standby, after its self-check.
+    if (s.role == Role::kEvicted || (back && ranks_on(reg.slot()).empty())) s.role = Role::kStandby;
     if (back)
-      std::fprintf(stderr, "keel-launch: slot %d (%s) rejoined\n", reg.slot(), reg.host().c_str());
+      std::fprintf(stderr, "keel-launch: slot %d (%s) rejoined%s\n", reg.slot(), reg.host().c_str(),
+                   s.role == Role::kStandby ? " as a standby" : "");
+    if (s.role == Role::kStandby) start_standby(reg.slot(), s.initial_standby && s.gen == 0);
     return;
   }
   if (m.has_heartbeat()) {
@@ -58,7 +84,7 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     Slot& s = slots_[size_t(k)];
     if (s.state == State::kLost) {
       // Its network came back, but its ranks were given up: their workers are stale.
-      control::Envelope r = make_envelope(epoch_);
+      control::Envelope r = make_envelope(0);
       r.mutable_command()->set_kind(control::Command::reset);
       server_->send(identity, r);
       return;
@@ -86,6 +112,89 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
   }
 }
 
+void AgentHost::start_standby(int slot, bool initial) {
+  Slot& s = slots_[size_t(slot)];
+  s.self_check.assign(size_t(workers_per_slot_), "");
+  ++s.gen;
+  // The standbys of the job's start check one all-reduce among all of them; a slot that
+  // becomes a standby later checks among its own workers.
+  const int first = int(slots_.size()) - initial_standbys_;
+  const int group_size = initial ? initial_standbys_ * workers_per_slot_ : workers_per_slot_;
+  const std::string group = initial ? std::string("standby/check/start")
+                                    : detail::concat("standby/check/", slot, "/", s.gen);
+  for (int i = 0; i < workers_per_slot_; ++i) {
+    control::Envelope m = make_envelope(0);
+    control::Command* c = m.mutable_command();
+    c->set_kind(control::Command::spawn);
+    c->set_rank(-1 - i);  // a parked worker: no rank yet
+    c->set_world(world_);
+    for (const auto& a : worker_argv_) c->add_args(a);
+    for (const auto& [k, v] : worker_env_) (*c->mutable_env())[k] = v;
+    auto& env = *c->mutable_env();
+    env["KEEL_STANDBY"] = "1";
+    env["KEEL_SLOT"] = std::to_string(slot);
+    env["KEEL_STANDBY_INDEX"] = std::to_string(i);
+    env["KEEL_STANDBY_GEN"] = std::to_string(s.gen);
+    env["KEEL_LOCAL_WORLD_SIZE"] = std::to_string(workers_per_slot_);
+    env["KEEL_STANDBY_GROUP"] = group;
+    env["KEEL_STANDBY_GROUP_SIZE"] = std::to_string(group_size);
+    env["KEEL_STANDBY_GROUP_RANK"] =
+        std::to_string(initial ? (slot - first) * workers_per_slot_ + i : i);
+    send(slot, m);
+  }
+}
+
+bool AgentHost::standby_ready(int slot) {
+  Slot& s = slots_[size_t(slot)];
+  if (s.role != Role::kStandby || s.state != State::kActive) return false;
+  for (int i = 0; i < workers_per_slot_; ++i) {
+    if (s.self_check[size_t(i)].empty()) {
+      try {
+        s.self_check[size_t(i)] =
+            store_->get(standby_ready_key(slot, i, s.gen), std::chrono::milliseconds(1));
+      } catch (const CommTimeout&) {
+        return false;
+      }
+    }
+    if (s.self_check[size_t(i)].rfind("ok", 0) != 0) return false;
+  }
+  return true;
+}
+
+int AgentHost::promote(int lost) {
+  // A standby that has not finished its self-check yet is worth a short wait.
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (true) {
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      if (!standby_ready(int(k))) continue;
+      const std::vector<int> ranks = ranks_on(lost);
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        rank_slot_[size_t(ranks[i])] = int(k);
+        adopt_[ranks[i]] = int(i);
+      }
+      slots_[k].role = Role::kActive;
+      slots_[size_t(lost)].role = Role::kEvicted;
+      return int(k);
+    }
+    bool pending = false;
+    for (size_t k = 0; k < slots_.size(); ++k)
+      pending = pending || (slots_[k].role == Role::kStandby && slots_[k].state == State::kActive);
+    if (!pending || Clock::now() > deadline) return -1;
+    if (pump_) pump_();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+void AgentHost::evict(int slot) {
+  for (int r : ranks_on(slot)) kill(r);
+  slots_[size_t(slot)].role = Role::kEvicted;
+  // The slot itself is healthy enough to answer: it drops its workers and registers again,
+  // which makes it a standby once it has checked itself.
+  control::Envelope m = make_envelope(0);
+  m.mutable_command()->set_kind(control::Command::reset);
+  send(slot, m);
+}
+
 bool AgentHost::wait_for_slots(std::chrono::milliseconds timeout, const volatile int* stop) {
   const auto deadline = Clock::now() + timeout;
   while (Clock::now() < deadline) {
@@ -105,30 +214,40 @@ void AgentHost::send(int slot, const control::Envelope& msg) {
 }
 
 void AgentHost::spawn(int rank, const std::map<std::string, std::string>& env) {
-  control::Envelope m = make_envelope(epoch_);
+  const int slot = slot_of(rank);
+  control::Envelope m = make_envelope(0);
   control::Command* c = m.mutable_command();
   c->set_kind(control::Command::spawn);
   c->set_rank(rank);
   c->set_world(world_);
-  for (const auto& a : worker_argv_) c->add_args(a);
-  for (const auto& [k, v] : env) (*c->mutable_env())[k] = v;
-  (*c->mutable_env())["KEEL_LOCAL_WORLD_SIZE"] = std::to_string(workers_per_slot_);
-  (*c->mutable_env())["KEEL_SLOT"] = std::to_string(slot_of(rank));
-  std::string ranks;
-  for (int r = slot_of(rank) * workers_per_slot_; r < (slot_of(rank) + 1) * workers_per_slot_;
-       ++r) {
-    if (!ranks.empty()) ranks += ',';
-    ranks += std::to_string(r);
+  auto adopt = adopt_.find(rank);
+  if (adopt != adopt_.end()) {
+    // A parked standby worker takes the rank: it joins the epoch as a restarted rank.
+    auto epoch = env.find("KEEL_EPOCH");
+    store_->set(standby_assign_key(slot, adopt->second, slots_[size_t(slot)].gen),
+                std::to_string(rank) + " " + (epoch == env.end() ? "0" : epoch->second));
+    (*c->mutable_env())["KEEL_ADOPT_INDEX"] = std::to_string(adopt->second);
+    adopt_.erase(adopt);
+  } else {
+    for (const auto& a : worker_argv_) c->add_args(a);
+    for (const auto& [k, v] : env) (*c->mutable_env())[k] = v;
+    (*c->mutable_env())["KEEL_LOCAL_WORLD_SIZE"] = std::to_string(workers_per_slot_);
+    (*c->mutable_env())["KEEL_SLOT"] = std::to_string(slot);
+    std::string ranks;
+    for (int r : ranks_on(slot)) {
+      if (!ranks.empty()) ranks += ',';
+      ranks += std::to_string(r);
+    }
+    (*c->mutable_env())["KEEL_SLOT_RANKS"] = ranks;
   }
-  (*c->mutable_env())["KEEL_SLOT_RANKS"] = ranks;
   alive_[size_t(rank)] = true;
-  send(slot_of(rank), m);
+  send(slot, m);
 }
 
 void AgentHost::kill(int rank) {
   if (!alive_[size_t(rank)]) return;
   killing_.insert(rank);
-  control::Envelope m = make_envelope(epoch_);
+  control::Envelope m = make_envelope(0);
   m.mutable_command()->set_kind(control::Command::kill);
   m.mutable_command()->set_rank(rank);
   send(slot_of(rank), m);
@@ -152,8 +271,7 @@ void AgentHost::check_heartbeats() {
     if (s.state != State::kActive || now - s.last_heartbeat < slot_timeout_) continue;
     s.state = State::kLost;
     const double silent = std::chrono::duration<double>(now - s.last_heartbeat).count();
-    for (int r = int(k) * workers_per_slot_; r < int(k + 1) * workers_per_slot_ && r < world_;
-         ++r) {
+    for (int r : ranks_on(int(k))) {
       if (!alive_[size_t(r)] && !killing_.count(r)) continue;
       alive_[size_t(r)] = false;
       killing_.erase(r);
@@ -187,7 +305,7 @@ void AgentHost::stop_all(int sig, std::chrono::milliseconds grace) {
 std::map<int, std::set<int64_t>> AgentHost::survey(const Topology& topo) {
   (void)topo;
   survey_replies_.clear();
-  control::Envelope m = make_envelope(epoch_);
+  control::Envelope m = make_envelope(0);
   m.mutable_command()->set_kind(control::Command::survey);
   int asked = 0;
   for (size_t k = 0; k < slots_.size(); ++k)
@@ -208,20 +326,13 @@ std::map<int, std::set<int64_t>> AgentHost::survey(const Topology& topo) {
 }
 
 void AgentHost::finish() {
-  control::Envelope m = make_envelope(epoch_);
+  control::Envelope m = make_envelope(0);
   m.mutable_command()->set_kind(control::Command::shutdown);
   for (size_t k = 0; k < slots_.size(); ++k) send(int(k), m);
 }
 
 bool AgentHost::can_spawn(int rank) const {
   return slots_[size_t(slot_of(rank))].state == State::kActive;
-}
-
-std::vector<int> AgentHost::lost_slots() const {
-  std::vector<int> out;
-  for (size_t k = 0; k < slots_.size(); ++k)
-    if (slots_[k].state == State::kLost) out.push_back(int(k));
-  return out;
 }
 
 void AgentHost::fill_status(control::StatusReply* reply) const {
@@ -231,12 +342,17 @@ void AgentHost::fill_status(control::StatusReply* reply) const {
     control::SlotStatus* ss = reply->add_slots();
     ss->set_slot(int(k));
     ss->set_host(s.host);
-    ss->set_state(s.state == State::kActive ? "active"
-                  : s.state == State::kLost ? "lost"
-                                            : "pending");
+    std::string state = s.state == State::kLost      ? "lost"
+                        : s.state == State::kPending ? "pending"
+                        : s.role == Role::kStandby   ? "standby"
+                        : s.role == Role::kEvicted   ? "evicted"
+                                                     : "active";
+    if (s.role == Role::kStandby && !s.self_check.empty())
+      state += s.self_check[0].empty() ? " (checking)"
+                                       : " (self-check " + s.self_check[0].substr(0, 6) + ")";
+    ss->set_state(state);
     ss->set_last_heartbeat_age_s(std::chrono::duration<double>(now - s.last_heartbeat).count());
-    for (int r = int(k) * workers_per_slot_; r < int(k + 1) * workers_per_slot_ && r < world_; ++r)
-      ss->add_ranks(r);
+    for (int r : ranks_on(int(k))) ss->add_ranks(r);
   }
 }
 

@@ -1,19 +1,25 @@
 // The controller's view of the slots (keel-launch): a RankHost whose ranks run on agents,
-// one per slot, reached over the control plane. Ranks are laid on slots in Megatron order,
+// one per slot, reached over the control plane. Ranks start on slots in Megatron order,
 // `workers_per_slot` consecutive ranks a slot, so a TP group stays inside a slot where it
-// fits. A slot whose heartbeats stop for detect.slot_timeout_ms is lost, with all its ranks;
-// it is active again once its agent registers anew.
+// fits. A slot whose heartbeats stop for detect.slot_timeout_ms is lost, with its ranks.
+//
+// Standby slots (keel-launch --standby K, the last K) run parked workers that have passed a
+// self-check (launcher/standby.h). promote() moves a lost or evicted slot's ranks onto a
+// ready standby; spawning such a rank then hands it to a parked worker instead of starting a
+// process. An evicted or lost slot that registers again becomes a standby.
 #pragma once
 
 #include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "launcher/rank_host.h"
+#include "parallel/store.h"
 
 namespace keel {
 
@@ -21,16 +27,16 @@ class ControlServer;
 
 class AgentHost : public RankHost {
  public:
-  // `worker_argv`: keel-worker's command line (program first); `slots`: slots that run
-  // ranks (0 .. slots-1).
-  AgentHost(ControlServer* server, int world, int workers_per_slot, int slots,
-            std::vector<std::string> worker_argv, std::chrono::milliseconds slot_timeout);
+  // `worker_argv`: keel-worker's command line (program first); `slots` in all, of which the
+  // last `standby_slots` start as standbys; `store`: the job's store (standby handshakes).
+  AgentHost(ControlServer* server, std::shared_ptr<Store> store, int world, int workers_per_slot,
+            int slots, int standby_slots, std::vector<std::string> worker_argv,
+            std::map<std::string, std::string> worker_env, std::chrono::milliseconds slot_timeout);
 
   // Messages of agents (the controller passes them on); `pump` handles the control plane's
   // pending messages (the controller's), for the calls here that wait on an agent.
   void on_message(const std::string& identity, const control::Envelope& msg);
   void set_pump(std::function<void()> pump) { pump_ = std::move(pump); }
-  void set_epoch(int epoch) { epoch_ = epoch; }
 
   // Waits until every slot has registered (or `timeout` passes: false).
   bool wait_for_slots(std::chrono::milliseconds timeout, const volatile int* stop);
@@ -41,31 +47,42 @@ class AgentHost : public RankHost {
   void stop_all(int sig, std::chrono::milliseconds grace) override;
   std::map<int, std::set<int64_t>> survey(const Topology& topo) override;
   void finish() override;
-  int slot_of(int rank) const override { return rank / workers_per_slot_; }
+  int slot_of(int rank) const override { return rank_slot_[size_t(rank)]; }
   bool can_spawn(int rank) const override;
   void fill_status(control::StatusReply* reply) const override;
-
-  // Slots that are lost now.
-  std::vector<int> lost_slots() const;
+  int promote(int slot) override;
+  void evict(int slot) override;
+  std::vector<int> ranks_on(int slot) const override;
 
  private:
   enum class State { kPending, kActive, kLost };
+  enum class Role { kActive, kStandby, kEvicted };
   struct Slot {
     std::string identity, host;
     State state = State::kPending;
+    Role role = Role::kActive;
     std::chrono::steady_clock::time_point last_heartbeat;
     int pid = 0;
+    std::vector<std::string> self_check;  // per parked worker: "ok ..." / "failed ..." / ""
+    int gen = 0;                          // times it was made a standby
+    bool initial_standby = false;         // a standby from the start (checked together)
   };
   void send(int slot, const control::Envelope& msg);
   void check_heartbeats();
+  void start_standby(int slot, bool initial);
+  bool standby_ready(int slot);
 
   ControlServer* server_;
+  std::shared_ptr<Store> store_;
   int world_, workers_per_slot_;
   std::vector<Slot> slots_;
   std::vector<std::string> worker_argv_;
+  std::map<std::string, std::string> worker_env_;  // for standby workers (no rank yet)
   std::chrono::milliseconds slot_timeout_;
   std::function<void()> pump_;
-  int epoch_ = 0;
+  std::vector<int> rank_slot_;
+  std::map<int, int> adopt_;  // rank -> parked worker index on its (new) slot
+  int initial_standbys_ = 0;
   std::vector<bool> alive_;  // rank has a running worker as far as we know
   std::set<int> killing_;    // ranks whose exit we caused (not reported)
   std::deque<RankExit> exits_;

@@ -29,6 +29,8 @@ struct Controller::Impl {
   int world;
   int epoch = 0;
   int incidents = 0;
+  int64_t progress_at_last_incident = -2;
+  int no_progress_incidents = 0;
   std::string state = "starting";
   std::function<void(const std::string&, const control::Envelope&)> on_agent;
   // Progress as the ranks last reported it, and when the slowest rank last advanced.
@@ -214,8 +216,16 @@ struct Controller::Impl {
         inc.set_detail(detail::concat("rank ", culprit,
                                       " made no progress and is not inside a collective while "
                                       "the others wait for it"));
-        host->kill(culprit);
-        if (!handle(&inc, {culprit}, -1)) return 1;
+        const int slot = host->slot_of(culprit);
+        if (o.cfg.recovery().mode() == config::RecoveryConfig::hot_swap && slot > 0) {
+          // A hung machine is not trusted again until it has checked itself: evicted.
+          std::vector<int> on = host->ranks_on(slot);
+          host->evict(slot);
+          if (!handle(&inc, std::set<int>(on.begin(), on.end()), slot)) return 1;
+        } else {
+          host->kill(culprit);
+          if (!handle(&inc, {culprit}, -1)) return 1;
+        }
         continue;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -302,6 +312,23 @@ struct Controller::Impl {
                    inc->detail().c_str());
       return false;
     }
+    // A failure that comes back before the job completed a single step since the last one
+    // will not go away by restarting (every rank failing to connect, say): stop.
+    int64_t progress_now = -1;
+    try {
+      progress_now = std::stoll(store->get("progress", std::chrono::milliseconds(1)));
+    } catch (const std::exception&) {
+    }
+    no_progress_incidents =
+        progress_now == progress_at_last_incident ? no_progress_incidents + 1 : 0;
+    progress_at_last_incident = progress_now;
+    if (no_progress_incidents >= 2) {
+      std::fprintf(stderr,
+                   "%s: %s; the job completed no step since the last %d recoveries, so this "
+                   "failure repeats: stopping the job\n",
+                   o.program.c_str(), inc->detail().c_str(), no_progress_incidents);
+      return false;
+    }
     state = "recovering";
     bool ok = o.cfg.recovery().mode() == config::RecoveryConfig::restart_all
                   ? restart_all(inc)
@@ -338,6 +365,12 @@ struct Controller::Impl {
       pump();
       while (auto ex = host->poll_exit()) {
         restart.insert(ex->rank);
+        // A peer's communication error was seen before this exit: the exit names the culprit.
+        if (inc->kind() == "comm_error" && !ex->slot_lost && !ex->clean()) {
+          inc->set_rank(ex->rank);
+          inc->set_slot(host->slot_of(ex->rank));
+          inc->set_kind(WIFSIGNALED(ex->status) ? "crash" : "exit");
+        }
         if (ex->slot_lost && !lost_slots.count(ex->slot)) label_slot_loss(inc, ex->slot);
         if (ex->slot_lost) lost_slots.insert(ex->slot);
         inc->set_detail(inc->detail() + detail::concat("; rank ", ex->rank, " ", ex->describe()));
@@ -374,7 +407,13 @@ struct Controller::Impl {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    if (!lost_slots.empty() && !wait_for_slots(inc, restart, acks, lost_slots)) return false;
+    if (!lost_slots.empty()) {
+      if (o.cfg.recovery().mode() == config::RecoveryConfig::hot_swap) {
+        if (!swap_in_standbys(inc, &restart, &acks, lost_slots)) return false;
+      } else if (!wait_for_slots(inc, restart, acks, lost_slots)) {
+        return false;
+      }
+    }
     epoch = next;
     inc->set_epoch(next);
     for (int r : restart) spawn(r, /*restarted=*/true);
@@ -385,6 +424,7 @@ struct Controller::Impl {
     }
     const int64_t S = restore_step(acks);
     store->set(recovery::rebuild_key(next), std::to_string(S));
+    inc->set_rebuilt_at(unix_now());
     event("rebuild",
           "{\"epoch\": " + std::to_string(next) + ", \"restore_step\": " + std::to_string(S) + "}");
     inc->set_step(int(in_flight));
@@ -396,6 +436,69 @@ struct Controller::Impl {
                         ? "reattempt in place (no culprit)"
                         : "restart rank" + std::string(restart.size() > 1 ? "s " : " ") + who +
                               " in place");
+    return true;
+  }
+
+  // hot_swap: each lost or evicted slot's ranks move to a warm standby slot (recovery.evict
+  // widens what is evicted to the culprit's PP group or DP replica). Without a standby:
+  // recovery.on_no_standby.
+  bool swap_in_standbys(report::Incident* inc, std::set<int>* restart,
+                        std::map<int, std::pair<int64_t, int64_t>>* acks, std::set<int> lost) {
+    const auto scope = o.cfg.recovery().evict();
+    if (scope != config::RecoveryConfig::culprit && inc->rank() >= 0) {
+      const int r = inc->rank();
+      std::vector<int> group;
+      if (scope == config::RecoveryConfig::pp_group) {
+        group = topo.pp_group(r);
+      } else {
+        for (int q = 0; q < world; ++q)
+          if (topo.coord(q).dp == topo.coord(r).dp) group.push_back(q);
+      }
+      for (int q : group) {
+        const int slot = host->slot_of(q);
+        if (slot <= 0 || lost.count(slot)) continue;  // slot 0 hosts the controller
+        for (int x : host->ranks_on(slot)) {
+          restart->insert(x);
+          acks->erase(x);
+        }
+        host->evict(slot);
+        lost.insert(slot);
+      }
+    }
+    inc->set_evicted_at(unix_now());
+    for (int slot : lost) {
+      int sb = host->promote(slot);
+      while (sb < 0) {
+        if (o.cfg.recovery().on_no_standby() == config::RecoveryConfig::fail) {
+          std::fprintf(stderr,
+                       "%s: slot %d is out and no standby is ready; recovery.on_no_standby = "
+                       "fail: stopping the job\n",
+                       o.program.c_str(), slot);
+          event("stop_no_standby", detail::concat("{\"slot\": ", slot, "}"));
+          return false;
+        }
+        // on_no_standby = wait: the slot itself may come back, or a standby become ready.
+        if (state != "waiting")
+          std::fprintf(stderr, "%s: slot %d is out and no standby is ready; waiting\n",
+                       o.program.c_str(), slot);
+        state = "waiting";
+        if (stopping()) return false;
+        pump();
+        bool back = true;
+        for (int r : host->ranks_on(slot)) back = back && host->can_spawn(r);
+        if (back && !host->ranks_on(slot).empty()) break;
+        sb = host->promote(slot);
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (sb >= 0) {
+        inc->add_slots_evicted(slot);
+        inc->add_standbys_promoted(sb);
+        std::fprintf(stderr, "%s: slot %d evicted; standby slot %d takes its ranks\n",
+                     o.program.c_str(), slot, sb);
+        event("promote", detail::concat("{\"evicted\": ", slot, ", \"standby\": ", sb, "}"));
+      }
+    }
+    state = "recovering";
     return true;
   }
 

@@ -1,14 +1,19 @@
 // keel-ctl: talks to a running job's controller over the control plane.
 //   keel-ctl status [--run runs/<job> | --controller tcp://host:port]
 //   keel-ctl inject KIND@step=S,rank=R [--run ... | --controller ...]
+//   keel-ctl plan-standby --machines N --mtbf-hours H --recovery-minutes R [--percentile P]
 // Without --run or --controller it finds the newest job under ./runs.
 #include <unistd.h>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "launcher/control_plane.h"
+#include "launcher/standby_plan.h"
 #include "runtime/check.h"
 
 namespace {
@@ -18,7 +23,10 @@ namespace fs = std::filesystem;
 const char* kUsage =
     "usage: keel-ctl status [--run DIR | --controller ENDPOINT]\n"
     "       keel-ctl inject KIND@step=S,rank=R[,...] [--run DIR | --controller ENDPOINT]\n"
-    "DIR is a job's run directory (runs/<job>); by default the newest under ./runs.\n";
+    "       keel-ctl plan-standby --machines N --mtbf-hours H --recovery-minutes R\n"
+    "                             [--percentile P (default 99)]\n"
+    "DIR is a job's run directory (runs/<job>); by default the newest under ./runs.\n"
+    "plan-standby needs no job: it sizes the warm spares for N machines (binomial model).\n";
 
 std::string find_endpoint(const std::string& run, const std::string& controller) {
   if (!controller.empty()) return controller;
@@ -81,6 +89,61 @@ int inject(keel::ControlClient& c, const std::string& fault) {
   return rep->inject_reply().ok() ? 0 : 2;
 }
 
+// keel-ctl plan-standby: parses its own flags (it talks to no controller) and prints the
+// plan. Bad input throws keel::InputError, which main reports with exit status 2.
+int plan_standby_command(int argc, char** argv) {
+  auto fail = [](const std::string& what) {
+    throw keel::InputError("keel-ctl plan-standby: " + what);
+  };
+  // The whole text must be the number: "10x" or "" is refused, not read as 10 or 0.
+  auto parse = [&](const std::string& flag, const char* text) {
+    char* end = nullptr;
+    errno = 0;
+    double v = std::strtod(text, &end);
+    if (end == text || *end != '\0' || errno == ERANGE)
+      fail(flag + " '" + text + "': not a number");
+    return v;
+  };
+  double machines = -1, mtbf = -1, recovery = -1, percentile = 99;
+  bool have_machines = false, have_mtbf = false, have_recovery = false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a != "--machines" && a != "--mtbf-hours" && a != "--recovery-minutes" &&
+        a != "--percentile")
+      fail("unknown argument '" + a + "'\n" + kUsage);
+    if (i + 1 >= argc) fail(a + " needs a value");
+    const double v = parse(a, argv[++i]);
+    if (a == "--machines") {
+      if (v != std::floor(v)) fail("--machines " + std::string(argv[i]) + ": not a whole number");
+      // Beyond int's range plan_standby would not see the value given, so refuse it here.
+      if (std::fabs(v) > keel::kMaxStandbyMachines)
+        fail("--machines " + std::string(argv[i]) + ": must be between 1 and " +
+             std::to_string(keel::kMaxStandbyMachines));
+      machines = v, have_machines = true;
+    } else if (a == "--mtbf-hours") {
+      mtbf = v, have_mtbf = true;
+    } else if (a == "--recovery-minutes") {
+      recovery = v, have_recovery = true;
+    } else {
+      percentile = v;
+    }
+  }
+  if (!have_machines || !have_mtbf || !have_recovery)
+    fail(std::string("missing ") +
+         (!have_machines ? "--machines"
+          : !have_mtbf   ? "--mtbf-hours"
+                         : "--recovery-minutes") +
+         "\n" + kUsage);
+  try {
+    const keel::StandbyPlan plan =
+        keel::plan_standby(static_cast<int>(machines), mtbf, recovery, percentile);
+    std::fputs(keel::format_standby_plan(plan).c_str(), stdout);
+  } catch (const keel::InputError& e) {
+    throw keel::InputError(std::string("keel-ctl ") + e.what());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,6 +153,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     const std::string cmd = argv[1];
+    if (cmd == "plan-standby") return plan_standby_command(argc, argv);
     std::string run, controller, fault;
     for (int i = 2; i < argc; ++i) {
       std::string a = argv[i];

@@ -98,13 +98,14 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   if (world % W != 0)
     throw InputError(detail::concat("--workers-per-slot ", W, " does not divide the job's ", world,
                                     " ranks (parallel.tp·pp·dp)"));
-  if (nslots != world / W)
+  if (nslots - o.standby != world / W)
     throw InputError(detail::concat("the job needs ", world / W, " slot(s) (", world, " ranks, ", W,
-                                    " per slot) but was started with ", nslots, "; start it with ",
+                                    " per slot) plus --standby ", o.standby,
+                                    " but was started with ", nslots, "; start it with ",
                                     mpi          ? "mpirun -np "
                                     : fork_slots ? "--local "
                                                  : "--slots ",
-                                    world / W));
+                                    world / W + o.standby));
   // Faults that take a slot: slot 0 hosts the controller, which cannot fail over yet.
   FaultPlan plan;
   for (size_t i = 0; i + 1 < o.worker_args.size(); ++i) {
@@ -175,19 +176,31 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   if (report == fs::absolute(dir / "report.json").string())
     worker_argv.insert(worker_argv.end(), {"--report", report});
 
-  AgentHost agents(&control, world, W, nslots, worker_argv,
+  const double job_start = recovery::unix_now();
+  auto store = std::make_shared<TcpStore>(host, store_server.port());
+  // What a parked standby worker knows before it has a rank (launcher/standby.h).
+  char start[32];
+  std::snprintf(start, sizeof(start), "%.6f", job_start);
+  const std::map<std::string, std::string> standby_env = {
+      {"KEEL_WORLD_SIZE", std::to_string(world)},
+      {"KEEL_STORE_ADDR", store_addr},
+      {"KEEL_JOB_ID", job},
+      {"KEEL_SUPERVISED", "1"},
+      {"KEEL_CONTROLLER", control.endpoint()},
+      {"KEEL_JOB_START", start},
+      {"OMP_WAIT_POLICY", "PASSIVE"}};
+  AgentHost agents(&control, store, world, W, nslots, o.standby, worker_argv, standby_env,
                    std::chrono::milliseconds(cfg.detect().slot_timeout_ms()));
   ControllerOptions co;
   co.cfg = cfg;
   co.job = job;
-  co.job_start = recovery::unix_now();
+  co.job_start = job_start;
   co.store_addr = store_addr;
   co.controller_endpoint = control.endpoint();
   co.program = "keel-launch";
   co.console_progress = !o.quiet;
   co.stop_signal = &g_signal;
   co.on_event = [&](const std::string& k, const std::string& j) { events.write(k, j); };
-  auto store = std::make_shared<TcpStore>(host, store_server.port());
   Controller controller(co, &agents, store, &control);
   controller.set_agent_handler(
       [&](const std::string& id, const control::Envelope& m) { agents.on_message(id, m); });
@@ -217,8 +230,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     waitpid(p, &st, 0);
   }
   if (!mpi) unlink_job_segments(job);
-  if (!o.quiet && code == 0)
-    std::printf("keel-launch: done; report %s\n", report.c_str());
+  if (!o.quiet && code == 0) std::printf("keel-launch: done; report %s\n", report.c_str());
   return code;
 }
 

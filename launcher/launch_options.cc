@@ -18,6 +18,8 @@ std::string launch_usage() {
                           --join (endpoint and job id appear in runs/<job>/controller)
   --workers-per-slot W    ranks per slot (default: 1 on CPU); ranks fill slots in Megatron
                           order, so a TP group stays inside a slot where it fits
+  --standby K             the last K slots are warm standbys: their workers load the model,
+                          check themselves and wait to replace a lost or evicted slot
   --run-dir DIR           where runs/<job>/ goes (default: runs): logs, events.jsonl, config
   --report FILE           the final report (JSON; default: runs/<job>/report.json)
   --loss-svg FILE         the loss curve, incidents marked
@@ -56,6 +58,8 @@ bool parse_launch_options(int argc, char** argv, LaunchOptions* o) {
       o->local = number(a, value(), 1);
     } else if (a == "--slots") {
       o->slots = number(a, value(), 1);
+    } else if (a == "--standby") {
+      o->standby = number(a, value(), 0);
     } else if (a == "--workers-per-slot") {
       o->workers_per_slot = number(a, value(), 1);
     } else if (a == "--run-dir") {

@@ -15,6 +15,7 @@ struct LaunchOptions {
   int slots = 0;                         // --slots N: this process is slot 0 of N; the
                                          // others join by hand (--join)
   int workers_per_slot = 0;              // --workers-per-slot W (0: one per GPU, or 1 on CPU)
+  int standby = 0;                       // --standby K: the last K slots are warm standbys
   std::string run_dir = "runs";          // --run-dir DIR: runs/<job>/ holds logs and events
   std::string join;                      // --join ENDPOINT: the controller of a running job
   int slot = -1;                         // --slot K (with --join)

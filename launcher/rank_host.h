@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "launcher/recovery_protocol.h"
 #include "parallel/topology.h"
@@ -73,6 +74,20 @@ class RankHost {
   }
   // Adds the hosts' view (slots, their state and heartbeats) to a keel-ctl status reply.
   virtual void fill_status(control::StatusReply* reply) const { (void)reply; }
+  // Moves the ranks of a lost or evicted `slot` onto a ready standby slot and returns it;
+  // -1 when there is none ready (or no slots at all).
+  virtual int promote(int slot) {
+    (void)slot;
+    return -1;
+  }
+  // Takes `slot` out of the job: its workers are killed (their exits are not reported); it
+  // comes back as a standby once it has checked itself again.
+  virtual void evict(int slot) { (void)slot; }
+  // The ranks a slot runs now.
+  virtual std::vector<int> ranks_on(int slot) const {
+    (void)slot;
+    return {};
+  }
 };
 
 }  // namespace keel

@@ -25,6 +25,7 @@
 #include "launcher/recovery_client.h"
 #include "launcher/recovery_protocol.h"
 #include "launcher/run_report.h"
+#include "launcher/standby.h"
 #include "launcher/step_loop.h"
 #include "launcher/supervisor.h"
 #include "model/data_loader.h"
@@ -33,6 +34,7 @@
 #include "model/plugin_loader.h"
 #include "model/trainer.h"
 #include "parallel/hash_store.h"
+#include "parallel/net_address.h"
 #include "parallel/process_groups.h"
 #include "parallel/tcp_store.h"
 #include "parallel/traced_communicator.h"
@@ -138,9 +140,6 @@ class Worker {
           !std::getenv("KEEL_SLOT"))
         throw InputError(fault_kind_name(f.kind()) +
                          " faults need slots (machines): start the job with keel-launch");
-    leader_ = o_.rank == 0;
-    epoch_ = env_.epoch;
-
     const int threads = worker_threads();
     const bool cuda = cfg_.runtime().device() == config::RuntimeConfig::cuda;
     const Precision precision = cfg_.runtime().precision() == config::RuntimeConfig::bf16
@@ -148,14 +147,6 @@ class Worker {
                                     : Precision::kFp32;
     backend_ = cuda ? make_cuda_backend(o_.rank % std::max(1, o_.local_world_size), precision)
                     : make_cpu_backend(threads);
-    // Measured (or read from cache) before any rank computes, so it sees an idle machine.
-    if (leader_) {
-      int machine_threads = cuda ? 1
-                                 : std::min<int>(threads * o_.local_world_size,
-                                                 int(std::thread::hardware_concurrency()));
-      peak_ = device_peak(*backend_, precision, machine_threads);
-      if (cuda) peak_.flops_per_s *= o_.world_size;  // one card per rank
-    }
     plugin_ = Plugin::load(cfg_.model().plugin());
     data_ = std::make_unique<DataLoader>(DataLoader::from_config(cfg_));
     if (cfg_.train().eval_every() > 0)
@@ -164,11 +155,33 @@ class Worker {
     if (o_.world_size > 1) {
       auto [host, port] = parse_host_port(o_.store_addr);
       connect_ = [host = host, port = port] { return std::make_shared<TcpStore>(host, port); };
+      // Peers on other machines reach this rank at its machine's address (KEEL_IFNAME's, or
+      // the route toward the store), never loopback.
+      listen_host_ = reachable_address(host);
     } else {
       auto shared = std::make_shared<HashStore>();
       connect_ = [shared] { return shared; };
     }
     store_ = connect_();
+    // A warm standby (keel-launch --standby) has loaded everything that does not depend on
+    // a rank; it checks itself and waits here until the controller hands it one.
+    if (std::getenv("KEEL_STANDBY")) {
+      const StandbyAssignment a = park_as_standby(
+          *backend_, connect_, standby_identity(listen_host_.empty() ? "127.0.0.1" : listen_host_));
+      o_.rank = a.rank;
+      env_.epoch = a.epoch;
+      env_.restarted = true;
+    }
+    leader_ = o_.rank == 0;
+    epoch_ = env_.epoch;
+    // Measured (or read from cache) before any rank computes, so it sees an idle machine.
+    if (leader_) {
+      int machine_threads = cuda ? 1
+                                 : std::min<int>(threads * o_.local_world_size,
+                                                 int(std::thread::hardware_concurrency()));
+      peak_ = device_peak(*backend_, precision, machine_threads);
+      if (cuda) peak_.flops_per_s *= o_.world_size;  // one card per rank
+    }
     // Under a supervisor faults may also arrive while the job runs (keel-ctl inject).
     if (!plan.schedule.fault().empty() || env_.supervised)
       injector_ = std::make_unique<FaultInjector>(plan.schedule, o_.rank, connect_());
@@ -191,7 +204,9 @@ class Worker {
                                          state_->layout_fingerprint(), o_.rank);
       holder_ = backup_holder(topo_, o_.rank).holder;
       if (holder_ >= 0) {
-        backup_server_ = std::make_unique<BackupServer>(env_.job, o_.rank);
+        BackupServerOptions bo;
+        bo.host = listen_host_;
+        backup_server_ = std::make_unique<BackupServer>(env_.job, o_.rank, bo);
         store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
       }
       snapshotter_ = std::make_unique<Snapshotter>(state_.get(), region_.get());
@@ -333,6 +348,7 @@ class Worker {
     g.timeout = Millis(cfg_.parallel().comm_timeout_ms());
     g.device = backend_->kind();
     g.cuda_device = o_.rank % std::max(1, o_.local_world_size);
+    g.host = listen_host_;
     ProcessGroups groups = make_process_groups(topo_, o_.rank, store_, g);
     if (activity_) trace_communicators(groups, activity_);
     return groups;
@@ -521,6 +537,7 @@ class Worker {
   std::unique_ptr<ProgressReporter> reporter_;
   std::unique_ptr<SnapshotRegion> region_;
   std::unique_ptr<BackupServer> backup_server_;
+  std::string listen_host_ = "127.0.0.1";  // where this rank's sockets listen
   std::unique_ptr<Snapshotter> snapshotter_;
   std::unique_ptr<PersistentCheckpointer> checkpointer_;
   int holder_ = -1;

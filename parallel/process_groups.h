@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "parallel/communicator.h"
 #include "parallel/store.h"
@@ -25,6 +26,7 @@ struct ProcessGroupOptions {
   Millis timeout{60000};
   DeviceKind device = DeviceKind::kCpu;  // kCpu: sockets; kCuda: NCCL
   int cuda_device = 0;
+  std::string host = "127.0.0.1";  // kCpu: the address each socket group listens on and publishes
 };
 
 // Creates the groups of `rank` in a fixed order (world, tp, pp, dp, emb) so that every rank

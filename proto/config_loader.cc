@@ -474,6 +474,8 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
             "must be positive");
   v.require(rc.max_incidents() >= 0, "recovery.max_incidents", rc.max_incidents(),
             "must be >= 0");
+  v.require(rc.on_no_standby() != config::RecoveryConfig::shrink_dp, "recovery.on_no_standby",
+            Raw{"shrink_dp"}, "is not implemented yet; use fail or wait");
 
   const auto& r = cfg.runtime();
   v.require(

@@ -1,0 +1,62 @@
+#include "launcher/standby.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include "robust/self_check.h"
+#include "runtime/check.h"
+
+namespace keel {
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+}  // namespace
+
+StandbyIdentity standby_identity(const std::string& listen_host) {
+  StandbyIdentity id;
+  id.slot = env_int("KEEL_SLOT", -1);
+  id.index = env_int("KEEL_STANDBY_INDEX", 0);
+  id.gen = env_int("KEEL_STANDBY_GEN", 0);
+  id.group_rank = env_int("KEEL_STANDBY_GROUP_RANK", 0);
+  id.group_size = env_int("KEEL_STANDBY_GROUP_SIZE", 1);
+  const char* g = std::getenv("KEEL_STANDBY_GROUP");
+  id.group = g ? g : "standby/check";
+  id.host = listen_host;
+  return id;
+}
+
+StandbyAssignment park_as_standby(Backend& backend,
+                                  const std::function<std::shared_ptr<Store>()>& connect,
+                                  const StandbyIdentity& id) {
+  std::shared_ptr<Store> store = connect();
+  const SelfCheckResult gemm = gemm_self_check(backend);
+  const SelfCheckResult coll = collective_self_check(
+      connect(), id.group, id.group_rank, id.group_size, id.host, std::chrono::seconds(30));
+  const bool ok = gemm.ok && coll.ok;
+  store->set(standby_ready_key(id.slot, id.index, id.gen),
+             (ok ? "ok " : "failed ") + gemm.message + "; " + coll.message);
+  if (!ok)
+    throw Error(detail::concat("standby ", id.index, " of slot ", id.slot,
+                               " failed its self-check: ", gemm.message, "; ", coll.message));
+  // Parked: a promotion may come hours later, or never (the job ends and the agent stops us).
+  while (true) {
+    try {
+      const std::string v =
+          store->get(standby_assign_key(id.slot, id.index, id.gen), std::chrono::hours(1));
+      StandbyAssignment a;
+      if (std::sscanf(v.c_str(), "%d %d", &a.rank, &a.epoch) != 2)
+        throw Error("standby: bad assignment '" + v + "'");
+      std::fprintf(stderr, "keel-worker: standby %d of slot %d promoted to rank %d (epoch %d)\n",
+                   id.index, id.slot, a.rank, a.epoch);
+      return a;
+    } catch (const CommTimeout&) {
+    }
+  }
+}
+
+}  // namespace keel
