@@ -436,6 +436,13 @@ struct Controller::Impl {
                         ? "reattempt in place (no culprit)"
                         : "restart rank" + std::string(restart.size() > 1 ? "s " : " ") + who +
                               " in place");
+    if (inc->standbys_promoted_size() > 0) {
+      std::string ev, sb;
+      for (int k : inc->slots_evicted()) ev += (ev.empty() ? "" : ", ") + std::to_string(k);
+      for (int k : inc->standbys_promoted()) sb += (sb.empty() ? "" : ", ") + std::to_string(k);
+      inc->set_action("evict slot " + ev + "; standby slot " + sb + " takes rank" +
+                      std::string(restart.size() > 1 ? "s " : " ") + who);
+    }
     return true;
   }
 
