@@ -118,14 +118,30 @@ std::vector<pid_t> session_processes(pid_t sid) {
 
 }  // namespace
 
+namespace {
+JobRun run_program(const std::string& dir, const std::string& program, const std::string& args,
+                   const std::function<void(pid_t)>& poll, int timeout_s);
+}  // namespace
+
 JobRun run_job(const std::string& dir, const std::string& args,
                const std::function<void(pid_t)>& poll, int timeout_s) {
+  return run_program(dir, "keel-worker", args, poll, timeout_s);
+}
+
+JobRun run_launch_job(const std::string& dir, const std::string& args,
+                      const std::function<void(pid_t)>& poll, int timeout_s) {
+  return run_program(dir, "keel-launch", "--run-dir " + dir + "/runs " + args, poll, timeout_s);
+}
+
+namespace {
+JobRun run_program(const std::string& dir, const std::string& program, const std::string& args,
+                   const std::function<void(pid_t)>& poll, int timeout_s) {
   JobRun r;
   const std::set<std::string> shm_before = keel_shm();
   const std::string report = dir + "/report.json", log = dir + "/job.log";
   std::filesystem::remove(report);
   const std::string cmd =
-      "exec " + bin_dir() + "/keel-worker --quiet --report " + report + " " + args;
+      "exec " + bin_dir() + "/" + program + " --quiet --report " + report + " " + args;
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
@@ -168,6 +184,7 @@ JobRun run_job(const std::string& dir, const std::string& args,
   if (in) r.report.assign(std::istreambuf_iterator<char>(in), {});
   return r;
 }
+}  // namespace
 
 namespace {
 size_t value_pos(const std::string& json, const std::string& key) {

@@ -43,6 +43,10 @@ struct JobRun : WorkerRun {
 JobRun run_job(const std::string& dir, const std::string& args,
                const std::function<void(pid_t)>& poll = {}, int timeout_s = 300);
 
+// The same for `keel-launch --quiet --report DIR/report.json --run-dir DIR/runs <args>`.
+JobRun run_launch_job(const std::string& dir, const std::string& args,
+                      const std::function<void(pid_t)>& poll = {}, int timeout_s = 300);
+
 // Fields of a report.
 std::string json_string_field(const std::string& json, const std::string& key);
 double json_number_field(const std::string& json, const std::string& key);
