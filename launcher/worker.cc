@@ -20,6 +20,7 @@
 #include "ckpt/snapshot_region.h"
 #include "ckpt/snapshotter.h"
 #include "launcher/input_checks.h"
+#include "launcher/job_history.h"
 #include "launcher/mfu.h"
 #include "launcher/progress_reporter.h"
 #include "launcher/recovery_client.h"
@@ -585,32 +586,8 @@ void Worker::fill_report(RunReport* rep) {
   rep->set_mfu_peak_source(peak_.source);
   rep->set_recovery_mode(config::RecoveryConfig::Mode_Name(cfg_.recovery().mode()));
   const int64_t steps = cfg_.train().steps();
-  double kept_s = 0, timed_s = 0, timed_tokens = 0;
-  const int64_t first = std::stoll(store_->get("start_step", Millis(10000)));
-  rep->set_first_step(int(first));
-  for (int64_t s = first; s < steps; ++s) {
-    report::StepRecord r;
-    r.ParseFromString(store_->get(recovery::step_key(s), Millis(10000)));
-    rep->add_losses(r.loss());
-    rep->add_grad_norms(r.grad_norm());
-    rep->add_lrs(r.lr());
-    rep->set_compute_s(rep->compute_s() + r.compute_s());
-    rep->set_comm_s(rep->comm_s() + r.comm_s());
-    rep->set_bubble_s(rep->bubble_s() + r.bubble_s());
-    rep->set_bytes_tp(rep->bytes_tp() + r.bytes_tp());
-    rep->set_bytes_pp(rep->bytes_pp() + r.bytes_pp());
-    rep->set_bytes_dp(rep->bytes_dp() + r.bytes_dp());
-    rep->set_bytes_emb(rep->bytes_emb() + r.bytes_emb());
-    kept_s += r.wall_s();
-    // The first step pays for page faults and connection warm-up; throughput leaves it out
-    // unless it is the only one.
-    if (s > first || steps == first + 1) timed_s += r.wall_s(), timed_tokens += r.tokens();
-    const int every = cfg_.train().eval_every();
-    if (val_ && ((s + 1) % every == 0 || s + 1 == steps)) {
-      rep->add_val_steps(double(s + 1));
-      rep->add_val_losses(std::stod(store_->get(recovery::eval_key(s + 1), Millis(10000))));
-    }
-  }
+  const JobHistory h = read_job_history(*store_, cfg_, topo_.world_size(), val_ != nullptr, rep);
+  const double kept_s = h.kept_s, timed_s = h.timed_s, timed_tokens = h.timed_tokens;
   rep->set_steps_completed(int(steps));
   if (rep->losses_size() > 0) rep->set_final_loss(rep->losses(rep->losses_size() - 1));
   rep->set_tokens_per_s(timed_s > 0 ? timed_tokens / timed_s : 0);
@@ -624,56 +601,6 @@ void Worker::fill_report(RunReport* rep) {
     rep->set_snapshot_blocked_s(ss.wait_idle_seconds);
     rep->set_snapshot_bytes(double(state_->bytes()));
     rep->set_backup_bytes_per_step(ss.copies > 0 ? double(ss.bytes_pushed) / double(ss.copies) : 0);
-  }
-  for (int r = 0; r < topo_.world_size(); ++r) {
-    report::RankProcesses* rp = rep->add_ranks();
-    rp->set_rank(r);
-    const std::string pids = "pids/" + std::to_string(r) + "/";
-    const int64_t n = store_->add(pids + "count", 0);
-    for (int64_t i = 0; i < n; ++i)
-      rp->add_pids(std::stoi(store_->get(pids + std::to_string(i), Millis(10000))));
-  }
-  // Incidents: the supervisor's (and rank 0's own), joined with the injection records and
-  // the ranks' restore times.
-  std::vector<InjectionRecord> injections = FaultInjector::read_injections(*store_);
-  std::vector<bool> used(injections.size(), false);
-  const int64_t n = store_->add(recovery::kIncidentCount, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    report::Incident inc;
-    inc.ParseFromString(store_->get(recovery::incident_key(i), Millis(10000)));
-    // The injection that caused it: the newest unused one before its detection, on its rank
-    // when the culprit is known.
-    int best = -1;
-    for (size_t k = 0; k < injections.size(); ++k) {
-      const auto& in = injections[k];
-      if (used[k] || in.time > inc.detected_at() || in.kind == "slow") continue;
-      if (inc.rank() >= 0 && in.rank != inc.rank()) continue;
-      if (best < 0 || in.time > injections[size_t(best)].time) best = int(k);
-    }
-    if (best >= 0) {
-      used[size_t(best)] = true;
-      inc.set_injected_at(injections[size_t(best)].time);
-      if (inc.rank() < 0) inc.set_rank(injections[size_t(best)].rank);
-      if (inc.kind() == "comm_error" || inc.kind() == "exit" || inc.kind() == "crash")
-        inc.set_kind(injections[size_t(best)].kind);
-    }
-    if (inc.kind() != "nan") {
-      double restored = 0;
-      for (int r = 0; r < topo_.world_size(); ++r) {
-        try {
-          restored = std::max(
-              restored, std::stod(store_->get(recovery::restored_key(inc.epoch(), r), Millis(1))));
-        } catch (const CommTimeout&) {
-        }
-      }
-      inc.set_recovered_at(restored);
-      try {
-        inc.set_first_step_at(
-            std::stod(store_->get(recovery::first_step_key(inc.epoch()), Millis(1))));
-      } catch (const CommTimeout&) {
-      }
-    }
-    *rep->add_incidents() = inc;
   }
 }
 

@@ -332,6 +332,9 @@ class LaunchNetns : public ::testing::Test {
   }
 };
 
+// These run without standbys (recovery.mode = in_place), so detect.on_slot_loss decides
+// what follows a lost slot.
+//
 // A tp 2 × dp 3 job over three namespace machines, one slot (two workers) each: slot 0
 // (controller and agent) runs with --slots 3 in machine 0, slots 1 and 2 join from theirs.
 class NetJob {
@@ -440,7 +443,8 @@ TEST_F(LaunchNetns, LostMachineRejoinsAndTheJobFinishesBitwise) {
   NetnsLab lab(3);
   const std::string dir = temp_dir("netns-slot-loss");
   NetJob job(&lab, dir,
-             {"--set", "detect.on_slot_loss=wait", "--fault", "slot_loss@step=10,rank=4"});
+             {"--set", "recovery.mode=in_place", "--set", "detect.on_slot_loss=wait", "--fault",
+              "slot_loss@step=10,rank=4"});
   bool rejoined = false;
   const int code = job.wait(
       [&] {
@@ -475,7 +479,8 @@ TEST_F(LaunchNetns, PartitionedMachineIsDetectedAndReported) {
   const std::string dir = temp_dir("netns-partition");
   const auto t0 = Clock::now();
   NetJob job(&lab, dir,
-             {"--set", "detect.slot_timeout_ms=1000", "--fault", "partition@step=10,rank=2"});
+             {"--set", "recovery.mode=in_place", "--set", "detect.slot_timeout_ms=1000", "--fault",
+              "partition@step=10,rank=2"});
   const int code = job.wait({}, 60);
   const double took = seconds_since(t0);
   const std::string out = job.output(0);

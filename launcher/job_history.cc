@@ -1,0 +1,95 @@
+#include "launcher/job_history.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "launcher/recovery_protocol.h"
+#include "robust/fault_injector.h"
+
+namespace keel {
+
+JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int world, bool has_val,
+                            report::RunReport* rep) {
+  using Millis = std::chrono::milliseconds;
+  const int64_t steps = cfg.train().steps();
+  JobHistory h;
+  const int64_t first = std::stoll(store.get("start_step", Millis(10000)));
+  rep->set_first_step(int(first));
+  for (int64_t s = first; s < steps; ++s) {
+    report::StepRecord r;
+    r.ParseFromString(store.get(recovery::step_key(s), Millis(10000)));
+    rep->add_losses(r.loss());
+    rep->add_grad_norms(r.grad_norm());
+    rep->add_lrs(r.lr());
+    rep->set_compute_s(rep->compute_s() + r.compute_s());
+    rep->set_comm_s(rep->comm_s() + r.comm_s());
+    rep->set_bubble_s(rep->bubble_s() + r.bubble_s());
+    rep->set_bytes_tp(rep->bytes_tp() + r.bytes_tp());
+    rep->set_bytes_pp(rep->bytes_pp() + r.bytes_pp());
+    rep->set_bytes_dp(rep->bytes_dp() + r.bytes_dp());
+    rep->set_bytes_emb(rep->bytes_emb() + r.bytes_emb());
+    h.kept_s += r.wall_s();
+    // The first step pays for page faults and connection warm-up; throughput leaves it out
+    // unless it is the only one.
+    if (s > first || steps == first + 1) h.timed_s += r.wall_s(), h.timed_tokens += r.tokens();
+    const int every = cfg.train().eval_every();
+    if (has_val && ((s + 1) % every == 0 || s + 1 == steps)) {
+      rep->add_val_steps(double(s + 1));
+      rep->add_val_losses(std::stod(store.get(recovery::eval_key(s + 1), Millis(10000))));
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    report::RankProcesses* rp = rep->add_ranks();
+    rp->set_rank(r);
+    const std::string pids = "pids/" + std::to_string(r) + "/";
+    const int64_t n = store.add(pids + "count", 0);
+    for (int64_t i = 0; i < n; ++i)
+      rp->add_pids(std::stoi(store.get(pids + std::to_string(i), Millis(10000))));
+  }
+  // Incidents: the supervisor's (and rank 0's own), joined with the injection records and
+  // the ranks' restore times.
+  std::vector<InjectionRecord> injections = FaultInjector::read_injections(store);
+  std::vector<bool> used(injections.size(), false);
+  const int64_t n = store.add(recovery::kIncidentCount, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    report::Incident inc;
+    inc.ParseFromString(store.get(recovery::incident_key(i), Millis(10000)));
+    // The injection that caused it: the newest unused one before its detection, on its rank
+    // when the culprit is known.
+    int best = -1;
+    for (size_t k = 0; k < injections.size(); ++k) {
+      const auto& in = injections[k];
+      if (used[k] || in.time > inc.detected_at() || in.kind == "slow") continue;
+      if (inc.rank() >= 0 && in.rank != inc.rank()) continue;
+      if (best < 0 || in.time > injections[size_t(best)].time) best = int(k);
+    }
+    if (best >= 0) {
+      used[size_t(best)] = true;
+      inc.set_injected_at(injections[size_t(best)].time);
+      if (inc.rank() < 0) inc.set_rank(injections[size_t(best)].rank);
+      if (inc.kind() == "comm_error" || inc.kind() == "exit" || inc.kind() == "crash")
+        inc.set_kind(injections[size_t(best)].kind);
+    }
+    if (inc.kind() != "nan") {
+      double restored = 0;
+      for (int r = 0; r < world; ++r) {
+        try {
+          restored = std::max(
+              restored, std::stod(store.get(recovery::restored_key(inc.epoch(), r), Millis(1))));
+        } catch (const CommTimeout&) {
+        }
+      }
+      inc.set_recovered_at(restored);
+      try {
+        inc.set_first_step_at(
+            std::stod(store.get(recovery::first_step_key(inc.epoch()), Millis(1))));
+      } catch (const CommTimeout&) {
+      }
+    }
+    *rep->add_incidents() = inc;
+  }
+  return h;
+}
+
+}  // namespace keel
