@@ -112,3 +112,42 @@ TEST(Standby, NoStandbyLeftFailsWithAMessage) {
 
 }  // namespace
 }  // namespace keel::test
+
+namespace keel::test {
+namespace {
+
+// Under mpirun each MPI rank is a slot; one launcher (MPI rank 2) is killed with its
+// workers, --enable-recovery keeps the others alive, and the standby (MPI rank 4) takes over.
+TEST(Standby, MpirunWithAStandbySurvivesAKilledLauncher) {
+  if (std::system("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  std::string dir = temp_dir("standby-mpi");
+  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  JobRun r = run_command(
+      dir, "mpirun -np 5 --oversubscribe --enable-recovery " + bin_dir() +
+               "/keel-launch --quiet --report " + dir + "/report.json --run-dir " + dir +
+               "/runs --config " + cfg +
+               " --workers-per-slot 2 --standby 1 --set train.steps=" + std::to_string(kSteps) +
+               " --set detect.slot_timeout_ms=1000 --fault slot_loss@step=6,rank=5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_string_field(r.report, "param_checksum"),
+            json_string_field(fault_free().report, "param_checksum"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "standby slot 4 takes its ranks")) << r.output;
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+  // The job's shared memory is named after its id (line 2 of runs/<job>/controller).
+  for (const auto& d : std::filesystem::directory_iterator(dir + "/runs")) {
+    std::ifstream in(d.path() / "controller");
+    std::string endpoint, job;
+    std::getline(in, endpoint);
+    std::getline(in, job);
+    ASSERT_FALSE(job.empty());
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+      EXPECT_NE(e.path().filename().string().rfind("keel-" + job + "-", 0), 0u)
+          << "left behind: " << e.path();
+  }
+}
+
+}  // namespace
+}  // namespace keel::test

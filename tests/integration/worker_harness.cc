@@ -119,29 +119,38 @@ std::vector<pid_t> session_processes(pid_t sid) {
 }  // namespace
 
 namespace {
-JobRun run_program(const std::string& dir, const std::string& program, const std::string& args,
+JobRun run_program(const std::string& dir, const std::string& cmd,
                    const std::function<void(pid_t)>& poll, int timeout_s);
+std::string program_cmd(const std::string& dir, const std::string& program,
+                        const std::string& args) {
+  return bin_dir() + "/" + program + " --quiet --report " + dir + "/report.json " + args;
+}
 }  // namespace
+
+JobRun run_command(const std::string& dir, const std::string& command,
+                   const std::function<void(pid_t)>& poll, int timeout_s) {
+  return run_program(dir, command, poll, timeout_s);
+}
 
 JobRun run_job(const std::string& dir, const std::string& args,
                const std::function<void(pid_t)>& poll, int timeout_s) {
-  return run_program(dir, "keel-worker", args, poll, timeout_s);
+  return run_program(dir, program_cmd(dir, "keel-worker", args), poll, timeout_s);
 }
 
 JobRun run_launch_job(const std::string& dir, const std::string& args,
                       const std::function<void(pid_t)>& poll, int timeout_s) {
-  return run_program(dir, "keel-launch", "--run-dir " + dir + "/runs " + args, poll, timeout_s);
+  return run_program(dir, program_cmd(dir, "keel-launch", "--run-dir " + dir + "/runs " + args),
+                     poll, timeout_s);
 }
 
 namespace {
-JobRun run_program(const std::string& dir, const std::string& program, const std::string& args,
+JobRun run_program(const std::string& dir, const std::string& command,
                    const std::function<void(pid_t)>& poll, int timeout_s) {
   JobRun r;
   const std::set<std::string> shm_before = keel_shm();
   const std::string report = dir + "/report.json", log = dir + "/job.log";
   std::filesystem::remove(report);
-  const std::string cmd =
-      "exec " + bin_dir() + "/" + program + " --quiet --report " + report + " " + args;
+  const std::string cmd = "exec " + command;
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {

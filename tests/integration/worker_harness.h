@@ -43,6 +43,11 @@ struct JobRun : WorkerRun {
 JobRun run_job(const std::string& dir, const std::string& args,
                const std::function<void(pid_t)>& poll = {}, int timeout_s = 300);
 
+// Any command line (e.g. "mpirun ..."), run the same way; its report must go to
+// DIR/report.json. Leftover shared memory is not counted (its job id is not the PID here).
+JobRun run_command(const std::string& dir, const std::string& command,
+                   const std::function<void(pid_t)>& poll = {}, int timeout_s = 300);
+
 // The same for `keel-launch --quiet --report DIR/report.json --run-dir DIR/runs <args>`.
 JobRun run_launch_job(const std::string& dir, const std::string& args,
                       const std::function<void(pid_t)>& poll = {}, int timeout_s = 300);
