@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "bench/bench_util.h"
 #include "model/data_loader.h"
 #include "model/job_layout.h"
 #include "model/token_shards.h"
@@ -27,25 +28,15 @@
 namespace keel {
 namespace {
 
+using bench::exe_dir;
+using bench::random_shards;
+
 struct Size {
   const char* name;
   int layers, hidden, heads, seq_len, micro_batch;
 };
 const Size kSizes[] = {
     {"tiny", 2, 64, 4, 64, 8}, {"small", 4, 256, 4, 128, 8}, {"medium", 6, 512, 8, 256, 8}};
-
-std::string exe_dir() {
-  return std::filesystem::canonical("/proc/self/exe").parent_path().string();
-}
-
-std::string random_shards(const std::string& dir) {
-  std::filesystem::create_directories(dir);
-  std::mt19937 gen(7);
-  std::vector<uint16_t> tokens(1 << 20);
-  for (auto& t : tokens) t = uint16_t(gen() % 256);
-  write_token_shard(dir + "/train_000000.bin", tokens);
-  return dir + "/train_*.bin";
-}
 
 void bench_size(const Size& s, int steps, int threads, const std::string& shards, double peak) {
   std::ostringstream text;

@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "integration/netns.h"
 #include "model/token_shards.h"
 #include "proto/report.pb.h"
@@ -38,23 +39,14 @@
 namespace keel {
 namespace {
 
+using bench::exe_dir;
+using bench::random_shards;
+using bench::read_report;
+
 namespace fs = std::filesystem;
 
 constexpr int kRanks = 8, kPerSlot = 2, kSlots = kRanks / kPerSlot;
 constexpr double kTokensPerStep = 16 * 64;  // global batch × seq_len of the tiny job
-
-std::string exe_dir() {
-  return fs::canonical("/proc/self/exe").parent_path().string();
-}
-
-std::string random_shards(const std::string& dir) {
-  fs::create_directories(dir);
-  std::mt19937 gen(7);
-  std::vector<uint16_t> tokens(1 << 20);
-  for (auto& t : tokens) t = uint16_t(gen() % 256);
-  write_token_shard(dir + "/train_000000.bin", tokens);
-  return dir + "/train_*.bin";
-}
 
 std::string tiny3d(const std::string& dir, const std::string& shards, int steps) {
   const std::string cfg = dir + "/tiny3d-" + std::to_string(steps) + ".pbtxt";
@@ -71,15 +63,6 @@ std::string tiny3d(const std::string& dir, const std::string& shards, int steps)
 const std::string kSets =
     " --set parallel.comm_timeout_ms=60000 --set detect.hang_grace_ms=2000 "
     "--set detect.slot_timeout_ms=2000";
-
-bool read_report(const std::string& path, report::RunReport* r) {
-  std::ifstream in(path);
-  if (!in) return false;
-  std::string json((std::istreambuf_iterator<char>(in)), {});
-  google::protobuf::util::JsonParseOptions o;
-  o.ignore_unknown_fields = true;
-  return google::protobuf::util::JsonStringToMessage(json, r, o).ok();
-}
 
 // Runs `program` (keel-worker or keel-launch) with `args` under a 300 s limit, its report in
 // dir/report.json and its run directories under dir/runs; returns the exit status.

@@ -20,26 +20,18 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "model/token_shards.h"
 #include "proto/report.pb.h"
 
 namespace keel {
 namespace {
 
+using bench::exe_dir;
+using bench::random_shards;
+using bench::read_report;
+
 namespace fs = std::filesystem;
-
-std::string exe_dir() {
-  return fs::canonical("/proc/self/exe").parent_path().string();
-}
-
-std::string random_shards(const std::string& dir) {
-  fs::create_directories(dir);
-  std::mt19937 gen(7);
-  std::vector<uint16_t> tokens(1 << 20);
-  for (auto& t : tokens) t = uint16_t(gen() % 256);
-  write_token_shard(dir + "/train_000000.bin", tokens);
-  return dir + "/train_*.bin";
-}
 
 // Runs keel-worker with `args` and returns its report; exits on failure (a benchmark whose
 // runs fail measures nothing).
@@ -53,12 +45,8 @@ report::RunReport run(const std::string& dir, const std::string& args) {
                  dir.c_str());
     std::exit(1);
   }
-  std::ifstream in(path);
-  std::string json((std::istreambuf_iterator<char>(in)), {});
   report::RunReport r;
-  google::protobuf::util::JsonParseOptions o;
-  o.ignore_unknown_fields = true;
-  if (!google::protobuf::util::JsonStringToMessage(json, &r, o).ok()) {
+  if (!read_report(path, &r)) {
     std::fprintf(stderr, "keel-bench-recovery: cannot read %s\n", path.c_str());
     std::exit(1);
   }
