@@ -13,29 +13,13 @@
 #include <memory>
 #include <sstream>
 
+#include "proto/first_error.h"
 #include "runtime/check.h"
 
 namespace keel {
 namespace {
 
 namespace pb = google::protobuf;
-
-// Keeps the first error protobuf reports, with its position (protobuf counts from 0).
-class FirstErrorCollector : public pb::io::ErrorCollector {
- public:
-  void AddError(int line, pb::io::ColumnNumber column, const std::string& message) override {
-    if (!has_error) {
-      has_error = true;
-      this->line = line;
-      this->column = column;
-      this->message = message;
-    }
-  }
-  bool has_error = false;
-  int line = -1;
-  int column = -1;
-  std::string message;
-};
 
 std::string trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
@@ -472,8 +456,7 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
   const auto& rc = cfg.recovery();
   v.require(rc.abort_timeout_ms() > 0, "recovery.abort_timeout_ms", rc.abort_timeout_ms(),
             "must be positive");
-  v.require(rc.max_incidents() >= 0, "recovery.max_incidents", rc.max_incidents(),
-            "must be >= 0");
+  v.require(rc.max_incidents() >= 0, "recovery.max_incidents", rc.max_incidents(), "must be >= 0");
   v.require(rc.on_no_standby() != config::RecoveryConfig::shrink_dp, "recovery.on_no_standby",
             Raw{"shrink_dp"}, "is not implemented yet; use fail or wait");
 

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "proto/first_error.h"
+
 namespace keel {
 namespace {
 
@@ -16,23 +18,6 @@ namespace pb = google::protobuf;
 
 constexpr const char* kKinds =
     "crash, exit, hang, slow, nan, corrupt_snapshot, lose_snapshot, slot_loss, partition";
-
-// Keeps the first error protobuf reports, with its position (protobuf counts from 0).
-class FirstErrorCollector : public pb::io::ErrorCollector {
- public:
-  void AddError(int line, pb::io::ColumnNumber column, const std::string& message) override {
-    if (!has_error) {
-      has_error = true;
-      this->line = line;
-      this->column = column;
-      this->message = message;
-    }
-  }
-  bool has_error = false;
-  int line = -1;
-  int column = -1;
-  std::string message;
-};
 
 bool parse_int(const std::string& text, int64_t* out) {
   const char* end = text.data() + text.size();
