@@ -236,6 +236,8 @@ struct Controller::Impl {
   // slot can.
   void label_slot_loss(report::Incident* inc, int slot) {
     if (inc->kind() != "slot_loss" && inc->kind() != "comm_error") return;
+    // The peers' communication errors were only the first sign of it.
+    if (inc->kind() == "comm_error") inc->set_detail(detail::concat("slot ", slot, " lost"));
     inc->set_kind("slot_loss");
     inc->set_slot(slot);
     for (const InjectionRecord& in : FaultInjector::read_injections(*store))
