@@ -339,13 +339,15 @@ class LaunchNetns : public ::testing::Test {
 // (controller and agent) runs with --slots 3 in machine 0, slots 1 and 2 join from theirs.
 class NetJob {
  public:
-  NetJob(NetnsLab* lab, const std::string& dir, const std::vector<std::string>& extra)
+  // `slots` in all, standbys (--standby in `extra`) included: one per machine of the lab.
+  NetJob(NetnsLab* lab, const std::string& dir, const std::vector<std::string>& extra,
+         int slots = 3)
       : lab_(lab), dir_(dir), run_dir_(dir + "/runs") {
     cfg_ = job_config(dir, kTp2Dp3);
     sets_ = {"--set", "train.steps=" + std::to_string(kSteps)};
-    std::vector<std::string> argv = {launch_bin(), "--slots",   "3",      "--config",
-                                     cfg_,         "--run-dir", run_dir_, "--workers-per-slot",
-                                     "2"};
+    std::vector<std::string> argv = {
+        launch_bin(), "--slots", std::to_string(slots), "--config", cfg_,
+        "--run-dir",  run_dir_,  "--workers-per-slot",  "2"};
     argv.insert(argv.end(), sets_.begin(), sets_.end());
     argv.insert(argv.end(), extra.begin(), extra.end());
     slot0_ = lab->spawn(0, argv, {"KEEL_IFNAME=" + lab->ifname()}, log(0));
@@ -358,7 +360,7 @@ class NetJob {
       std::this_thread::sleep_for(20ms);
     }
     if (job_.empty()) throw std::runtime_error("slot 0 wrote no controller file:\n" + output(0));
-    for (int k = 1; k < 3; ++k) join(k);
+    for (int k = 1; k < slots; ++k) join(k);
   }
 
   // Starts slot k's launcher in machine k, joining the job.
@@ -502,6 +504,44 @@ TEST_F(LaunchNetns, PartitionedMachineIsDetectedAndReported) {
   EXPECT_TRUE(machine_empties(lab, 2)) << "machine 2";
   lab.kill_machine(1);
   EXPECT_TRUE(lab.processes_in(1).empty());
+  r.leftover_shm = job_shm(r.job);
+  EXPECT_TRUE(r.leftover_shm.empty()) << r.leftover_shm[0];
+  for (const auto& p : r.leftover_shm) fs::remove(p);
+}
+
+// Hot swap across machines (issue: standbys): machine 1's network is cut; it is evicted
+// and the standby on machine 3 takes its ranks, restoring them from their backups on other
+// machines, while machines 0 and 2 never restart a worker. The job ends bitwise equal to
+// the fault-free run.
+TEST_F(LaunchNetns, PartitionedMachineIsReplacedByAStandby) {
+  const std::string ref_dir = temp_dir("netns-swap-ref");
+  LaunchRun ref = run_launch(
+      ref_dir, launch_cmd(ref_dir, job_config(ref_dir, kTp2Dp3), "--local 3 --workers-per-slot 2"));
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+
+  NetnsLab lab(4);
+  const std::string dir = temp_dir("netns-swap");
+  NetJob job(&lab, dir,
+             {"--standby", "1", "--set", "detect.slot_timeout_ms=1000", "--fault",
+              "partition@step=10,rank=2"},
+             4);
+  const int code = job.wait({}, 120);
+  ASSERT_EQ(code, 0) << job.output(0);
+  LaunchRun r;
+  collect(&r, job.run_dir());
+  expect_bitwise_equal(r.report, ref.report);
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(inc[0], "kind"), "partition") << inc[0];
+  EXPECT_EQ(json_array_field(inc[0], "slots_evicted"), std::vector<double>{1}) << inc[0];
+  EXPECT_EQ(json_array_field(inc[0], "standbys_promoted"), std::vector<double>{3}) << inc[0];
+  // Ranks 0, 1 (machine 0) and 4, 5 (machine 2) kept their processes.
+  std::vector<std::string> ranks = json_object_array(r.report, "ranks");
+  ASSERT_EQ(ranks.size(), 6u);
+  for (int k : {0, 1, 4, 5})
+    EXPECT_EQ(json_array_field(ranks[size_t(k)], "pids").size(), 1u) << ranks[size_t(k)];
+  for (int i : {0, 2, 3}) EXPECT_TRUE(machine_empties(lab, i)) << "machine " << i;
+  lab.kill_machine(1);  // cut off, alive by design
   r.leftover_shm = job_shm(r.job);
   EXPECT_TRUE(r.leftover_shm.empty()) << r.leftover_shm[0];
   for (const auto& p : r.leftover_shm) fs::remove(p);
