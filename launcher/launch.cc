@@ -136,8 +136,20 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
 
   // Every slot on this machine: loopback; across machines (KEEL_IFNAME names the interface
   // they share): this machine's reachable address.
-  const bool one_box = std::getenv("KEEL_IFNAME") == nullptr;
-  const std::string host = one_box ? "127.0.0.1" : reachable_address("127.0.0.1");
+  // Under mpirun across machines without KEEL_IFNAME: the first interface that is not
+  // loopback (the MPI launcher placed ranks on other hosts, which must reach this one).
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const bool spans_hosts = mpi && local && std::atoi(local) < nslots;
+  std::string host = "127.0.0.1";
+  if (std::getenv("KEEL_IFNAME")) {
+    host = reachable_address("127.0.0.1");
+  } else if (spans_hosts) {
+    for (const auto& [ifname, addr] : ipv4_interfaces())
+      if (addr.rfind("127.", 0) != 0) {
+        host = addr;
+        break;
+      }
+  }
   remove_stale_segments();
   TcpStoreServer store_server(host, 0);
   ControlServer control(host, 0);

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "ckpt/backup_placement.h"
@@ -117,7 +119,6 @@ class Worker {
     });
     hooks.after_step.push_back([this](const StepStats& st) { after_step(st); });
     hooks.on_error = [this](int64_t s, const std::exception& e) { return on_error(s, e); };
-    if (recovery_) recovery_->watch(epoch_, [this] { groups_->abort_all(); });
     run_step_loop(*trainer_, cfg_.train().steps(), hooks);
     finish();
     return 0;
@@ -313,26 +314,10 @@ class Worker {
   }
 
   void start_state() {
-    groups_ = std::make_unique<ProcessGroups>(make_groups(epoch_));
-    trainer_ = std::make_unique<Trainer>(cfg_, backend_.get(), plugin_, topo_, o_.rank,
-                                         state_.get(), groups_.get(), data_.get());
-    TrainerHooks th;
-    if (snapshotter_) th.before_update = [this](int64_t) { snapshotter_->wait_idle(); };
-    if (injector_)
-      th.local_metrics = [this](int64_t s, float* m) { injector_->on_local_metrics(s, m); };
-    trainer_->set_hooks(th);
-    if (injector_) injector_->wrap(*groups_);
-    if (env_.restarted) {
-      // This process replaces a rank that died: the supervisor says which step everyone
-      // restores, and this rank's state comes from its snapshot or its backup holder.
-      restore(recovery_->wait_rebuild(epoch_));
-      recovery_->mark_restored(epoch_);
-    } else {
-      load_start_state();
-      record_start_step();
-      if (epoch_ > 0 && recovery_) recovery_->mark_restored(epoch_);  // after restart_all
-    }
-    if (snapshotter_ && holder_ >= 0) snapshotter_->set_backup_holder(holder_address());
+    // A restarted rank (or a promoted standby) joins the epoch the supervisor started for
+    // it, at the step everyone restores; -2 means the job's start state.
+    const int64_t S = env_.restarted ? recovery_->wait_rebuild(epoch_) : -2;
+    build_epoch(epoch_, S);
     if (leader_ && !o_.quiet && !env_.restarted && epoch_ == 0)
       std::printf(
           "keel: %s %s, %lld params, %s on %d rank(s), %d micro-batch(es) of %d per step, "
@@ -343,6 +328,66 @@ class Worker {
           backend_->name().c_str());
   }
 
+  // Joins `epoch`: builds its communicators (a rendezvous the supervisor can abort), the
+  // Trainer the first time or rebinds it, and loads step S (-2: the job's start state, -1:
+  // the start state after a failure, else a snapshot). If the epoch fails while it is being
+  // built (a peer died in the rendezvous), the supervisor starts the next one: go on there.
+  void build_epoch(int epoch, int64_t S) {
+    while (true) {
+      epoch_ = epoch;
+      rendezvous_cancel_ = false;
+      if (backup_server_)
+        store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
+      if (recovery_)
+        recovery_->watch(epoch_, [this] {
+          rendezvous_cancel_ = true;
+          std::lock_guard<std::mutex> l(groups_mu_);
+          if (groups_) groups_->abort_all();
+        });
+      try {
+        auto groups = std::make_unique<ProcessGroups>(make_groups(epoch_));
+        if (injector_) injector_->wrap(*groups);
+        {
+          std::lock_guard<std::mutex> l(groups_mu_);
+          if (trainer_) trainer_->rebind(groups.get());
+          groups_ = std::move(groups);
+        }
+        if (!trainer_) make_trainer();
+        if (reporter_) {
+          reporter_->set_epoch(epoch_);
+          reporter_->set_steps(state_->step());
+        }
+        if (snapshotter_ && holder_ >= 0) snapshotter_->set_backup_holder(holder_address());
+        if (S == -2) {
+          load_start_state();
+          record_start_step();
+        } else {
+          restore(S);
+        }
+        if (recovery_ && (S != -2 || epoch_ > 0)) recovery_->mark_restored(epoch_);
+        first_step_in_epoch_ = true;
+        return;
+      } catch (const CommError& e) {
+        if (!recovery_) throw;
+        std::fprintf(stderr, "keel-worker: rank %d: epoch %d failed while starting: %s\n", o_.rank,
+                     epoch_, e.what());
+        S = recovery_->fail_and_wait(epoch_, state_->step(), state_->step(), e.what());
+        if (S == -2) S = -1;
+        epoch = epoch_ + 1;
+      }
+    }
+  }
+
+  void make_trainer() {
+    trainer_ = std::make_unique<Trainer>(cfg_, backend_.get(), plugin_, topo_, o_.rank,
+                                         state_.get(), groups_.get(), data_.get());
+    TrainerHooks th;
+    if (snapshotter_) th.before_update = [this](int64_t) { snapshotter_->wait_idle(); };
+    if (injector_)
+      th.local_metrics = [this](int64_t s, float* m) { injector_->on_local_metrics(s, m); };
+    trainer_->set_hooks(th);
+  }
+
   ProcessGroups make_groups(int epoch) {
     ProcessGroupOptions g;
     g.epoch = epoch;
@@ -350,6 +395,7 @@ class Worker {
     g.device = backend_->kind();
     g.cuda_device = o_.rank % std::max(1, o_.local_world_size);
     g.host = listen_host_;
+    g.cancel = &rendezvous_cancel_;
     ProcessGroups groups = make_process_groups(topo_, o_.rank, store_, g);
     if (activity_) trace_communicators(groups, activity_);
     return groups;
@@ -411,31 +457,12 @@ class Worker {
       std::fprintf(stderr, "keel-worker: rank %d: step %lld: %s; waiting for the supervisor\n",
                    o_.rank, static_cast<long long>(s + 1), ce->what());
     const int64_t S = recovery_->fail_and_wait(epoch_, state_->step(), s, ce->what());
-    enter_epoch(epoch_ + 1, S);
+    recovery_->stop_watch();
+    build_epoch(epoch_ + 1, S);
     return true;
   }
 
   // Survivor: new communicators for `epoch`, the same state, plugin and memory.
-  void enter_epoch(int epoch, int64_t S) {
-    recovery_->stop_watch();
-    epoch_ = epoch;
-    if (backup_server_)
-      store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
-    auto groups = std::make_unique<ProcessGroups>(make_groups(epoch_));
-    if (injector_) injector_->wrap(*groups);
-    trainer_->rebind(groups.get());
-    groups_ = std::move(groups);
-    if (reporter_) {
-      reporter_->set_epoch(epoch_);
-      reporter_->set_steps(state_->step());
-    }
-    if (snapshotter_ && holder_ >= 0) snapshotter_->set_backup_holder(holder_address());
-    restore(S);
-    recovery_->mark_restored(epoch_);
-    first_step_in_epoch_ = true;
-    recovery_->watch(epoch_, [this] { groups_->abort_all(); });
-  }
-
   void after_step(const StepStats& st) {
     const int64_t s = st.step, steps = cfg_.train().steps();
     if (snapshotter_) snapshotter_->capture();
@@ -531,6 +558,8 @@ class Worker {
   std::shared_ptr<Store> store_;
   std::unique_ptr<TrainState> state_;
   std::unique_ptr<ProcessGroups> groups_;
+  std::mutex groups_mu_;  // the recovery watcher aborts groups_ from its thread
+  std::atomic<bool> rendezvous_cancel_{false};
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<FaultInjector> injector_;
   std::unique_ptr<RecoveryClient> recovery_;
@@ -596,6 +625,7 @@ void Worker::fill_report(RunReport* rep) {
                    : 0);
   rep->set_wall_s(unix_now() - env_.job_start);
   rep->set_ettr(rep->wall_s() > 0 ? kept_s / rep->wall_s() : 0);
+  rep->set_productive_s(kept_s);
   if (snapshotter_) {
     const SnapshotStats ss = snapshotter_->stats();
     rep->set_snapshot_blocked_s(ss.wait_idle_seconds);

@@ -35,6 +35,7 @@ std::unique_ptr<Communicator> make_group(const std::vector<int>& members, int ra
   o.rank = group_rank;
   o.size = int(members.size());
   o.timeout = opts.timeout;
+  o.cancel = opts.cancel;
   o.host = opts.host;
   return make_socket_communicator(store, o);
 }

@@ -3,6 +3,7 @@
 // keys, start with "<epoch>/", so a rebuild for epoch E+1 never meets a connection of E.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -27,6 +28,8 @@ struct ProcessGroupOptions {
   DeviceKind device = DeviceKind::kCpu;  // kCpu: sockets; kCuda: NCCL
   int cuda_device = 0;
   std::string host = "127.0.0.1";  // kCpu: the address each socket group listens on and publishes
+  // kCpu: set from another thread to abort the rendezvous (CommAborted), not only time it out.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // Creates the groups of `rank` in a fixed order (world, tp, pp, dp, emb) so that every rank

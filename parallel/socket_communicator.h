@@ -11,6 +11,8 @@
 // chunk's owner computed.
 #pragma once
 
+#include <atomic>
+
 #include <memory>
 #include <string>
 
@@ -24,6 +26,9 @@ struct SocketCommOptions {
   int rank = 0, size = 1;  // within the group
   Millis timeout{60000};   // default per-call timeout (also for connection set-up)
   std::string host = "127.0.0.1";  // address to listen on and publish
+  // Set (from any thread) to end the rendezvous at once with CommAborted: the job moved to
+  // another epoch while this group was still being built.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // Builds the group's full mesh: listens on an ephemeral port, publishes "host:port" under

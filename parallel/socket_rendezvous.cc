@@ -35,11 +35,36 @@ std::chrono::milliseconds ms_left(Clock::time_point deadline) {
   return std::chrono::milliseconds(poll_ms_left(deadline));
 }
 
+// A rendezvous waits in slices of this, so that a cancel (a new epoch began while this one
+// was still being built) ends it promptly instead of at its timeout.
+constexpr auto kCancelSlice = std::chrono::milliseconds(100);
+
+void throw_if_cancelled(const SocketCommOptions& o) {
+  if (o.cancel && o.cancel->load())
+    throw CommAborted(concat(o.name, ": rank ", o.rank, ": rendezvous aborted"));
+}
+
+// Waits in slices for `fn(slice_deadline)`, which throws CommTimeout when a slice passes.
+template <typename Fn>
+auto cancellable(const SocketCommOptions& o, Clock::time_point deadline, Fn fn) {
+  while (true) {
+    throw_if_cancelled(o);
+    const auto slice = std::min(deadline, Clock::now() + kCancelSlice);
+    try {
+      return fn(slice);
+    } catch (const CommTimeout&) {
+      if (Clock::now() >= deadline) throw;
+    }
+  }
+}
+
 Fd connect_peer(Store& store, const SocketCommOptions& o, int peer, Clock::time_point deadline) {
-  std::string addr = store.get(addr_key(o, peer), ms_left(deadline));
+  std::string addr = cancellable(
+      o, deadline, [&](Clock::time_point d) { return store.get(addr_key(o, peer), ms_left(d)); });
   auto [host, port] = parse_host_port(addr);
   std::string who = concat("rank ", peer, " of ", o.name);
-  Fd fd = connect_tcp(host, port, deadline, who);
+  Fd fd = cancellable(o, deadline,
+                      [&](Clock::time_point d) { return connect_tcp(host, port, d, who); });
   Hello h{kMagic,
           kVersion,
           static_cast<uint32_t>(o.rank),
@@ -116,9 +141,12 @@ void accept_peers(int listener, const SocketCommOptions& o, std::vector<Fd>& pee
   while (connected < o.rank) {
     pfds.assign(1, {listener, POLLIN, 0});
     for (auto& in : pending) pfds.push_back({in.fd.get(), POLLIN, 0});
-    int rc = ::poll(pfds.data(), pfds.size(), poll_ms_left(deadline));
+    throw_if_cancelled(o);
+    int rc = ::poll(pfds.data(), pfds.size(),
+                    poll_ms_left(std::min(deadline, Clock::now() + kCancelSlice)));
     if (rc < 0 && errno == EINTR) continue;
     KEEL_CHECK_ERRNO(rc);
+    if (rc == 0 && Clock::now() < deadline) continue;
     if (rc == 0) {
       std::string missing;
       for (int j = 0; j < o.rank; ++j)
