@@ -61,7 +61,7 @@ std::string tiny3d(const std::string& dir, const std::string& shards, int steps)
 
 // The detector under test, not the communicator's timeout, must be what ends a hang.
 const std::string kSets =
-    " --set parallel.comm_timeout_ms=60000 --set detect.hang_grace_ms=2000 "
+    " --set parallel.comm_timeout_ms=60000 "
     "--set detect.slot_timeout_ms=2000";
 
 // Runs `program` (keel-worker or keel-launch) with `args` under a 300 s limit, its report in
