@@ -21,6 +21,7 @@
 #include "ckpt/restore.h"
 #include "ckpt/snapshot_region.h"
 #include "ckpt/snapshotter.h"
+#include "launcher/fault_actions.h"
 #include "launcher/input_checks.h"
 #include "launcher/job_history.h"
 #include "launcher/mfu.h"
@@ -212,22 +213,11 @@ class Worker {
         store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
       }
       snapshotter_ = std::make_unique<Snapshotter>(state_.get(), region_.get());
-      if (injector_) {
-        FaultInjector::SnapshotActions act;
-        act.corrupt_newest = [this] {
-          snapshotter_->wait_idle();
-          std::vector<int64_t> steps = region_->valid_steps();
-          if (!steps.empty())
-            corrupt_snapshot_slot(region_->name(), *std::max_element(steps.begin(), steps.end()));
-        };
-        act.remove = [this] {
-          snapshotter_->wait_idle();
-          shm_unlink(region_->name().c_str());
-        };
-        injector_->set_snapshot_actions(act);
-      }
+      if (injector_)
+        injector_->set_snapshot_actions(snapshot_fault_actions(snapshotter_.get(), region_.get()));
     }
-    if (injector_ && std::getenv("KEEL_SLOT")) set_slot_actions();
+    if (injector_ && std::getenv("KEEL_SLOT"))
+      injector_->set_slot_actions(slot_fault_actions(env_.job));
     if (cfg_.checkpoint().persistent_every_steps() > 0) {
       PersistentCheckpointOptions po;
       po.dir = cfg_.checkpoint().dir();
@@ -236,35 +226,6 @@ class Worker {
       po.keep = cfg_.checkpoint().keep();
       checkpointer_ = std::make_unique<PersistentCheckpointer>(po, connect_);
     }
-  }
-
-  // keel-launch: what slot_loss and partition do to this rank's slot (machine).
-  void set_slot_actions() {
-    FaultInjector::SlotActions act;
-    act.kill_slot = [this] {
-      // The machine is gone with everything on it: the shared memory of the slot's ranks
-      // (their snapshots and the backups they held), its launcher, its workers.
-      std::string ranks = std::getenv("KEEL_SLOT_RANKS") ? std::getenv("KEEL_SLOT_RANKS") : "";
-      for (size_t at = 0; at < ranks.size();) {
-        size_t comma = ranks.find(',', at);
-        const int r = std::stoi(ranks.substr(at, comma - at));
-        shm_unlink(snapshot_segment_name(env_.job, r).c_str());
-        shm_unlink(backup_segment_name(env_.job, r).c_str());
-        at = comma == std::string::npos ? ranks.size() : comma + 1;
-      }
-      std::fflush(nullptr);
-      ::kill(getppid(), SIGKILL);  // the slot's keel-launch; its workers die with it
-      raise(SIGKILL);
-    };
-    act.cut_network = [] {
-      const char* ifname = std::getenv("KEEL_IFNAME");
-      if (!ifname || !*ifname)
-        throw InputError(
-            "a partition fault needs the slot on its own network interface (KEEL_IFNAME)");
-      const std::string cmd = std::string("ip link set dev ") + ifname + " down";
-      KEEL_CHECK(std::system(cmd.c_str()) == 0, "partition: '", cmd, "' failed");
-    };
-    injector_->set_slot_actions(act);
   }
 
   CheckpointLayout checkpoint_layout() const {
