@@ -27,6 +27,7 @@
 #include "parallel/tcp_store.h"
 #include "proto/config_loader.h"
 #include "robust/fault_spec.h"
+#include "runtime/backend.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -49,9 +50,12 @@ std::string endpoint_host(const std::string& ep) {
   return h.substr(0, h.rfind(':'));
 }
 
+// --workers-per-slot, else one worker per GPU of this machine on CUDA, else 1. Every slot
+// of a job is taken to be the same kind of machine as slot 0.
 int workers_per_slot(const LaunchOptions& o, const config::JobConfig& cfg) {
   if (o.workers_per_slot > 0) return o.workers_per_slot;
-  (void)cfg;  // one per GPU once GPU slots are launched; 1 on CPU
+  if (cfg.runtime().device() == config::RuntimeConfig::cuda)
+    return std::max(1, cuda_device_count());
   return 1;
 }
 

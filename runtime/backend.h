@@ -105,5 +105,7 @@ std::unique_ptr<Backend> make_cpu_backend(int num_threads = 0);
 // GPU is present (see cuda_available()).
 std::unique_ptr<Backend> make_cuda_backend(int device, Precision precision);
 bool cuda_available();
+// GPUs this process can see (0 without CUDA, a driver or a device).
+int cuda_device_count();
 
 }  // namespace keel

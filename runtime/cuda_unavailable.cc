@@ -9,6 +9,10 @@ bool cuda_available() {
   return false;
 }
 
+int cuda_device_count() {
+  return 0;
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int /*device*/, Precision /*precision*/) {
   throw Error("keel was built without CUDA");
 }

@@ -213,14 +213,18 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-bool cuda_available() {
+int cuda_device_count() {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     cudaGetLastError();  // no driver or no device: not an error the next CUDA call should see
-    return false;
+    return 0;
   }
-  return count > 0;
+  return count;
+}
+
+bool cuda_available() {
+  return cuda_device_count() > 0;
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int device, Precision precision) {
