@@ -16,8 +16,9 @@ std::string launch_usage() {
   --slots N               this process is slot 0 of N (controller and agent) on this
                           machine; slots 1..N-1 are started by hand on their machines with
                           --join (endpoint and job id appear in runs/<job>/controller)
-  --workers-per-slot W    ranks per slot (default: one per GPU, or 1 on CPU); ranks fill slots in Megatron
-                          order, so a TP group stays inside a slot where it fits
+  --workers-per-slot W    ranks per slot (default: one per GPU, or 1 on CPU); ranks fill
+                          slots in Megatron order, so a TP group stays inside a slot
+                          where it fits
   --standby K             the last K slots are warm standbys: their workers load the model,
                           check themselves and wait to replace a lost or evicted slot
   --run-dir DIR           where runs/<job>/ goes (default: runs): logs, events.jsonl, config
