@@ -170,6 +170,22 @@ int Agent::run(const volatile int* stop) {
             shm_unlink(backup_segment_name(o_.job, r).c_str());
           }
           return 0;
+        case control::Command::renumber: {
+          std::map<int, pid_t> renamed;
+          for (const auto& [rank, pid] : workers_) {
+            auto n = c.rank_map().find(rank);
+            if (n != c.rank_map().end()) renamed[n->second] = pid;
+          }
+          workers_.swap(renamed);
+          // The shared memory stays under the old names until the workers move to the
+          // new ones; both are this slot's to remove at the end.
+          std::set<int> hosted = hosted_;
+          for (int r : hosted) {
+            auto n = c.rank_map().find(r);
+            if (n != c.rank_map().end()) hosted_.insert(n->second);
+          }
+          break;
+        }
         case control::Command::inject:
           break;  // faults reach the workers through the store (keel-ctl inject)
         default:

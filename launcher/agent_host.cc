@@ -185,6 +185,44 @@ int AgentHost::promote(int lost) {
   }
 }
 
+void AgentHost::renumber(const std::map<int, int>& old_to_new, int new_world) {
+  std::vector<int> slot(size_t(new_world), -1);
+  std::vector<bool> alive(size_t(new_world), false);
+  for (const auto& [o, n] : old_to_new) {
+    slot[size_t(n)] = rank_slot_[size_t(o)];
+    alive[size_t(n)] = alive_[size_t(o)];
+  }
+  rank_slot_ = std::move(slot);
+  alive_ = std::move(alive);
+  world_ = new_world;
+  adopt_.clear();
+  killing_.clear();
+  control::Envelope m = make_envelope(0);
+  m.mutable_command()->set_kind(control::Command::renumber);
+  for (const auto& [o, n] : old_to_new) (*m.mutable_command()->mutable_rank_map())[o] = n;
+  for (size_t k = 0; k < slots_.size(); ++k) send(int(k), m);
+}
+
+bool AgentHost::place(const std::vector<int>& ranks) {
+  std::vector<int> ready;
+  for (size_t k = 0; k < slots_.size(); ++k)
+    if (standby_ready(int(k))) ready.push_back(int(k));
+  if (int(ready.size()) * workers_per_slot_ < int(ranks.size())) return false;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int k = ready[i / size_t(workers_per_slot_)];
+    rank_slot_[size_t(ranks[i])] = k;
+    adopt_[ranks[i]] = int(i % size_t(workers_per_slot_));
+    slots_[size_t(k)].role = Role::kActive;
+  }
+  return true;
+}
+
+int AgentHost::standby_capacity() {
+  int n = 0;
+  for (size_t k = 0; k < slots_.size(); ++k) n += standby_ready(int(k));
+  return n * workers_per_slot_;
+}
+
 void AgentHost::evict(int slot) {
   for (int r : ranks_on(slot)) kill(r);
   slots_[size_t(slot)].role = Role::kEvicted;
@@ -225,7 +263,8 @@ void AgentHost::spawn(int rank, const std::map<std::string, std::string>& env) {
     // A parked standby worker takes the rank: it joins the epoch as a restarted rank.
     auto epoch = env.find("KEEL_EPOCH");
     store_->set(standby_assign_key(slot, adopt->second, slots_[size_t(slot)].gen),
-                std::to_string(rank) + " " + (epoch == env.end() ? "0" : epoch->second));
+                std::to_string(rank) + " " + (epoch == env.end() ? "0" : epoch->second) + " " +
+                    std::to_string(world_));
     (*c->mutable_env())["KEEL_ADOPT_INDEX"] = std::to_string(adopt->second);
     adopt_.erase(adopt);
   } else {

@@ -53,6 +53,9 @@ class AgentHost : public RankHost {
   int promote(int slot) override;
   void evict(int slot) override;
   std::vector<int> ranks_on(int slot) const override;
+  void renumber(const std::map<int, int>& old_to_new, int new_world) override;
+  bool place(const std::vector<int>& ranks) override;
+  int standby_capacity() override;
 
  private:
   enum class State { kPending, kActive, kLost };

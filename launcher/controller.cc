@@ -25,8 +25,10 @@ struct Controller::Impl {
   RankHost* host;
   std::shared_ptr<Store> store;
   ControlServer* server;
-  Topology topo;
+  Topology topo;  // the layout now: data parallelism may have shrunk (recovery.on_no_standby)
   int world;
+  int64_t forced_S = -3;  // a shrink chose the restore step before renumbering the ranks
+  std::string shrink_action;
   int epoch = 0;
   int incidents = 0;
   int64_t progress_at_last_incident = -2;
@@ -65,6 +67,7 @@ struct Controller::Impl {
         {"KEEL_JOB_START", start},
     };
     if (!o.controller_endpoint.empty()) env["KEEL_CONTROLLER"] = o.controller_endpoint;
+    if (topo.dp() != o.cfg.parallel().dp()) env["KEEL_DP"] = std::to_string(topo.dp());
     if (epoch > 0 && o.cfg.recovery().mode() == config::RecoveryConfig::restart_all &&
         o.cfg.checkpoint().persistent_every_steps() > 0)
       env["KEEL_RESUME_LATEST"] = o.cfg.checkpoint().dir();
@@ -174,7 +177,7 @@ struct Controller::Impl {
     for (int r = 0; r < world; ++r) spawn(r, /*restarted=*/false);
     state = "training";
     event("start", "{\"world\": " + std::to_string(world) + "}");
-    auto next_error_poll = Clock::now();
+    auto next_error_poll = Clock::now(), next_grow_check = Clock::now();
     int finished = 0;
     while (true) {
       if (stopping()) {
@@ -206,6 +209,10 @@ struct Controller::Impl {
           if (!handle(&inc, {}, -1)) return 1;
           continue;
         }
+      }
+      if (Clock::now() >= next_grow_check) {
+        next_grow_check = Clock::now() + std::chrono::milliseconds(200);
+        maybe_grow();
       }
       if (int culprit = hung_rank(); culprit >= 0) {
         report::Incident inc;
@@ -424,7 +431,8 @@ struct Controller::Impl {
       in_flight = std::max(in_flight, a.second);
       completed = std::max(completed, a.first);
     }
-    const int64_t S = restore_step(acks);
+    const int64_t S = forced_S >= -1 ? forced_S : restore_step(acks);
+    forced_S = -3;
     store->set(recovery::rebuild_key(next), std::to_string(S));
     inc->set_rebuilt_at(unix_now());
     event("rebuild",
@@ -438,6 +446,8 @@ struct Controller::Impl {
                         ? "reattempt in place (no culprit)"
                         : "restart rank" + std::string(restart.size() > 1 ? "s " : " ") + who +
                               " in place");
+    if (!shrink_action.empty()) inc->set_action(shrink_action);
+    shrink_action.clear();
     if (inc->standbys_promoted_size() > 0) {
       std::string ev, sb;
       for (int k : inc->slots_evicted()) ev += (ev.empty() ? "" : ", ") + std::to_string(k);
@@ -477,6 +487,8 @@ struct Controller::Impl {
     inc->set_evicted_at(unix_now());
     for (int slot : lost) {
       int sb = host->promote(slot);
+      if (sb < 0 && o.cfg.recovery().on_no_standby() == config::RecoveryConfig::shrink_dp)
+        return shrink_dp(inc, restart, acks, lost);
       while (sb < 0) {
         if (o.cfg.recovery().on_no_standby() == config::RecoveryConfig::fail) {
           std::fprintf(stderr,
@@ -509,6 +521,138 @@ struct Controller::Impl {
     }
     state = "recovering";
     return true;
+  }
+
+  // recovery.on_no_standby = shrink_dp: the DP replica that lost ranks is dropped and the
+  // job goes on with dp − 1 replicas, each running more micro-batches, so that every step
+  // still trains on the same global batch of samples (DESIGN.md, Data). Survivors keep their
+  // state (replicas are equal without ZeRO-1) and get new rank ids; the retired replica's
+  // other ranks are stopped and their slots become standbys, for growing back.
+  bool shrink_dp(report::Incident* inc, std::set<int>* restart,
+                 std::map<int, std::pair<int64_t, int64_t>>* acks, const std::set<int>& lost) {
+    std::set<int> replicas;
+    for (int slot : lost)
+      for (int r : host->ranks_on(slot)) replicas.insert(topo.coord(r).dp);
+    for (int r : *restart) replicas.insert(topo.coord(r).dp);
+    const int B = o.cfg.train().micro_batch_size(), G = o.cfg.train().global_batch_size();
+    std::string why;
+    if (replicas.size() != 1) why = "the lost ranks span several data-parallel replicas";
+    if (topo.dp() <= 1) why = "there is a single data-parallel replica left";
+    if (why.empty() && G % (B * (topo.dp() - 1)) != 0)
+      why = detail::concat("train.global_batch_size ", G, " does not split into micro-batches of ",
+                           B, " over ", topo.dp() - 1, " replicas");
+    if (!why.empty()) {
+      std::fprintf(stderr,
+                   "%s: no standby is ready and data parallelism cannot shrink: %s; "
+                   "stopping the job\n",
+                   o.program.c_str(), why.c_str());
+      return false;
+    }
+    const int d = *replicas.begin();
+    const Topology next(topo.tp(), topo.pp(), topo.dp() - 1);
+    // The step to restore, while the snapshots still carry the old ids.
+    forced_S = restore_step(*acks);
+    std::map<int, int> renamed;
+    std::map<int, std::pair<int64_t, int64_t>> kept;
+    std::set<int> retired_slots;
+    for (int r = 0; r < world; ++r) {
+      Coord c = topo.coord(r);
+      if (c.dp == d) {
+        if (!restart->count(r)) host->kill(r);  // a healthy rank of the dropped replica
+        if (host->slot_of(r) >= 0) retired_slots.insert(host->slot_of(r));
+        continue;
+      }
+      if (c.dp > d) --c.dp;
+      renamed[r] = next.rank(c);
+      auto a = acks->find(r);
+      if (a != acks->end()) kept[renamed[r]] = a->second;
+    }
+    for (const auto& [o_rank, n] : renamed)
+      store->set(detail::concat("layout/", epoch + 1, "/", o_rank), std::to_string(n));
+    store->set(detail::concat("layout/", epoch + 1), std::to_string(next.dp()));
+    host->renumber(renamed, next.world_size());
+    // Slots left without ranks check themselves and wait as standbys, to grow back on.
+    for (int slot : retired_slots)
+      if (!lost.count(slot)) host->evict(slot);
+    std::fprintf(stderr,
+                 "%s: no standby is ready: data parallelism shrinks from %d to %d replicas "
+                 "(replica %d dropped); %d micro-batch(es) of %d per replica now\n",
+                 o.program.c_str(), topo.dp(), next.dp(), d, G / (B * next.dp()), B);
+    event("shrink_dp", detail::concat("{\"dp\": ", next.dp(), ", \"dropped_replica\": ", d, "}"));
+    inc->set_action(
+        detail::concat("shrink data parallelism to ", next.dp(), " (replica ", d, " dropped)"));
+    topo = next;
+    world = next.world_size();
+    *acks = std::move(kept);
+    restart->clear();
+    shrink_action = inc->action();
+    return true;
+  }
+
+  // After a shrink: once enough standby slots are ready for a whole replica, the job moves
+  // to an epoch with one replica more. The new ranks receive the state from their DP
+  // group's first rank; every rank goes on from the step they all hold.
+  void maybe_grow() {
+    if (o.cfg.recovery().on_no_standby() != config::RecoveryConfig::shrink_dp ||
+        topo.dp() >= o.cfg.parallel().dp())
+      return;
+    const int per_replica = topo.tp() * topo.pp();
+    if (host->standby_capacity() < per_replica) return;
+    const Topology next(topo.tp(), topo.pp(), topo.dp() + 1);
+    std::vector<int> fresh;
+    std::map<int, int> renamed;
+    for (int r = 0; r < world; ++r) renamed[r] = next.rank(topo.coord(r));
+    for (int r = 0; r < next.world_size(); ++r)
+      if (next.coord(r).dp == topo.dp()) fresh.push_back(r);
+    if (int(fresh.size()) != per_replica) return;
+    // Enough ready standbys? place() answers without changing anything when not.
+    const int next_epoch = epoch + 1;
+    std::map<int, std::pair<int64_t, int64_t>> acks;
+    store->set(recovery::abort_key(next_epoch), "grow data parallelism");
+    const auto deadline =
+        Clock::now() + std::chrono::milliseconds(o.cfg.recovery().abort_timeout_ms());
+    while (int(acks.size()) < world && Clock::now() < deadline) {
+      pump();
+      for (int r = 0; r < world; ++r) {
+        if (acks.count(r)) continue;
+        try {
+          std::string v =
+              store->get(recovery::ack_key(next_epoch, r), std::chrono::milliseconds(1));
+          long long done = 0, in_flight = 0;
+          std::sscanf(v.c_str(), "%lld %lld", &done, &in_flight);
+          acks[r] = {done, in_flight};
+        } catch (const CommTimeout&) {
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (int(acks.size()) < world) {
+      std::fprintf(stderr, "%s: growing back: not every rank answered; trying again later\n",
+                   o.program.c_str());
+    }
+    const int64_t S = restore_step(acks);
+    std::map<int, std::pair<int64_t, int64_t>> renamed_acks;
+    for (const auto& [o_rank, n] : renamed) {
+      store->set(detail::concat("layout/", next_epoch, "/", o_rank), std::to_string(n));
+    }
+    store->set(detail::concat("layout/", next_epoch), std::to_string(next.dp()));
+    store->set(detail::concat("layout/", next_epoch, "/grow"), "1");
+    host->renumber(renamed, next.world_size());
+    topo = next;
+    world = next.world_size();
+    epoch = next_epoch;
+    if (!host->place(fresh)) {
+      std::fprintf(stderr, "%s: growing back: the standbys went away\n", o.program.c_str());
+    }
+    for (int r : fresh) spawn(r, /*restarted=*/true);
+    store->set(recovery::rebuild_key(next_epoch), std::to_string(S));
+    std::fprintf(stderr, "%s: data parallelism grows back to %d replicas (epoch %d, step %lld)\n",
+                 o.program.c_str(), topo.dp(), epoch, static_cast<long long>(S));
+    event("grow_dp", detail::concat("{\"dp\": ", topo.dp(), ", \"epoch\": ", epoch, "}"));
+    progress.clear();
+    epoch_start_step = std::max<int64_t>(0, S);
+    last_min_step = -1;
+    last_advance = Clock::now();
   }
 
   // A lost slot takes its ranks and the snapshots it held. detect.on_slot_loss = fail ends

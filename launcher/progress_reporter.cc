@@ -46,6 +46,11 @@ void ProgressReporter::set_epoch(int epoch) {
   dirty_ = true;
 }
 
+void ProgressReporter::set_rank(int rank) {
+  std::lock_guard<std::mutex> l(mu_);
+  p_.set_rank(rank);
+}
+
 void ProgressReporter::set_steps(int64_t steps_completed) {
   std::lock_guard<std::mutex> l(mu_);
   p_.set_step(steps_completed);

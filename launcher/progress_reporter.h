@@ -31,6 +31,7 @@ class ProgressReporter {
   // The rank entered another epoch (its reports carry it; older ones are dropped).
   void set_epoch(int epoch);
   void set_steps(int64_t steps_completed);
+  void set_rank(int rank);
 
  private:
   void loop();

@@ -83,6 +83,19 @@ class RankHost {
   // Takes `slot` out of the job: its workers are killed (their exits are not reported); it
   // comes back as a standby once it has checked itself again.
   virtual void evict(int slot) { (void)slot; }
+  // The job's ranks got new ids (its data parallelism shrank or grew): `old_to_new` for
+  // every rank that stays; ranks not in it are retired (already killed).
+  virtual void renumber(const std::map<int, int>& old_to_new, int new_world) {
+    (void)old_to_new;
+    (void)new_world;
+  }
+  // Puts new `ranks` (a grown replica) on ready standby slots; false if there are not enough.
+  virtual bool place(const std::vector<int>& ranks) {
+    (void)ranks;
+    return false;
+  }
+  // Ranks that standby slots which passed their self-check could take now.
+  virtual int standby_capacity() { return 0; }
   // The ranks a slot runs now.
   virtual std::vector<int> ranks_on(int slot) const {
     (void)slot;

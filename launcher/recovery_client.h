@@ -39,6 +39,8 @@ class RecoveryClient {
   void mark_restored(int epoch);
 
   Store& store() { return *store_; }
+  // The rank's id changed (the job shrank or grew its data parallelism).
+  void set_rank(int rank) { rank_ = rank; }
 
  private:
   std::function<std::shared_ptr<Store>()> connect_;

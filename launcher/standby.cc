@@ -49,7 +49,7 @@ StandbyAssignment park_as_standby(Backend& backend,
       const std::string v =
           store->get(standby_assign_key(id.slot, id.index, id.gen), std::chrono::hours(1));
       StandbyAssignment a;
-      if (std::sscanf(v.c_str(), "%d %d", &a.rank, &a.epoch) != 2)
+      if (std::sscanf(v.c_str(), "%d %d %d", &a.rank, &a.epoch, &a.world) != 3)
         throw Error("standby: bad assignment '" + v + "'");
       std::fprintf(stderr, "keel-worker: standby %d of slot %d promoted to rank %d (epoch %d)\n",
                    id.index, id.slot, a.rank, a.epoch);

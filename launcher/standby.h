@@ -5,7 +5,7 @@
 //
 // Store keys (the controller's side is launcher/agent_host.cc):
 //   standby/ready/<slot>/<index>/<gen>   "ok <what was checked>" or "failed <why>"
-//   standby/assign/<slot>/<index>/<gen>  "<rank> <epoch>": the promotion
+//   standby/assign/<slot>/<index>/<gen>  "<rank> <epoch> <world>": the promotion
 // <gen> counts the times a slot was made a standby, so a slot that comes back never reads
 // the keys of its earlier life.
 #pragma once
@@ -31,6 +31,7 @@ StandbyIdentity standby_identity(const std::string& listen_host);
 struct StandbyAssignment {
   int rank = -1;
   int epoch = 0;
+  int world = 0;  // the job's ranks now (its data parallelism may have shrunk)
 };
 
 inline std::string standby_ready_key(int slot, int index, int gen) {

@@ -22,8 +22,10 @@ struct StepHooks {
   std::function<bool(int64_t step, const std::exception& e)> on_error;
 };
 
-// Runs steps until trainer.state().step() == steps. A step whose after_step hooks throw
-// counts as failed too (its result is already in the state; on_error decides).
-void run_step_loop(Trainer& trainer, int64_t steps, const StepHooks& hooks);
+// Runs steps until trainer().state().step() == steps. A step whose after_step hooks throw
+// counts as failed too (its result is already in the state; on_error decides). `trainer` is
+// asked for each step: on_error may replace the Trainer (a new layout after the job's data
+// parallelism changed).
+void run_step_loop(const std::function<Trainer&()>& trainer, int64_t steps, const StepHooks& hooks);
 
 }  // namespace keel

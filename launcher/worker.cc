@@ -120,7 +120,7 @@ class Worker {
     });
     hooks.after_step.push_back([this](const StepStats& st) { after_step(st); });
     hooks.on_error = [this](int64_t s, const std::exception& e) { return on_error(s, e); };
-    run_step_loop(*trainer_, cfg_.train().steps(), hooks);
+    run_step_loop([this]() -> Trainer& { return *trainer_; }, cfg_.train().steps(), hooks);
     finish();
     return 0;
   }
@@ -128,6 +128,10 @@ class Worker {
  private:
   void setup() {
     cfg_ = load_config(o_.config_path, o_.overrides);
+    // Faults name ranks of the job as configured, also after its data parallelism changed.
+    const int configured_world = cfg_.parallel().tp() * cfg_.parallel().pp() * cfg_.parallel().dp();
+    // A rank started after the job's data parallelism shrank or grew (launcher/controller.cc).
+    if (const char* dp = std::getenv("KEEL_DP")) cfg_.mutable_parallel()->set_dp(std::atoi(dp));
     check_job_inputs(o_, cfg_);
     topo_ = Topology(cfg_.parallel().tp(), cfg_.parallel().pp(), cfg_.parallel().dp());
     if (topo_.world_size() != o_.world_size)
@@ -137,7 +141,7 @@ class Worker {
     FaultPlan plan;
     for (const auto& f : o_.faults) add_fault_flag(&plan, f);
     if (!o_.inject_path.empty()) add_fault_file(&plan, o_.inject_path);
-    validate_fault_plan(plan, topo_.world_size(), cfg_.train().steps());
+    validate_fault_plan(plan, configured_world, cfg_.train().steps());
     for (const auto& f : plan.schedule.fault())
       if ((f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition) &&
           !std::getenv("KEEL_SLOT"))
@@ -174,6 +178,11 @@ class Worker {
       o_.rank = a.rank;
       env_.epoch = a.epoch;
       env_.restarted = true;
+      if (a.world != o_.world_size) {  // the data parallelism changed since it parked
+        o_.world_size = a.world;
+        cfg_.mutable_parallel()->set_dp(a.world / (topo_.tp() * topo_.pp()));
+        topo_ = Topology(cfg_.parallel().tp(), cfg_.parallel().pp(), cfg_.parallel().dp());
+      }
     }
     leader_ = o_.rank == 0;
     epoch_ = env_.epoch;
@@ -196,36 +205,82 @@ class Worker {
           std::make_unique<ProgressReporter>(ep, o_.rank, slot ? std::atoi(slot) : -1, activity_);
       reporter_->set_epoch(epoch_);
     }
+    register_pid();
+
+    state_ = make_train_state(cfg_, backend_.get(), *plugin_, topo_, o_.rank);
+    open_snapshots();
+    if (injector_ && std::getenv("KEEL_SLOT"))
+      injector_->set_slot_actions(slot_fault_actions(env_.job));
+    open_checkpointer();
+  }
+
+  // The rank's snapshot region, the backup server for the rank it holds a backup of, and the
+  // snapshotter, under the rank's id (again after the id changed).
+  void open_snapshots() {
+    if (!cfg_.checkpoint().snapshot_every_step()) return;
+    region_ =
+        SnapshotRegion::open_or_create(snapshot_segment_name(env_.job, o_.rank), state_->bytes(),
+                                       state_->layout_fingerprint(), o_.rank);
+    holder_ = backup_holder(topo_, o_.rank).holder;
+    if (holder_ >= 0) {
+      BackupServerOptions bo;
+      bo.host = listen_host_;
+      backup_server_ = std::make_unique<BackupServer>(env_.job, o_.rank, bo);
+      store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
+    }
+    snapshotter_ = std::make_unique<Snapshotter>(state_.get(), region_.get());
+    if (injector_)
+      injector_->set_snapshot_actions(snapshot_fault_actions(snapshotter_.get(), region_.get()));
+  }
+
+  void open_checkpointer() {
+    if (cfg_.checkpoint().persistent_every_steps() <= 0) return;
+    PersistentCheckpointOptions po;
+    po.dir = cfg_.checkpoint().dir();
+    po.rank = o_.rank;
+    po.layout = checkpoint_layout();
+    po.keep = cfg_.checkpoint().keep();
+    checkpointer_ = std::make_unique<PersistentCheckpointer>(po, connect_);
+  }
+
+  // The job's data parallelism shrank or grew: this surviving rank becomes `rank` of a layout
+  // with `dp` replicas. Its state is the same (replicas are equal without ZeRO-1), laid out
+  // again (the flat buffers are padded to a multiple of dp); its snapshot names move to the
+  // new id after the next rendezvous, when every rank has let go of its old ones.
+  void relayout(int rank, int dp, int64_t S) {
+    if (S >= 0 && state_->step() != S) restore(S);  // still under the old layout
+    if (snapshotter_) snapshotter_->stop();
+    snapshotter_.reset();
+    backup_server_.reset();
+    region_.reset();
+    if (cfg_.checkpoint().snapshot_every_step()) {
+      shm_unlink(snapshot_segment_name(env_.job, o_.rank).c_str());
+      shm_unlink(backup_segment_name(env_.job, o_.rank).c_str());
+    }
+    if (checkpointer_) checkpointer_->wait();
+    checkpointer_.reset();
+    cfg_.mutable_parallel()->set_dp(dp);
+    topo_ = Topology(cfg_.parallel().tp(), cfg_.parallel().pp(), dp);
+    o_.rank = rank;
+    o_.world_size = topo_.world_size();
+    leader_ = rank == 0;
+    auto next = make_train_state(cfg_, backend_.get(), *plugin_, topo_, rank);
+    std::vector<StateSpan> from = state_->spans(), to = next->spans();
+    for (size_t i = 0; i < from.size(); ++i)
+      backend_->copy(to[i].data, from[i].data, std::min(from[i].bytes(), to[i].bytes()));
+    next->set_step(state_->step());
+    trainer_.reset();  // it borrowed the old state
+    state_ = std::move(next);
+    if (recovery_) recovery_->set_rank(rank);
+    if (reporter_) reporter_->set_rank(rank);
+    register_pid();
+    relaid_out_ = true;
+  }
+
+  void register_pid() {
     const std::string pids = "pids/" + std::to_string(o_.rank) + "/";
     store_->set(pids + std::to_string(store_->add(pids + "count", 1) - 1),
                 std::to_string(getpid()));
-
-    state_ = make_train_state(cfg_, backend_.get(), *plugin_, topo_, o_.rank);
-    if (cfg_.checkpoint().snapshot_every_step()) {
-      region_ =
-          SnapshotRegion::open_or_create(snapshot_segment_name(env_.job, o_.rank), state_->bytes(),
-                                         state_->layout_fingerprint(), o_.rank);
-      holder_ = backup_holder(topo_, o_.rank).holder;
-      if (holder_ >= 0) {
-        BackupServerOptions bo;
-        bo.host = listen_host_;
-        backup_server_ = std::make_unique<BackupServer>(env_.job, o_.rank, bo);
-        store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
-      }
-      snapshotter_ = std::make_unique<Snapshotter>(state_.get(), region_.get());
-      if (injector_)
-        injector_->set_snapshot_actions(snapshot_fault_actions(snapshotter_.get(), region_.get()));
-    }
-    if (injector_ && std::getenv("KEEL_SLOT"))
-      injector_->set_slot_actions(slot_fault_actions(env_.job));
-    if (cfg_.checkpoint().persistent_every_steps() > 0) {
-      PersistentCheckpointOptions po;
-      po.dir = cfg_.checkpoint().dir();
-      po.rank = o_.rank;
-      po.layout = checkpoint_layout();
-      po.keep = cfg_.checkpoint().keep();
-      checkpointer_ = std::make_unique<PersistentCheckpointer>(po, connect_);
-    }
   }
 
   CheckpointLayout checkpoint_layout() const {
@@ -297,6 +352,24 @@ class Worker {
     while (true) {
       epoch_ = epoch;
       rendezvous_cancel_ = false;
+      // A survivor (it has a Trainer from the epoch before) whose id the controller changed.
+      bool grow = false;
+      if (recovery_ && trainer_) {
+        try {
+          const int dp = std::stoi(store_->get(detail::concat("layout/", epoch_), Millis(1)));
+          const int rank =
+              std::stoi(store_->get(detail::concat("layout/", epoch_, "/", o_.rank), Millis(1)));
+          relayout(rank, dp, S);
+        } catch (const CommTimeout&) {
+        }
+      }
+      if (recovery_) {
+        try {
+          store_->get(detail::concat("layout/", epoch_, "/grow"), Millis(1));
+          grow = true;
+        } catch (const CommTimeout&) {
+        }
+      }
       if (backup_server_)
         store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
       if (recovery_)
@@ -313,7 +386,17 @@ class Worker {
           if (trainer_) trainer_->rebind(groups.get());
           groups_ = std::move(groups);
         }
+        if (relaid_out_) {
+          // Every rank has passed its rendezvous, so every old name is let go: names of the
+          // new ids left by retired ranks are stale.
+          shm_unlink(snapshot_segment_name(env_.job, o_.rank).c_str());
+          shm_unlink(backup_segment_name(env_.job, o_.rank).c_str());
+          open_snapshots();
+          open_checkpointer();
+          relaid_out_ = false;
+        }
         if (!trainer_) make_trainer();
+        if (grow) receive_state_from_replica();
         if (reporter_) {
           reporter_->set_epoch(epoch_);
           reporter_->set_steps(state_->step());
@@ -337,6 +420,15 @@ class Worker {
         epoch = epoch_ + 1;
       }
     }
+  }
+
+  // A grown replica's ranks get the state (and its step) from their DP group's first rank,
+  // which every survivor of the group holds equally.
+  void receive_state_from_replica() {
+    for (const StateSpan& sp : state_->spans()) groups_->dp->broadcast(sp.data, sp.bytes(), 0);
+    int64_t step = state_->step();
+    groups_->dp->broadcast(&step, sizeof(step), 0);
+    state_->set_step(step);
   }
 
   void make_trainer() {
@@ -521,6 +613,7 @@ class Worker {
   std::unique_ptr<ProcessGroups> groups_;
   std::mutex groups_mu_;  // the recovery watcher aborts groups_ from its thread
   std::atomic<bool> rendezvous_cancel_{false};
+  bool relaid_out_ = false;  // the rank's id changed: snapshots reopen after the rendezvous
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<FaultInjector> injector_;
   std::unique_ptr<RecoveryClient> recovery_;

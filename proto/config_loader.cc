@@ -457,8 +457,9 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
   v.require(rc.abort_timeout_ms() > 0, "recovery.abort_timeout_ms", rc.abort_timeout_ms(),
             "must be positive");
   v.require(rc.max_incidents() >= 0, "recovery.max_incidents", rc.max_incidents(), "must be >= 0");
-  v.require(rc.on_no_standby() != config::RecoveryConfig::shrink_dp, "recovery.on_no_standby",
-            Raw{"shrink_dp"}, "is not implemented yet; use fail or wait");
+  v.require(rc.on_no_standby() != config::RecoveryConfig::shrink_dp || !cfg.parallel().zero1(),
+            "recovery.on_no_standby", Raw{"shrink_dp"},
+            "needs parallel.zero1 = false (a ZeRO-1 shard of the dropped replica would be lost)");
 
   const auto& r = cfg.runtime();
   v.require(
