@@ -2,8 +2,12 @@
 // this machine, one of them lost (its launcher and workers SIGKILLed, its shared memory
 // gone) or hung; a standby slot takes its ranks, the surviving workers never restart, and
 // the job ends with the parameters of a fault-free run, bit for bit.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -147,6 +151,73 @@ TEST(Standby, MpirunWithAStandbySurvivesAKilledLauncher) {
       EXPECT_NE(e.path().filename().string().rfind("keel-" + job + "-", 0), 0u)
           << "left behind: " << e.path();
   }
+}
+
+}  // namespace
+}  // namespace keel::test
+
+namespace keel::test {
+namespace {
+
+// recovery.on_no_standby = shrink_dp: a slot is lost with no standby, the job drops that
+// data-parallel replica and goes on with more micro-batches per replica (the same samples
+// every step, in another reduction order), then grows back when the slot's launcher joins
+// again. Every loss stays within 1e-5 (relative) of the fault-free run's.
+TEST(Standby, ShrinkDataParallelismAndGrowBackWhenTheSlotRejoins) {
+  constexpr int kLongSteps = 400;
+  std::string dir = temp_dir("shrink");
+  std::string cfg = write_config(dir, {{"parallel", "tp: 2 dp: 2"}});
+  const std::string steps = " --set train.steps=" + std::to_string(kLongSteps);
+  JobRun base = run_job(dir + "", "--config " + cfg + " --nproc 4" + steps);
+  ASSERT_EQ(base.exit_code, 0) << base.output;
+  const std::vector<double> want = json_array_field(base.report, "losses");
+
+  pid_t joiner = -1;
+  JobRun r = run_launch_job(
+      dir,
+      "--config " + cfg + " --local 2 --workers-per-slot 2" + steps +
+          " --set detect.slot_timeout_ms=1000 --set recovery.on_no_standby=shrink_dp"
+          " --fault slot_loss@step=6,rank=2",
+      [&](pid_t) {
+        if (joiner > 0) return;
+        std::ifstream log(dir + "/job.log");
+        std::string text((std::istreambuf_iterator<char>(log)), {});
+        if (!contains(text, "data parallelism shrinks")) return;
+        for (const auto& d : std::filesystem::directory_iterator(dir + "/runs")) {
+          std::ifstream in(d.path() / "controller");
+          std::string endpoint, job;
+          std::getline(in, endpoint);
+          std::getline(in, job);
+          const std::string cmd = bin_dir() + "/keel-launch --join " + endpoint +
+                                  " --slot 1 --job " + job + " --config " + cfg + " --run-dir " +
+                                  dir + "/runs --workers-per-slot 2" + steps;
+          joiner = fork();
+          if (joiner == 0) {
+            setsid();
+            execl("/bin/sh", "sh", "-c", ("exec " + cmd + " > " + dir + "/join.log 2>&1").c_str(),
+                  static_cast<char*>(nullptr));
+            _exit(127);
+          }
+        }
+      });
+  int join_status = 0;
+  if (joiner > 0) waitpid(joiner, &join_status, 0);
+  ASSERT_GT(joiner, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(WIFEXITED(join_status) && WEXITSTATUS(join_status) == 0)
+      << "the rejoined slot's launcher did not end cleanly";
+  EXPECT_TRUE(contains(r.output, "grows back to 2 replicas")) << r.output;
+  EXPECT_EQ(json_string_field(r.report, "layout"), "tp2 pp1 dp2");
+  std::vector<double> got = json_array_field(r.report, "losses");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_LE(std::abs(got[i] - want[i]) / std::abs(want[i]), 1e-5) << "step " << i;
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_TRUE(contains(json_string_field(inc[0], "action"), "shrink data parallelism to 1"))
+      << inc[0];
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+  EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
 }
 
 }  // namespace
