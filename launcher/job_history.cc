@@ -44,8 +44,12 @@ JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int worl
     rp->set_rank(r);
     const std::string pids = "pids/" + std::to_string(r) + "/";
     const int64_t n = store.add(pids + "count", 0);
-    for (int64_t i = 0; i < n; ++i)
-      rp->add_pids(std::stoi(store.get(pids + std::to_string(i), Millis(10000))));
+    for (int64_t i = 0; i < n; ++i) {
+      // A rank whose id did not change when the job's layout did registers again: once each.
+      const int pid = std::stoi(store.get(pids + std::to_string(i), Millis(10000)));
+      if (std::find(rp->pids().begin(), rp->pids().end(), pid) == rp->pids().end())
+        rp->add_pids(pid);
+    }
   }
   // Incidents: the supervisor's (and rank 0's own), joined with the injection records and
   // the ranks' restore times.
@@ -81,6 +85,7 @@ JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int worl
         }
       }
       inc.set_recovered_at(restored);
+      inc.set_restored_at(restored);
       try {
         inc.set_first_step_at(
             std::stod(store.get(recovery::first_step_key(inc.epoch()), Millis(1))));

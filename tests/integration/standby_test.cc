@@ -140,6 +140,11 @@ TEST(Standby, MpirunWithAStandbySurvivesAKilledLauncher) {
       << r.output;
   EXPECT_TRUE(contains(r.output, "standby slot 4 takes its ranks")) << r.output;
   EXPECT_EQ(r.leftover_processes, 0) << r.output;
+  std::vector<std::string> ranks = json_object_array(r.report, "ranks");
+  ASSERT_EQ(ranks.size(), 8u);
+  for (int k = 0; k < 8; ++k)
+    EXPECT_EQ(json_array_field(ranks[size_t(k)], "pids").size(), k == 4 || k == 5 ? 2u : 1u)
+        << ranks[size_t(k)];
   // The job's shared memory is named after its id (line 2 of runs/<job>/controller).
   for (const auto& d : std::filesystem::directory_iterator(dir + "/runs")) {
     std::ifstream in(d.path() / "controller");
@@ -220,6 +225,12 @@ TEST(Standby, ShrinkDataParallelismAndGrowBackWhenTheSlotRejoins) {
   ASSERT_EQ(inc.size(), 1u) << r.report;
   EXPECT_TRUE(contains(json_string_field(inc[0], "action"), "shrink data parallelism to 1"))
       << inc[0];
+  // Ranks 0 and 1 (replica 0, slot 0) trained through the shrink and the growth in the same
+  // processes; ranks 2 and 3 were lost, then served by the rejoined slot.
+  std::vector<std::string> ranks = json_object_array(r.report, "ranks");
+  ASSERT_EQ(ranks.size(), 4u);
+  for (int k : {0, 1})
+    EXPECT_EQ(json_array_field(ranks[size_t(k)], "pids").size(), 1u) << ranks[size_t(k)];
   EXPECT_EQ(r.leftover_processes, 0) << r.output;
   EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
 }
