@@ -74,26 +74,6 @@ std::vector<std::string> job_shm(const std::string& job) {
   return out;
 }
 
-// Processes whose session id is `sid` (field 6 of /proc/PID/stat), zombies aside.
-std::vector<pid_t> session_processes(pid_t sid) {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream f(e.path() / "stat");
-    std::string line;
-    if (!std::getline(f, line)) continue;
-    const size_t close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 2));
-    std::string state;
-    long ppid = 0, pgrp = 0, session = 0;
-    rest >> state >> ppid >> pgrp >> session;
-    if (session == sid && state != "Z") out.push_back(pid_t(std::stol(name)));
-  }
-  return out;
-}
-
 struct LaunchRun {
   int exit_code = -1;
   double seconds = 0;

@@ -96,7 +96,9 @@ std::set<std::string> keel_shm() {
   return out;
 }
 
-// Processes whose session id is `sid` (field 6 of /proc/PID/stat).
+}  // namespace
+
+// Processes whose session id is `sid` (field 6 of /proc/PID/stat), zombies aside.
 std::vector<pid_t> session_processes(pid_t sid) {
   std::vector<pid_t> out;
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
@@ -115,8 +117,6 @@ std::vector<pid_t> session_processes(pid_t sid) {
   }
   return out;
 }
-
-}  // namespace
 
 namespace {
 JobRun run_program(const std::string& dir, const std::string& cmd,

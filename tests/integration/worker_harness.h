@@ -52,6 +52,9 @@ JobRun run_command(const std::string& dir, const std::string& command,
 JobRun run_launch_job(const std::string& dir, const std::string& args,
                       const std::function<void(pid_t)>& poll = {}, int timeout_s = 300);
 
+// Processes whose session id is `sid` (field 6 of /proc/PID/stat), zombies aside.
+std::vector<pid_t> session_processes(pid_t sid);
+
 // Fields of a report.
 std::string json_string_field(const std::string& json, const std::string& key);
 double json_number_field(const std::string& json, const std::string& key);
