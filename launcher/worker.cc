@@ -1,635 +1,349 @@
 #include "launcher/worker.h"
 
-#include <signal.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <algorithm>
-
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <memory>
-#include <mutex>
-#include <thread>
-
-#include "ckpt/backup_placement.h"
-#include "ckpt/backup_service.h"
-#include "ckpt/persistent_checkpoint.h"
-#include "ckpt/restore.h"
-#include "ckpt/snapshot_region.h"
-#include "ckpt/snapshotter.h"
-#include "launcher/fault_actions.h"
-#include "launcher/input_checks.h"
-#include "launcher/job_history.h"
-#include "launcher/mfu.h"
-#include "launcher/progress_reporter.h"
-#include "launcher/recovery_client.h"
-#include "launcher/recovery_protocol.h"
-#include "launcher/run_report.h"
-#include "launcher/standby.h"
-#include "launcher/step_loop.h"
-#include "launcher/supervisor.h"
-#include "model/data_loader.h"
-#include "model/job_layout.h"
-#include "model/llmc_checkpoint.h"
-#include "model/plugin_loader.h"
-#include "model/trainer.h"
-#include "parallel/hash_store.h"
-#include "parallel/net_address.h"
-#include "parallel/process_groups.h"
-#include "parallel/tcp_store.h"
-#include "parallel/traced_communicator.h"
-#include "proto/config_loader.h"
-#include "robust/fault_injector.h"
-#include "robust/fault_spec.h"
+#include "launcher/worker_impl.h"
 
 namespace keel {
-namespace {
+namespace worker_detail {
 
-using Clock = std::chrono::steady_clock;
-using recovery::unix_now;
-
-// What the supervisor tells a rank through its environment (launcher/supervisor.cc).
-struct JobEnv {
-  std::string job;          // names the job's shared memory
-  bool supervised = false;  // a supervisor restarts ranks and runs the recovery protocol
-  int epoch = 0;
-  bool restarted = false;     // this process replaces a rank that died in epoch - 1
-  double job_start = 0;       // unix time the job started (for ETTR)
-  std::string resume_latest;  // restart_all: resume from the newest checkpoint here, if any
-
-  static JobEnv read() {
-    JobEnv e;
-    auto get = [](const char* n) -> std::string {
-      const char* v = std::getenv(n);
-      return v ? v : "";
-    };
-    e.job = get("KEEL_JOB_ID");
-    if (e.job.empty()) e.job = make_job_id();  // its own job: removed at its end
-    e.supervised = get("KEEL_SUPERVISED") == "1";
-    if (!get("KEEL_EPOCH").empty()) e.epoch = std::stoi(get("KEEL_EPOCH"));
-    e.restarted = get("KEEL_RESTARTED") == "1";
-    e.job_start = get("KEEL_JOB_START").empty() ? unix_now() : std::stod(get("KEEL_JOB_START"));
-    e.resume_latest = get("KEEL_RESUME_LATEST");
-    return e;
-  }
-};
-
-std::string layout_name(const Topology& t) {
-  return detail::concat("tp", t.tp(), " pp", t.pp(), " dp", t.dp());
+int Worker::run() {
+  setup();
+  start_state();
+  StepHooks hooks;
+  hooks.before_step.push_back([this](int64_t s) {
+    if (injector_) injector_->before_step(s);
+  });
+  hooks.after_step.push_back([this](const StepStats& st) { after_step(st); });
+  hooks.on_error = [this](int64_t s, const std::exception& e) { return on_error(s, e); };
+  run_step_loop([this]() -> Trainer& { return *trainer_; }, cfg_.train().steps(), hooks);
+  finish();
+  return 0;
 }
 
-std::string time_str(double t) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.6f", t);
-  return buf;
+void Worker::setup() {
+  cfg_ = load_config(o_.config_path, o_.overrides);
+  // Faults name ranks of the job as configured, also after its data parallelism changed.
+  const int configured_world = cfg_.parallel().tp() * cfg_.parallel().pp() * cfg_.parallel().dp();
+  // A rank started after the job's data parallelism shrank or grew (launcher/controller.cc).
+  if (const char* dp = std::getenv("KEEL_DP")) cfg_.mutable_parallel()->set_dp(std::atoi(dp));
+  check_job_inputs(o_, cfg_);
+  topo_ = Topology(cfg_.parallel().tp(), cfg_.parallel().pp(), cfg_.parallel().dp());
+  if (topo_.world_size() != o_.world_size)
+    throw InputError(detail::concat(o_.config_path, ": parallel.tp·pp·dp = ", topo_.world_size(),
+                                    " (", layout_name(topo_), ") but the job has ", o_.world_size,
+                                    " rank(s); start it with --nproc ", topo_.world_size()));
+  FaultPlan plan;
+  for (const auto& f : o_.faults) add_fault_flag(&plan, f);
+  if (!o_.inject_path.empty()) add_fault_file(&plan, o_.inject_path);
+  validate_fault_plan(plan, configured_world, cfg_.train().steps());
+  for (const auto& f : plan.schedule.fault())
+    if ((f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition) &&
+        !std::getenv("KEEL_SLOT"))
+      throw InputError(fault_kind_name(f.kind()) +
+                       " faults need slots (machines): start the job with keel-launch");
+  const int threads = worker_threads();
+  const bool cuda = cfg_.runtime().device() == config::RuntimeConfig::cuda;
+  const Precision precision = cfg_.runtime().precision() == config::RuntimeConfig::bf16
+                                  ? Precision::kBf16
+                                  : Precision::kFp32;
+  backend_ = cuda ? make_cuda_backend(o_.rank % std::max(1, o_.local_world_size), precision)
+                  : make_cpu_backend(threads);
+  plugin_ = Plugin::load(cfg_.model().plugin());
+  data_ = std::make_unique<DataLoader>(DataLoader::from_config(cfg_));
+  if (cfg_.train().eval_every() > 0)
+    val_ = std::make_unique<DataLoader>(DataLoader::from_config(cfg_, /*val=*/true));
+
+  if (o_.world_size > 1) {
+    auto [host, port] = parse_host_port(o_.store_addr);
+    connect_ = [host = host, port = port] { return std::make_shared<TcpStore>(host, port); };
+    // Peers on other machines reach this rank at its machine's address (KEEL_IFNAME's, or
+    // the route toward the store), never loopback.
+    listen_host_ = reachable_address(host);
+  } else {
+    auto shared = std::make_shared<HashStore>();
+    connect_ = [shared] { return shared; };
+  }
+  store_ = connect_();
+  // A warm standby (keel-launch --standby) has loaded everything that does not depend on
+  // a rank; it checks itself and waits here until the controller hands it one.
+  if (std::getenv("KEEL_STANDBY")) {
+    const StandbyAssignment a = park_as_standby(
+        *backend_, connect_, standby_identity(listen_host_.empty() ? "127.0.0.1" : listen_host_));
+    o_.rank = a.rank;
+    env_.epoch = a.epoch;
+    env_.restarted = true;
+    if (a.world != o_.world_size) {  // the data parallelism changed since it parked
+      o_.world_size = a.world;
+      cfg_.mutable_parallel()->set_dp(a.world / (topo_.tp() * topo_.pp()));
+      topo_ = Topology(cfg_.parallel().tp(), cfg_.parallel().pp(), cfg_.parallel().dp());
+    }
+  }
+  leader_ = o_.rank == 0;
+  epoch_ = env_.epoch;
+  // Measured (or read from cache) before any rank computes, so it sees an idle machine.
+  if (leader_) {
+    int machine_threads = cuda ? 1
+                               : std::min<int>(threads * o_.local_world_size,
+                                               int(std::thread::hardware_concurrency()));
+    peak_ = device_peak(*backend_, precision, machine_threads);
+    if (cuda) peak_.flops_per_s *= o_.world_size;  // one card per rank
+  }
+  // Under a supervisor faults may also arrive while the job runs (keel-ctl inject).
+  if (!plan.schedule.fault().empty() || env_.supervised)
+    injector_ = std::make_unique<FaultInjector>(plan.schedule, o_.rank, connect_());
+  if (env_.supervised) recovery_ = std::make_unique<RecoveryClient>(connect_, o_.rank);
+  if (const char* ep = std::getenv("KEEL_CONTROLLER"); ep && *ep) {
+    activity_ = std::make_shared<CommActivity>();
+    const char* slot = std::getenv("KEEL_SLOT");
+    reporter_ =
+        std::make_unique<ProgressReporter>(ep, o_.rank, slot ? std::atoi(slot) : -1, activity_);
+    reporter_->set_epoch(epoch_);
+  }
+  register_pid();
+
+  state_ = make_train_state(cfg_, backend_.get(), *plugin_, topo_, o_.rank);
+  open_snapshots();
+  if (injector_ && std::getenv("KEEL_SLOT"))
+    injector_->set_slot_actions(slot_fault_actions(env_.job));
+  open_checkpointer();
 }
 
-// Exits the process with a code the supervisor does not answer with a restart.
-class FatalStop : public Error {
- public:
-  FatalStop(const std::string& what, int code) : Error(what), code_(code) {}
-  int code() const { return code_; }
+void Worker::start_state() {
+  // A restarted rank (or a promoted standby) joins the epoch the supervisor started for
+  // it, at the step everyone restores; -2 means the job's start state.
+  const int64_t S = env_.restarted ? recovery_->wait_rebuild(epoch_) : -2;
+  build_epoch(epoch_, S);
+  if (leader_ && !o_.quiet && !env_.restarted && epoch_ == 0)
+    std::printf(
+        "keel: %s %s, %lld params, %s on %d rank(s), %d micro-batch(es) of %d per step, "
+        "backend %s\n",
+        plugin_->name().c_str(), plugin_->version().c_str(),
+        static_cast<long long>(trainer_->global_param_count()), layout_name(topo_).c_str(),
+        topo_.world_size(), trainer_->micro_batches(), cfg_.train().micro_batch_size(),
+        backend_->name().c_str());
+}
 
- private:
-  int code_;
-};
-
-class Worker {
- public:
-  explicit Worker(const WorkerOptions& o) : o_(o), env_(JobEnv::read()) {}
-  // A rank without a supervisor owns its job's shared memory: removed however it ends
-  // (short of SIGKILL; a later supervisor removes that of a dead PID).
-  ~Worker() {
-    if (snapshotter_) snapshotter_->stop();
-    if (!env_.supervised) {
-      region_.reset();
-      unlink_job_segments(env_.job);
-    }
-  }
-
-  int run() {
-    setup();
-    start_state();
-    StepHooks hooks;
-    hooks.before_step.push_back([this](int64_t s) {
-      if (injector_) injector_->before_step(s);
-    });
-    hooks.after_step.push_back([this](const StepStats& st) { after_step(st); });
-    hooks.on_error = [this](int64_t s, const std::exception& e) { return on_error(s, e); };
-    run_step_loop([this]() -> Trainer& { return *trainer_; }, cfg_.train().steps(), hooks);
-    finish();
-    return 0;
-  }
-
- private:
-  void setup() {
-    cfg_ = load_config(o_.config_path, o_.overrides);
-    // Faults name ranks of the job as configured, also after its data parallelism changed.
-    const int configured_world = cfg_.parallel().tp() * cfg_.parallel().pp() * cfg_.parallel().dp();
-    // A rank started after the job's data parallelism shrank or grew (launcher/controller.cc).
-    if (const char* dp = std::getenv("KEEL_DP")) cfg_.mutable_parallel()->set_dp(std::atoi(dp));
-    check_job_inputs(o_, cfg_);
-    topo_ = Topology(cfg_.parallel().tp(), cfg_.parallel().pp(), cfg_.parallel().dp());
-    if (topo_.world_size() != o_.world_size)
-      throw InputError(detail::concat(o_.config_path, ": parallel.tp·pp·dp = ", topo_.world_size(),
-                                      " (", layout_name(topo_), ") but the job has ", o_.world_size,
-                                      " rank(s); start it with --nproc ", topo_.world_size()));
-    FaultPlan plan;
-    for (const auto& f : o_.faults) add_fault_flag(&plan, f);
-    if (!o_.inject_path.empty()) add_fault_file(&plan, o_.inject_path);
-    validate_fault_plan(plan, configured_world, cfg_.train().steps());
-    for (const auto& f : plan.schedule.fault())
-      if ((f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition) &&
-          !std::getenv("KEEL_SLOT"))
-        throw InputError(fault_kind_name(f.kind()) +
-                         " faults need slots (machines): start the job with keel-launch");
-    const int threads = worker_threads();
-    const bool cuda = cfg_.runtime().device() == config::RuntimeConfig::cuda;
-    const Precision precision = cfg_.runtime().precision() == config::RuntimeConfig::bf16
-                                    ? Precision::kBf16
-                                    : Precision::kFp32;
-    backend_ = cuda ? make_cuda_backend(o_.rank % std::max(1, o_.local_world_size), precision)
-                    : make_cpu_backend(threads);
-    plugin_ = Plugin::load(cfg_.model().plugin());
-    data_ = std::make_unique<DataLoader>(DataLoader::from_config(cfg_));
-    if (cfg_.train().eval_every() > 0)
-      val_ = std::make_unique<DataLoader>(DataLoader::from_config(cfg_, /*val=*/true));
-
-    if (o_.world_size > 1) {
-      auto [host, port] = parse_host_port(o_.store_addr);
-      connect_ = [host = host, port = port] { return std::make_shared<TcpStore>(host, port); };
-      // Peers on other machines reach this rank at its machine's address (KEEL_IFNAME's, or
-      // the route toward the store), never loopback.
-      listen_host_ = reachable_address(host);
-    } else {
-      auto shared = std::make_shared<HashStore>();
-      connect_ = [shared] { return shared; };
-    }
-    store_ = connect_();
-    // A warm standby (keel-launch --standby) has loaded everything that does not depend on
-    // a rank; it checks itself and waits here until the controller hands it one.
-    if (std::getenv("KEEL_STANDBY")) {
-      const StandbyAssignment a = park_as_standby(
-          *backend_, connect_, standby_identity(listen_host_.empty() ? "127.0.0.1" : listen_host_));
-      o_.rank = a.rank;
-      env_.epoch = a.epoch;
-      env_.restarted = true;
-      if (a.world != o_.world_size) {  // the data parallelism changed since it parked
-        o_.world_size = a.world;
-        cfg_.mutable_parallel()->set_dp(a.world / (topo_.tp() * topo_.pp()));
-        topo_ = Topology(cfg_.parallel().tp(), cfg_.parallel().pp(), cfg_.parallel().dp());
+// Joins `epoch`: builds its communicators (a rendezvous the supervisor can abort), the
+// Trainer the first time or rebinds it, and loads step S (-2: the job's start state, -1:
+// the start state after a failure, else a snapshot). If the epoch fails while it is being
+// built (a peer died in the rendezvous), the supervisor starts the next one: go on there.
+void Worker::build_epoch(int epoch, int64_t S) {
+  while (true) {
+    epoch_ = epoch;
+    rendezvous_cancel_ = false;
+    // A survivor (it has a Trainer from the epoch before) whose id the controller changed.
+    bool grow = false;
+    if (recovery_ && trainer_) {
+      try {
+        const int dp = std::stoi(store_->get(detail::concat("layout/", epoch_), Millis(1)));
+        const int rank =
+            std::stoi(store_->get(detail::concat("layout/", epoch_, "/", o_.rank), Millis(1)));
+        relayout(rank, dp, S);
+      } catch (const CommTimeout&) {
       }
     }
-    leader_ = o_.rank == 0;
-    epoch_ = env_.epoch;
-    // Measured (or read from cache) before any rank computes, so it sees an idle machine.
-    if (leader_) {
-      int machine_threads = cuda ? 1
-                                 : std::min<int>(threads * o_.local_world_size,
-                                                 int(std::thread::hardware_concurrency()));
-      peak_ = device_peak(*backend_, precision, machine_threads);
-      if (cuda) peak_.flops_per_s *= o_.world_size;  // one card per rank
+    if (recovery_) {
+      try {
+        store_->get(detail::concat("layout/", epoch_, "/grow"), Millis(1));
+        grow = true;
+      } catch (const CommTimeout&) {
+      }
     }
-    // Under a supervisor faults may also arrive while the job runs (keel-ctl inject).
-    if (!plan.schedule.fault().empty() || env_.supervised)
-      injector_ = std::make_unique<FaultInjector>(plan.schedule, o_.rank, connect_());
-    if (env_.supervised) recovery_ = std::make_unique<RecoveryClient>(connect_, o_.rank);
-    if (const char* ep = std::getenv("KEEL_CONTROLLER"); ep && *ep) {
-      activity_ = std::make_shared<CommActivity>();
-      const char* slot = std::getenv("KEEL_SLOT");
-      reporter_ =
-          std::make_unique<ProgressReporter>(ep, o_.rank, slot ? std::atoi(slot) : -1, activity_);
-      reporter_->set_epoch(epoch_);
-    }
-    register_pid();
-
-    state_ = make_train_state(cfg_, backend_.get(), *plugin_, topo_, o_.rank);
-    open_snapshots();
-    if (injector_ && std::getenv("KEEL_SLOT"))
-      injector_->set_slot_actions(slot_fault_actions(env_.job));
-    open_checkpointer();
-  }
-
-  // The rank's snapshot region, the backup server for the rank it holds a backup of, and the
-  // snapshotter, under the rank's id (again after the id changed).
-  void open_snapshots() {
-    if (!cfg_.checkpoint().snapshot_every_step()) return;
-    region_ =
-        SnapshotRegion::open_or_create(snapshot_segment_name(env_.job, o_.rank), state_->bytes(),
-                                       state_->layout_fingerprint(), o_.rank);
-    holder_ = backup_holder(topo_, o_.rank).holder;
-    if (holder_ >= 0) {
-      BackupServerOptions bo;
-      bo.host = listen_host_;
-      backup_server_ = std::make_unique<BackupServer>(env_.job, o_.rank, bo);
+    if (backup_server_)
       store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
-    }
-    snapshotter_ = std::make_unique<Snapshotter>(state_.get(), region_.get());
-    if (injector_)
-      injector_->set_snapshot_actions(snapshot_fault_actions(snapshotter_.get(), region_.get()));
-  }
-
-  void open_checkpointer() {
-    if (cfg_.checkpoint().persistent_every_steps() <= 0) return;
-    PersistentCheckpointOptions po;
-    po.dir = cfg_.checkpoint().dir();
-    po.rank = o_.rank;
-    po.layout = checkpoint_layout();
-    po.keep = cfg_.checkpoint().keep();
-    checkpointer_ = std::make_unique<PersistentCheckpointer>(po, connect_);
-  }
-
-  // The job's data parallelism shrank or grew: this surviving rank becomes `rank` of a layout
-  // with `dp` replicas. Its state is the same (replicas are equal without ZeRO-1), laid out
-  // again (the flat buffers are padded to a multiple of dp); its snapshot names move to the
-  // new id after the next rendezvous, when every rank has let go of its old ones.
-  void relayout(int rank, int dp, int64_t S) {
-    if (S >= 0 && state_->step() != S) restore(S);  // still under the old layout
-    if (snapshotter_) snapshotter_->stop();
-    snapshotter_.reset();
-    backup_server_.reset();
-    region_.reset();
-    if (cfg_.checkpoint().snapshot_every_step()) {
-      shm_unlink(snapshot_segment_name(env_.job, o_.rank).c_str());
-      shm_unlink(backup_segment_name(env_.job, o_.rank).c_str());
-    }
-    if (checkpointer_) checkpointer_->wait();
-    checkpointer_.reset();
-    cfg_.mutable_parallel()->set_dp(dp);
-    topo_ = Topology(cfg_.parallel().tp(), cfg_.parallel().pp(), dp);
-    o_.rank = rank;
-    o_.world_size = topo_.world_size();
-    leader_ = rank == 0;
-    auto next = make_train_state(cfg_, backend_.get(), *plugin_, topo_, rank);
-    std::vector<StateSpan> from = state_->spans(), to = next->spans();
-    for (size_t i = 0; i < from.size(); ++i)
-      backend_->copy(to[i].data, from[i].data, std::min(from[i].bytes(), to[i].bytes()));
-    next->set_step(state_->step());
-    trainer_.reset();  // it borrowed the old state
-    state_ = std::move(next);
-    if (recovery_) recovery_->set_rank(rank);
-    if (reporter_) reporter_->set_rank(rank);
-    register_pid();
-    relaid_out_ = true;
-  }
-
-  void register_pid() {
-    const std::string pids = "pids/" + std::to_string(o_.rank) + "/";
-    store_->set(pids + std::to_string(store_->add(pids + "count", 1) - 1),
-                std::to_string(getpid()));
-  }
-
-  CheckpointLayout checkpoint_layout() const {
-    CheckpointLayout l;
-    l.tp = topo_.tp();
-    l.pp = topo_.pp();
-    l.dp = topo_.dp();
-    l.zero1 = cfg_.parallel().zero1();
-    l.plugin_name = plugin_->name();
-    l.plugin_version = plugin_->version();
-    return l;
-  }
-
-  int worker_threads() const {
-    if (cfg_.runtime().threads() > 0) return cfg_.runtime().threads();
-    int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-    return std::max(1, cores / o_.local_world_size);
-  }
-
-  // The state the job starts from: --resume (or, after restart_all, the newest checkpoint),
-  // model.init_checkpoint, or a fresh init.
-  void load_start_state() {
-    std::string dir = !o_.resume_dir.empty() ? o_.resume_dir : env_.resume_latest;
-    if (!dir.empty()) {
-      std::vector<std::string> skipped;
-      try {
-        ResumePoint p = find_resume_point(dir, checkpoint_layout(), &skipped);
-        for (const auto& s : skipped)
-          std::fprintf(stderr, "keel-worker: rank %d: skipped checkpoint %s\n", o_.rank, s.c_str());
-        load_rank(p, o_.rank, *state_);
-        if (leader_ && !o_.quiet)
-          std::printf("keel: resumed from %s (step %lld)\n", p.dir.c_str(),
-                      static_cast<long long>(p.step));
-        return;
-      } catch (const InputError&) {
-        if (!o_.resume_dir.empty()) throw;  // asked for by the user: it must be there
+    if (recovery_)
+      recovery_->watch(epoch_, [this] {
+        rendezvous_cancel_ = true;
+        std::lock_guard<std::mutex> l(groups_mu_);
+        if (groups_) groups_->abort_all();
+      });
+    try {
+      auto groups = std::make_unique<ProcessGroups>(make_groups(epoch_));
+      if (injector_) injector_->wrap(*groups);
+      {
+        std::lock_guard<std::mutex> l(groups_mu_);
+        if (trainer_) trainer_->rebind(groups.get());
+        groups_ = std::move(groups);
       }
-    }
-    trainer_->init_params();
-  }
-
-  // The step the job's report starts at: where its first process started (a --resume
-  // point or 0), kept once for the whole job.
-  void record_start_step() {
-    if (leader_ && store_->add("start_step/claimed", 1) == 1)
-      store_->set("start_step", std::to_string(state_->step()));
-  }
-
-  void start_state() {
-    // A restarted rank (or a promoted standby) joins the epoch the supervisor started for
-    // it, at the step everyone restores; -2 means the job's start state.
-    const int64_t S = env_.restarted ? recovery_->wait_rebuild(epoch_) : -2;
-    build_epoch(epoch_, S);
-    if (leader_ && !o_.quiet && !env_.restarted && epoch_ == 0)
-      std::printf(
-          "keel: %s %s, %lld params, %s on %d rank(s), %d micro-batch(es) of %d per step, "
-          "backend %s\n",
-          plugin_->name().c_str(), plugin_->version().c_str(),
-          static_cast<long long>(trainer_->global_param_count()), layout_name(topo_).c_str(),
-          topo_.world_size(), trainer_->micro_batches(), cfg_.train().micro_batch_size(),
-          backend_->name().c_str());
-  }
-
-  // Joins `epoch`: builds its communicators (a rendezvous the supervisor can abort), the
-  // Trainer the first time or rebinds it, and loads step S (-2: the job's start state, -1:
-  // the start state after a failure, else a snapshot). If the epoch fails while it is being
-  // built (a peer died in the rendezvous), the supervisor starts the next one: go on there.
-  void build_epoch(int epoch, int64_t S) {
-    while (true) {
-      epoch_ = epoch;
-      rendezvous_cancel_ = false;
-      // A survivor (it has a Trainer from the epoch before) whose id the controller changed.
-      bool grow = false;
-      if (recovery_ && trainer_) {
-        try {
-          const int dp = std::stoi(store_->get(detail::concat("layout/", epoch_), Millis(1)));
-          const int rank =
-              std::stoi(store_->get(detail::concat("layout/", epoch_, "/", o_.rank), Millis(1)));
-          relayout(rank, dp, S);
-        } catch (const CommTimeout&) {
-        }
+      if (relaid_out_) {
+        // Every rank has passed its rendezvous, so every old name is let go: names of the
+        // new ids left by retired ranks are stale.
+        shm_unlink(snapshot_segment_name(env_.job, o_.rank).c_str());
+        shm_unlink(backup_segment_name(env_.job, o_.rank).c_str());
+        open_snapshots();
+        open_checkpointer();
+        relaid_out_ = false;
       }
-      if (recovery_) {
-        try {
-          store_->get(detail::concat("layout/", epoch_, "/grow"), Millis(1));
-          grow = true;
-        } catch (const CommTimeout&) {
-        }
+      if (!trainer_) make_trainer();
+      if (grow) receive_state_from_replica();
+      if (reporter_) {
+        reporter_->set_epoch(epoch_);
+        reporter_->set_steps(state_->step());
       }
-      if (backup_server_)
-        store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
-      if (recovery_)
-        recovery_->watch(epoch_, [this] {
-          rendezvous_cancel_ = true;
-          std::lock_guard<std::mutex> l(groups_mu_);
-          if (groups_) groups_->abort_all();
-        });
-      try {
-        auto groups = std::make_unique<ProcessGroups>(make_groups(epoch_));
-        if (injector_) injector_->wrap(*groups);
-        {
-          std::lock_guard<std::mutex> l(groups_mu_);
-          if (trainer_) trainer_->rebind(groups.get());
-          groups_ = std::move(groups);
-        }
-        if (relaid_out_) {
-          // Every rank has passed its rendezvous, so every old name is let go: names of the
-          // new ids left by retired ranks are stale.
-          shm_unlink(snapshot_segment_name(env_.job, o_.rank).c_str());
-          shm_unlink(backup_segment_name(env_.job, o_.rank).c_str());
-          open_snapshots();
-          open_checkpointer();
-          relaid_out_ = false;
-        }
-        if (!trainer_) make_trainer();
-        if (grow) receive_state_from_replica();
-        if (reporter_) {
-          reporter_->set_epoch(epoch_);
-          reporter_->set_steps(state_->step());
-        }
-        if (snapshotter_ && holder_ >= 0) snapshotter_->set_backup_holder(holder_address());
-        if (S == -2) {
-          load_start_state();
-          record_start_step();
-        } else {
-          restore(S);
-        }
-        if (recovery_ && (S != -2 || epoch_ > 0)) recovery_->mark_restored(epoch_);
-        first_step_in_epoch_ = true;
-        return;
-      } catch (const CommError& e) {
-        if (!recovery_) throw;
-        std::fprintf(stderr, "keel-worker: rank %d: epoch %d failed while starting: %s\n", o_.rank,
-                     epoch_, e.what());
-        S = recovery_->fail_and_wait(epoch_, state_->step(), state_->step(), e.what());
-        if (S == -2) S = -1;
-        epoch = epoch_ + 1;
+      if (snapshotter_ && holder_ >= 0) snapshotter_->set_backup_holder(holder_address());
+      if (S == -2) {
+        load_start_state();
+        record_start_step();
+      } else {
+        restore(S);
       }
-    }
-  }
-
-  // A grown replica's ranks get the state (and its step) from their DP group's first rank,
-  // which every survivor of the group holds equally.
-  void receive_state_from_replica() {
-    for (const StateSpan& sp : state_->spans()) groups_->dp->broadcast(sp.data, sp.bytes(), 0);
-    int64_t step = state_->step();
-    groups_->dp->broadcast(&step, sizeof(step), 0);
-    state_->set_step(step);
-  }
-
-  void make_trainer() {
-    trainer_ = std::make_unique<Trainer>(cfg_, backend_.get(), plugin_, topo_, o_.rank,
-                                         state_.get(), groups_.get(), data_.get());
-    TrainerHooks th;
-    if (snapshotter_) th.before_update = [this](int64_t) { snapshotter_->wait_idle(); };
-    if (injector_)
-      th.local_metrics = [this](int64_t s, float* m) { injector_->on_local_metrics(s, m); };
-    trainer_->set_hooks(th);
-  }
-
-  ProcessGroups make_groups(int epoch) {
-    ProcessGroupOptions g;
-    g.epoch = epoch;
-    g.timeout = Millis(cfg_.parallel().comm_timeout_ms());
-    g.device = backend_->kind();
-    g.cuda_device = o_.rank % std::max(1, o_.local_world_size);
-    g.host = listen_host_;
-    g.cancel = &rendezvous_cancel_;
-    ProcessGroups groups = make_process_groups(topo_, o_.rank, store_, g);
-    if (activity_) trace_communicators(groups, activity_);
-    return groups;
-  }
-
-  std::string holder_address() {
-    return store_->get(recovery::backup_addr_key(epoch_, holder_),
-                       Millis(cfg_.parallel().comm_timeout_ms()));
-  }
-
-  // Loads step S (steps completed) into the state: -1 is the job's start state.
-  void restore(int64_t S) {
-    if (S < 0) {
-      load_start_state();
+      if (recovery_ && (S != -2 || epoch_ > 0)) recovery_->mark_restored(epoch_);
+      first_step_in_epoch_ = true;
       return;
+    } catch (const CommError& e) {
+      if (!recovery_) throw;
+      std::fprintf(stderr, "keel-worker: rank %d: epoch %d failed while starting: %s\n", o_.rank,
+                   epoch_, e.what());
+      S = recovery_->fail_and_wait(epoch_, state_->step(), state_->step(), e.what());
+      if (S == -2) S = -1;
+      epoch = epoch_ + 1;
     }
-    if (state_->step() == S) return;  // a step is a transaction: the state is still S
-    if (snapshotter_) snapshotter_->wait_idle();
-    std::string addr = holder_ >= 0 && region_ ? holder_address() : "";
-    RestoreResult r = restore_state(*state_, S, region_.get(), addr, o_.rank, holder_);
-    for (const auto& why : r.skipped)
-      std::fprintf(stderr, "keel-worker: rank %d: restore step %lld: %s\n", o_.rank,
-                   static_cast<long long>(S), why.c_str());
-    std::fprintf(stderr, "keel-worker: rank %d: restored step %lld from %s\n", o_.rank,
-                 static_cast<long long>(S), r.source.c_str());
   }
+}
 
-  bool on_error(int64_t s, const std::exception& e) {
-    if (const auto* nf = dynamic_cast<const NonFiniteStep*>(&e)) {
-      // Every rank sees the same global numbers, so every rank retries, or stops, alike.
-      if (nonfinite_retried_ == s)
-        throw FatalStop(detail::concat(nf->what(),
-                                       "; the retry was not finite either: stopping "
-                                       "(lower optim.lr or check the data)"),
-                        recovery::kExitNonFinite);
-      nonfinite_retried_ = s;
-      if (leader_) {
-        std::fprintf(stderr, "keel-worker: %s; retrying the step once\n", nf->what());
-        nan_incident_.set_kind("nan");
-        nan_incident_.set_rank(-1);
-        nan_incident_.set_step(int(s));
-        nan_incident_.set_detected_at(unix_now());
-        nan_incident_.set_recovered_at(unix_now());
-        nan_incident_.set_restored_step(int(s));
-        nan_incident_.set_steps_lost(0);
-        nan_incident_.set_action("update skipped; step retried");
-        nan_incident_.set_detail(nf->what());
-        nan_incident_.set_epoch(epoch_);
-      }
-      return true;
+void Worker::make_trainer() {
+  trainer_ = std::make_unique<Trainer>(cfg_, backend_.get(), plugin_, topo_, o_.rank, state_.get(),
+                                       groups_.get(), data_.get());
+  TrainerHooks th;
+  if (snapshotter_) th.before_update = [this](int64_t) { snapshotter_->wait_idle(); };
+  if (injector_)
+    th.local_metrics = [this](int64_t s, float* m) { injector_->on_local_metrics(s, m); };
+  trainer_->set_hooks(th);
+}
+
+ProcessGroups Worker::make_groups(int epoch) {
+  ProcessGroupOptions g;
+  g.epoch = epoch;
+  g.timeout = Millis(cfg_.parallel().comm_timeout_ms());
+  g.device = backend_->kind();
+  g.cuda_device = o_.rank % std::max(1, o_.local_world_size);
+  g.host = listen_host_;
+  g.cancel = &rendezvous_cancel_;
+  ProcessGroups groups = make_process_groups(topo_, o_.rank, store_, g);
+  if (activity_) trace_communicators(groups, activity_);
+  return groups;
+}
+
+std::string Worker::holder_address() {
+  return store_->get(recovery::backup_addr_key(epoch_, holder_),
+                     Millis(cfg_.parallel().comm_timeout_ms()));
+}
+
+bool Worker::on_error(int64_t s, const std::exception& e) {
+  if (const auto* nf = dynamic_cast<const NonFiniteStep*>(&e)) {
+    // Every rank sees the same global numbers, so every rank retries, or stops, alike.
+    if (nonfinite_retried_ == s)
+      throw FatalStop(detail::concat(nf->what(),
+                                     "; the retry was not finite either: stopping "
+                                     "(lower optim.lr or check the data)"),
+                      recovery::kExitNonFinite);
+    nonfinite_retried_ = s;
+    if (leader_) {
+      std::fprintf(stderr, "keel-worker: %s; retrying the step once\n", nf->what());
+      nan_incident_.set_kind("nan");
+      nan_incident_.set_rank(-1);
+      nan_incident_.set_step(int(s));
+      nan_incident_.set_detected_at(unix_now());
+      nan_incident_.set_recovered_at(unix_now());
+      nan_incident_.set_restored_step(int(s));
+      nan_incident_.set_steps_lost(0);
+      nan_incident_.set_action("update skipped; step retried");
+      nan_incident_.set_detail(nf->what());
+      nan_incident_.set_epoch(epoch_);
     }
-    const auto* ce = dynamic_cast<const CommError*>(&e);
-    if (!ce || !recovery_) return false;
-    // Peers blocked on this rank must learn at once; then settle the snapshot in flight so
-    // the supervisor reads stable slots, and wait for its decision.
-    groups_->abort_all();
-    if (snapshotter_) snapshotter_->wait_idle();
-    if (!o_.quiet)
-      std::fprintf(stderr, "keel-worker: rank %d: step %lld: %s; waiting for the supervisor\n",
-                   o_.rank, static_cast<long long>(s + 1), ce->what());
-    const int64_t S = recovery_->fail_and_wait(epoch_, state_->step(), s, ce->what());
-    recovery_->stop_watch();
-    build_epoch(epoch_ + 1, S);
     return true;
   }
+  const auto* ce = dynamic_cast<const CommError*>(&e);
+  if (!ce || !recovery_) return false;
+  // Peers blocked on this rank must learn at once; then settle the snapshot in flight so
+  // the supervisor reads stable slots, and wait for its decision.
+  groups_->abort_all();
+  if (snapshotter_) snapshotter_->wait_idle();
+  if (!o_.quiet)
+    std::fprintf(stderr, "keel-worker: rank %d: step %lld: %s; waiting for the supervisor\n",
+                 o_.rank, static_cast<long long>(s + 1), ce->what());
+  const int64_t S = recovery_->fail_and_wait(epoch_, state_->step(), s, ce->what());
+  recovery_->stop_watch();
+  build_epoch(epoch_ + 1, S);
+  return true;
+}
 
-  // Survivor: new communicators for `epoch`, the same state, plugin and memory.
-  void after_step(const StepStats& st) {
-    const int64_t s = st.step, steps = cfg_.train().steps();
-    if (snapshotter_) snapshotter_->capture();
-    if (reporter_) reporter_->step_done(s + 1, st.loss, st.wall_s, st.compute_s, st.comm_s);
-    const int every = cfg_.checkpoint().persistent_every_steps();
-    if (checkpointer_ && (s + 1) % every == 0) checkpointer_->save_async(*state_);
-    if (leader_) record_step(st);
-    if (leader_ && !o_.quiet &&
-        ((s + 1) % std::max(1, cfg_.train().log_every()) == 0 || s + 1 == steps)) {
-      const double tok_s = double(st.tokens) / st.wall_s;
-      const double mfu =
-          peak_.flops_per_s > 0 ? trainer_->model_flops_per_token() * tok_s / peak_.flops_per_s : 0;
-      std::printf(
-          "step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | MFU %5.1f%% | "
-          "compute %3.0f%% comm %3.0f%% bubble %3.0f%%\n",
-          static_cast<long long>(s + 1), static_cast<long long>(steps), st.loss, st.lr,
-          st.grad_norm, tok_s, 100 * mfu, 100 * st.compute_s / st.wall_s,
-          100 * st.comm_s / st.wall_s, 100 * st.bubble_s / st.wall_s);
-      std::fflush(stdout);
-    }
-    const int eval_every = cfg_.train().eval_every();
-    if (val_ && ((s + 1) % eval_every == 0 || s + 1 == steps)) {
-      const double vl = trainer_->evaluate(*val_, cfg_.train().eval_batches());
-      if (leader_) {
-        char buf[40];
-        std::snprintf(buf, sizeof(buf), "%.17g", vl);
-        store_->set(recovery::eval_key(s + 1), buf);
-        if (!o_.quiet) {
-          std::printf("eval %5lld/%lld | val loss %.6f (%d batches)\n",
-                      static_cast<long long>(s + 1), static_cast<long long>(steps), vl,
-                      cfg_.train().eval_batches());
-          std::fflush(stdout);
-        }
+// Survivor: new communicators for `epoch`, the same state, plugin and memory.
+void Worker::after_step(const StepStats& st) {
+  const int64_t s = st.step, steps = cfg_.train().steps();
+  if (snapshotter_) snapshotter_->capture();
+  if (reporter_) reporter_->step_done(s + 1, st.loss, st.wall_s, st.compute_s, st.comm_s);
+  const int every = cfg_.checkpoint().persistent_every_steps();
+  if (checkpointer_ && (s + 1) % every == 0) checkpointer_->save_async(*state_);
+  if (leader_) record_step(st);
+  if (leader_ && !o_.quiet &&
+      ((s + 1) % std::max(1, cfg_.train().log_every()) == 0 || s + 1 == steps)) {
+    const double tok_s = double(st.tokens) / st.wall_s;
+    const double mfu =
+        peak_.flops_per_s > 0 ? trainer_->model_flops_per_token() * tok_s / peak_.flops_per_s : 0;
+    std::printf(
+        "step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | MFU %5.1f%% | "
+        "compute %3.0f%% comm %3.0f%% bubble %3.0f%%\n",
+        static_cast<long long>(s + 1), static_cast<long long>(steps), st.loss, st.lr, st.grad_norm,
+        tok_s, 100 * mfu, 100 * st.compute_s / st.wall_s, 100 * st.comm_s / st.wall_s,
+        100 * st.bubble_s / st.wall_s);
+    std::fflush(stdout);
+  }
+  const int eval_every = cfg_.train().eval_every();
+  if (val_ && ((s + 1) % eval_every == 0 || s + 1 == steps)) {
+    const double vl = trainer_->evaluate(*val_, cfg_.train().eval_batches());
+    if (leader_) {
+      char buf[40];
+      std::snprintf(buf, sizeof(buf), "%.17g", vl);
+      store_->set(recovery::eval_key(s + 1), buf);
+      if (!o_.quiet) {
+        std::printf("eval %5lld/%lld | val loss %.6f (%d batches)\n", static_cast<long long>(s + 1),
+                    static_cast<long long>(steps), vl, cfg_.train().eval_batches());
+        std::fflush(stdout);
       }
     }
   }
+}
 
-  // Rank 0 keeps each step's numbers in the job's store, so they survive its own restart.
-  void record_step(const StepStats& st) {
-    report::StepRecord r;
-    r.set_step(st.step);
-    r.set_loss(st.loss);
-    r.set_grad_norm(st.grad_norm);
-    r.set_lr(st.lr);
-    r.set_wall_s(st.wall_s);
-    r.set_compute_s(st.compute_s);
-    r.set_comm_s(st.comm_s);
-    r.set_bubble_s(st.bubble_s);
-    r.set_bytes_tp(double(st.bytes_tp));
-    r.set_bytes_pp(double(st.bytes_pp));
-    r.set_bytes_dp(double(st.bytes_dp));
-    r.set_bytes_emb(double(st.bytes_emb));
-    r.set_tokens(double(st.tokens));
-    store_->set(recovery::step_key(st.step), r.SerializeAsString());
-    store_->set("progress", std::to_string(st.step + 1));
-    if (env_.supervised) {  // for keel-ctl status
-      const double tok_s = double(st.tokens) / st.wall_s;
-      store_->set("live/tokens_per_s", std::to_string(tok_s));
-      live_step_s_ += st.wall_s;
-      store_->set("live/ettr",
-                  std::to_string(live_step_s_ / std::max(1e-9, unix_now() - env_.job_start)));
-      store_->set("live/mfu",
-                  std::to_string(peak_.flops_per_s > 0
-                                     ? trainer_->model_flops_per_token() * tok_s / peak_.flops_per_s
-                                     : 0));
-    }
-    if (first_step_in_epoch_) {
-      first_step_in_epoch_ = false;
-      store_->set(recovery::first_step_key(epoch_), time_str(unix_now()));
-    }
-    if (nan_incident_.step() == st.step && !nan_incident_.kind().empty()) {
-      nan_incident_.set_first_step_at(unix_now());
-      const int64_t n = store_->add(recovery::kIncidentCount, 1) - 1;
-      store_->set(recovery::incident_key(n), nan_incident_.SerializeAsString());
-      nan_incident_.Clear();
-    }
+// Rank 0 keeps each step's numbers in the job's store, so they survive its own restart.
+void Worker::record_step(const StepStats& st) {
+  report::StepRecord r;
+  r.set_step(st.step);
+  r.set_loss(st.loss);
+  r.set_grad_norm(st.grad_norm);
+  r.set_lr(st.lr);
+  r.set_wall_s(st.wall_s);
+  r.set_compute_s(st.compute_s);
+  r.set_comm_s(st.comm_s);
+  r.set_bubble_s(st.bubble_s);
+  r.set_bytes_tp(double(st.bytes_tp));
+  r.set_bytes_pp(double(st.bytes_pp));
+  r.set_bytes_dp(double(st.bytes_dp));
+  r.set_bytes_emb(double(st.bytes_emb));
+  r.set_tokens(double(st.tokens));
+  store_->set(recovery::step_key(st.step), r.SerializeAsString());
+  store_->set("progress", std::to_string(st.step + 1));
+  if (env_.supervised) {  // for keel-ctl status
+    const double tok_s = double(st.tokens) / st.wall_s;
+    store_->set("live/tokens_per_s", std::to_string(tok_s));
+    live_step_s_ += st.wall_s;
+    store_->set("live/ettr",
+                std::to_string(live_step_s_ / std::max(1e-9, unix_now() - env_.job_start)));
+    store_->set("live/mfu",
+                std::to_string(peak_.flops_per_s > 0
+                                   ? trainer_->model_flops_per_token() * tok_s / peak_.flops_per_s
+                                   : 0));
   }
-
-  void finish();
-  void fill_report(RunReport* rep);
-
-  WorkerOptions o_;
-  JobEnv env_;
-  config::JobConfig cfg_;
-  Topology topo_{1, 1, 1};
-  bool leader_ = false;
-  int epoch_ = 0;
-  Peak peak_;
-  std::unique_ptr<Backend> backend_;
-  std::shared_ptr<Plugin> plugin_;
-  std::unique_ptr<DataLoader> data_, val_;
-  std::function<std::shared_ptr<Store>()> connect_;
-  std::shared_ptr<Store> store_;
-  std::unique_ptr<TrainState> state_;
-  std::unique_ptr<ProcessGroups> groups_;
-  std::mutex groups_mu_;  // the recovery watcher aborts groups_ from its thread
-  std::atomic<bool> rendezvous_cancel_{false};
-  bool relaid_out_ = false;  // the rank's id changed: snapshots reopen after the rendezvous
-  std::unique_ptr<Trainer> trainer_;
-  std::unique_ptr<FaultInjector> injector_;
-  std::unique_ptr<RecoveryClient> recovery_;
-  std::shared_ptr<CommActivity> activity_;
-  std::unique_ptr<ProgressReporter> reporter_;
-  std::unique_ptr<SnapshotRegion> region_;
-  std::unique_ptr<BackupServer> backup_server_;
-  std::string listen_host_ = "127.0.0.1";  // where this rank's sockets listen
-  std::unique_ptr<Snapshotter> snapshotter_;
-  std::unique_ptr<PersistentCheckpointer> checkpointer_;
-  int holder_ = -1;
-  int64_t nonfinite_retried_ = -1;
-  report::Incident nan_incident_;
-  bool first_step_in_epoch_ = true;
-  double live_step_s_ = 0;  // rank 0: time in steps so far (for keel-ctl status)
-};
+  if (first_step_in_epoch_) {
+    first_step_in_epoch_ = false;
+    store_->set(recovery::first_step_key(epoch_), time_str(unix_now()));
+  }
+  if (nan_incident_.step() == st.step && !nan_incident_.kind().empty()) {
+    nan_incident_.set_first_step_at(unix_now());
+    const int64_t n = store_->add(recovery::kIncidentCount, 1) - 1;
+    store_->set(recovery::incident_key(n), nan_incident_.SerializeAsString());
+    nan_incident_.Clear();
+  }
+}
 
 void Worker::finish() {
   if (snapshotter_) snapshotter_->wait_idle();
@@ -688,7 +402,10 @@ void Worker::fill_report(RunReport* rep) {
   }
 }
 
-}  // namespace
+}  // namespace worker_detail
+
+using worker_detail::FatalStop;
+using worker_detail::Worker;
 
 int run_worker(const WorkerOptions& o) {
   try {

@@ -1,0 +1,225 @@
+// One rank's process (launcher/worker.h), shared by worker.cc (setup, epochs, the step
+// loop's hooks, the report) and worker_state.cc (loading, restoring, re-laying and
+// snapshotting the TrainState). Private to launcher/.
+#pragma once
+
+#include "launcher/worker.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include "ckpt/backup_placement.h"
+#include "ckpt/backup_service.h"
+#include "ckpt/persistent_checkpoint.h"
+#include "ckpt/restore.h"
+#include "ckpt/snapshot_region.h"
+#include "ckpt/snapshotter.h"
+#include "launcher/fault_actions.h"
+#include "launcher/input_checks.h"
+#include "launcher/job_history.h"
+#include "launcher/mfu.h"
+#include "launcher/progress_reporter.h"
+#include "launcher/recovery_client.h"
+#include "launcher/recovery_protocol.h"
+#include "launcher/run_report.h"
+#include "launcher/standby.h"
+#include "launcher/step_loop.h"
+#include "launcher/supervisor.h"
+#include "model/data_loader.h"
+#include "model/job_layout.h"
+#include "model/llmc_checkpoint.h"
+#include "model/plugin_loader.h"
+#include "model/trainer.h"
+#include "parallel/hash_store.h"
+#include "parallel/net_address.h"
+#include "parallel/process_groups.h"
+#include "parallel/tcp_store.h"
+#include "parallel/traced_communicator.h"
+#include "proto/config_loader.h"
+#include "robust/fault_injector.h"
+#include "robust/fault_spec.h"
+
+namespace keel::worker_detail {
+
+using Clock = std::chrono::steady_clock;
+using recovery::unix_now;
+
+// What the supervisor tells a rank through its environment (launcher/supervisor.cc).
+struct JobEnv {
+  std::string job;          // names the job's shared memory
+  bool supervised = false;  // a supervisor restarts ranks and runs the recovery protocol
+  int epoch = 0;
+  bool restarted = false;     // this process replaces a rank that died in epoch - 1
+  double job_start = 0;       // unix time the job started (for ETTR)
+  std::string resume_latest;  // restart_all: resume from the newest checkpoint here, if any
+
+  static JobEnv read() {
+    JobEnv e;
+    auto get = [](const char* n) -> std::string {
+      const char* v = std::getenv(n);
+      return v ? v : "";
+    };
+    e.job = get("KEEL_JOB_ID");
+    if (e.job.empty()) e.job = make_job_id();  // its own job: removed at its end
+    e.supervised = get("KEEL_SUPERVISED") == "1";
+    if (!get("KEEL_EPOCH").empty()) e.epoch = std::stoi(get("KEEL_EPOCH"));
+    e.restarted = get("KEEL_RESTARTED") == "1";
+    e.job_start = get("KEEL_JOB_START").empty() ? unix_now() : std::stod(get("KEEL_JOB_START"));
+    e.resume_latest = get("KEEL_RESUME_LATEST");
+    return e;
+  }
+};
+
+inline std::string layout_name(const Topology& t) {
+  return detail::concat("tp", t.tp(), " pp", t.pp(), " dp", t.dp());
+}
+
+inline std::string time_str(double t) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6f", t);
+  return buf;
+}
+
+// Exits the process with a code the supervisor does not answer with a restart.
+class FatalStop : public Error {
+ public:
+  FatalStop(const std::string& what, int code) : Error(what), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+class Worker {
+ public:
+  explicit Worker(const WorkerOptions& o) : o_(o), env_(JobEnv::read()) {}
+  // A rank without a supervisor owns its job's shared memory: removed however it ends
+  // (short of SIGKILL; a later supervisor removes that of a dead PID).
+  ~Worker() {
+    if (snapshotter_) snapshotter_->stop();
+    if (!env_.supervised) {
+      region_.reset();
+      unlink_job_segments(env_.job);
+    }
+  }
+
+  int run();
+
+ private:
+  void setup();
+
+  // The rank's snapshot region, the backup server for the rank it holds a backup of, and the
+  // snapshotter, under the rank's id (again after the id changed).
+  void open_snapshots();
+
+  void open_checkpointer();
+
+  // The job's data parallelism shrank or grew: this surviving rank becomes `rank` of a layout
+  // with `dp` replicas. Its state is the same (replicas are equal without ZeRO-1), laid out
+  // again (the flat buffers are padded to a multiple of dp); its snapshot names move to the
+  // new id after the next rendezvous, when every rank has let go of its old ones.
+  void relayout(int rank, int dp, int64_t S);
+
+  void register_pid();
+
+  CheckpointLayout checkpoint_layout() const {
+    CheckpointLayout l;
+    l.tp = topo_.tp();
+    l.pp = topo_.pp();
+    l.dp = topo_.dp();
+    l.zero1 = cfg_.parallel().zero1();
+    l.plugin_name = plugin_->name();
+    l.plugin_version = plugin_->version();
+    return l;
+  }
+
+  int worker_threads() const {
+    if (cfg_.runtime().threads() > 0) return cfg_.runtime().threads();
+    int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    return std::max(1, cores / o_.local_world_size);
+  }
+
+  // The state the job starts from: --resume (or, after restart_all, the newest checkpoint),
+  // model.init_checkpoint, or a fresh init.
+  void load_start_state();
+
+  // The step the job's report starts at: where its first process started (a --resume
+  // point or 0), kept once for the whole job.
+  void record_start_step();
+
+  void start_state();
+
+  // Joins `epoch`: builds its communicators (a rendezvous the supervisor can abort), the
+  // Trainer the first time or rebinds it, and loads step S (-2: the job's start state, -1:
+  // the start state after a failure, else a snapshot). If the epoch fails while it is being
+  // built (a peer died in the rendezvous), the supervisor starts the next one: go on there.
+  void build_epoch(int epoch, int64_t S);
+
+  // A grown replica's ranks get the state (and its step) from their DP group's first rank,
+  // which every survivor of the group holds equally.
+  void receive_state_from_replica();
+
+  void make_trainer();
+
+  ProcessGroups make_groups(int epoch);
+
+  std::string holder_address();
+
+  // Loads step S (steps completed) into the state: -1 is the job's start state.
+  void restore(int64_t S);
+
+  bool on_error(int64_t s, const std::exception& e);
+
+  // Survivor: new communicators for `epoch`, the same state, plugin and memory.
+  void after_step(const StepStats& st);
+
+  // Rank 0 keeps each step's numbers in the job's store, so they survive its own restart.
+  void record_step(const StepStats& st);
+
+  void finish();
+  void fill_report(RunReport* rep);
+
+  WorkerOptions o_;
+  JobEnv env_;
+  config::JobConfig cfg_;
+  Topology topo_{1, 1, 1};
+  bool leader_ = false;
+  int epoch_ = 0;
+  Peak peak_;
+  std::unique_ptr<Backend> backend_;
+  std::shared_ptr<Plugin> plugin_;
+  std::unique_ptr<DataLoader> data_, val_;
+  std::function<std::shared_ptr<Store>()> connect_;
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<TrainState> state_;
+  std::unique_ptr<ProcessGroups> groups_;
+  std::mutex groups_mu_;  // the recovery watcher aborts groups_ from its thread
+  std::atomic<bool> rendezvous_cancel_{false};
+  bool relaid_out_ = false;  // the rank's id changed: snapshots reopen after the rendezvous
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<FaultInjector> injector_;
+  std::unique_ptr<RecoveryClient> recovery_;
+  std::shared_ptr<CommActivity> activity_;
+  std::unique_ptr<ProgressReporter> reporter_;
+  std::unique_ptr<SnapshotRegion> region_;
+  std::unique_ptr<BackupServer> backup_server_;
+  std::string listen_host_ = "127.0.0.1";  // where this rank's sockets listen
+  std::unique_ptr<Snapshotter> snapshotter_;
+  std::unique_ptr<PersistentCheckpointer> checkpointer_;
+  int holder_ = -1;
+  int64_t nonfinite_retried_ = -1;
+  report::Incident nan_incident_;
+  bool first_step_in_epoch_ = true;
+  double live_step_s_ = 0;  // rank 0: time in steps so far (for keel-ctl status)
+};
+
+}  // namespace keel::worker_detail

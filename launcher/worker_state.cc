@@ -1,0 +1,127 @@
+#include "launcher/worker_impl.h"
+
+namespace keel::worker_detail {
+
+// The rank's snapshot region, the backup server for the rank it holds a backup of, and the
+// snapshotter, under the rank's id (again after the id changed).
+void Worker::open_snapshots() {
+  if (!cfg_.checkpoint().snapshot_every_step()) return;
+  region_ = SnapshotRegion::open_or_create(snapshot_segment_name(env_.job, o_.rank),
+                                           state_->bytes(), state_->layout_fingerprint(), o_.rank);
+  holder_ = backup_holder(topo_, o_.rank).holder;
+  if (holder_ >= 0) {
+    BackupServerOptions bo;
+    bo.host = listen_host_;
+    backup_server_ = std::make_unique<BackupServer>(env_.job, o_.rank, bo);
+    store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
+  }
+  snapshotter_ = std::make_unique<Snapshotter>(state_.get(), region_.get());
+  if (injector_)
+    injector_->set_snapshot_actions(snapshot_fault_actions(snapshotter_.get(), region_.get()));
+}
+
+void Worker::open_checkpointer() {
+  if (cfg_.checkpoint().persistent_every_steps() <= 0) return;
+  PersistentCheckpointOptions po;
+  po.dir = cfg_.checkpoint().dir();
+  po.rank = o_.rank;
+  po.layout = checkpoint_layout();
+  po.keep = cfg_.checkpoint().keep();
+  checkpointer_ = std::make_unique<PersistentCheckpointer>(po, connect_);
+}
+
+// The job's data parallelism shrank or grew: this surviving rank becomes `rank` of a layout
+// with `dp` replicas. Its state is the same (replicas are equal without ZeRO-1), laid out
+// again (the flat buffers are padded to a multiple of dp); its snapshot names move to the
+// new id after the next rendezvous, when every rank has let go of its old ones.
+void Worker::relayout(int rank, int dp, int64_t S) {
+  if (S >= 0 && state_->step() != S) restore(S);  // still under the old layout
+  if (snapshotter_) snapshotter_->stop();
+  snapshotter_.reset();
+  backup_server_.reset();
+  region_.reset();
+  if (cfg_.checkpoint().snapshot_every_step()) {
+    shm_unlink(snapshot_segment_name(env_.job, o_.rank).c_str());
+    shm_unlink(backup_segment_name(env_.job, o_.rank).c_str());
+  }
+  if (checkpointer_) checkpointer_->wait();
+  checkpointer_.reset();
+  cfg_.mutable_parallel()->set_dp(dp);
+  topo_ = Topology(cfg_.parallel().tp(), cfg_.parallel().pp(), dp);
+  o_.rank = rank;
+  o_.world_size = topo_.world_size();
+  leader_ = rank == 0;
+  auto next = make_train_state(cfg_, backend_.get(), *plugin_, topo_, rank);
+  std::vector<StateSpan> from = state_->spans(), to = next->spans();
+  for (size_t i = 0; i < from.size(); ++i)
+    backend_->copy(to[i].data, from[i].data, std::min(from[i].bytes(), to[i].bytes()));
+  next->set_step(state_->step());
+  trainer_.reset();  // it borrowed the old state
+  state_ = std::move(next);
+  if (recovery_) recovery_->set_rank(rank);
+  if (reporter_) reporter_->set_rank(rank);
+  register_pid();
+  relaid_out_ = true;
+}
+
+void Worker::register_pid() {
+  const std::string pids = "pids/" + std::to_string(o_.rank) + "/";
+  store_->set(pids + std::to_string(store_->add(pids + "count", 1) - 1), std::to_string(getpid()));
+}
+
+// The state the job starts from: --resume (or, after restart_all, the newest checkpoint),
+// model.init_checkpoint, or a fresh init.
+void Worker::load_start_state() {
+  std::string dir = !o_.resume_dir.empty() ? o_.resume_dir : env_.resume_latest;
+  if (!dir.empty()) {
+    std::vector<std::string> skipped;
+    try {
+      ResumePoint p = find_resume_point(dir, checkpoint_layout(), &skipped);
+      for (const auto& s : skipped)
+        std::fprintf(stderr, "keel-worker: rank %d: skipped checkpoint %s\n", o_.rank, s.c_str());
+      load_rank(p, o_.rank, *state_);
+      if (leader_ && !o_.quiet)
+        std::printf("keel: resumed from %s (step %lld)\n", p.dir.c_str(),
+                    static_cast<long long>(p.step));
+      return;
+    } catch (const InputError&) {
+      if (!o_.resume_dir.empty()) throw;  // asked for by the user: it must be there
+    }
+  }
+  trainer_->init_params();
+}
+
+// The step the job's report starts at: where its first process started (a --resume
+// point or 0), kept once for the whole job.
+void Worker::record_start_step() {
+  if (leader_ && store_->add("start_step/claimed", 1) == 1)
+    store_->set("start_step", std::to_string(state_->step()));
+}
+
+// A grown replica's ranks get the state (and its step) from their DP group's first rank,
+// which every survivor of the group holds equally.
+void Worker::receive_state_from_replica() {
+  for (const StateSpan& sp : state_->spans()) groups_->dp->broadcast(sp.data, sp.bytes(), 0);
+  int64_t step = state_->step();
+  groups_->dp->broadcast(&step, sizeof(step), 0);
+  state_->set_step(step);
+}
+
+// Loads step S (steps completed) into the state: -1 is the job's start state.
+void Worker::restore(int64_t S) {
+  if (S < 0) {
+    load_start_state();
+    return;
+  }
+  if (state_->step() == S) return;  // a step is a transaction: the state is still S
+  if (snapshotter_) snapshotter_->wait_idle();
+  std::string addr = holder_ >= 0 && region_ ? holder_address() : "";
+  RestoreResult r = restore_state(*state_, S, region_.get(), addr, o_.rank, holder_);
+  for (const auto& why : r.skipped)
+    std::fprintf(stderr, "keel-worker: rank %d: restore step %lld: %s\n", o_.rank,
+                 static_cast<long long>(S), why.c_str());
+  std::fprintf(stderr, "keel-worker: rank %d: restored step %lld from %s\n", o_.rank,
+               static_cast<long long>(S), r.source.c_str());
+}
+
+}  // namespace keel::worker_detail
