@@ -144,8 +144,8 @@ void AgentHost::start_standby(int slot, bool initial) {
   }
 }
 
-bool AgentHost::standby_ready(int slot) {
-  Slot& s = slots_[size_t(slot)];
+bool AgentHost::standby_ready(int slot) const {
+  const Slot& s = slots_[size_t(slot)];
   if (s.role != Role::kStandby || s.state != State::kActive) return false;
   for (int i = 0; i < workers_per_slot_; ++i) {
     if (s.self_check[size_t(i)].empty()) {
@@ -386,6 +386,7 @@ void AgentHost::fill_status(control::StatusReply* reply) const {
                         : s.role == Role::kStandby   ? "standby"
                         : s.role == Role::kEvicted   ? "evicted"
                                                      : "active";
+    if (s.role == Role::kStandby) standby_ready(int(k));  // fetches its self-check results
     if (s.role == Role::kStandby && !s.self_check.empty())
       state += s.self_check[0].empty() ? " (checking)"
                                        : " (self-check " + s.self_check[0].substr(0, 6) + ")";

@@ -66,14 +66,16 @@ class AgentHost : public RankHost {
     Role role = Role::kActive;
     std::chrono::steady_clock::time_point last_heartbeat;
     int pid = 0;
-    std::vector<std::string> self_check;  // per parked worker: "ok ..." / "failed ..." / ""
+    // Per parked worker: "ok ..." / "failed ..." / "" (not known yet); filled in lazily from
+    // the store, also when keel-ctl status asks.
+    mutable std::vector<std::string> self_check;
     int gen = 0;                          // times it was made a standby
     bool initial_standby = false;         // a standby from the start (checked together)
   };
   void send(int slot, const control::Envelope& msg);
   void check_heartbeats();
   void start_standby(int slot, bool initial);
-  bool standby_ready(int slot);
+  bool standby_ready(int slot) const;
 
   ControlServer* server_;
   std::shared_ptr<Store> store_;

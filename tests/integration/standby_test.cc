@@ -237,3 +237,52 @@ TEST(Standby, ShrinkDataParallelismAndGrowBackWhenTheSlotRejoins) {
 
 }  // namespace
 }  // namespace keel::test
+
+namespace keel::test {
+namespace {
+
+std::string capture(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+// keel-ctl against a running job: status lists the slots (the standby with its self-check)
+// and the ranks; inject adds a fault the job then survives like any other.
+TEST(KeelCtl, StatusAndInjectOnARunningJob) {
+  std::string dir = temp_dir("ctl");
+  std::string status, injected;
+  JobRun r = run_launch_job(
+      dir, job_args(dir, 1, "--set train.steps=300 --fault slow@step=0,rank=0,delay_ms=15"),
+      [&](pid_t) {
+        if (!injected.empty()) return;
+        std::string run;
+        if (std::filesystem::exists(dir + "/runs"))
+          for (const auto& d : std::filesystem::directory_iterator(dir + "/runs")) run = d.path();
+        if (run.empty() || !std::filesystem::exists(run + "/controller")) return;
+        status = capture(bin_dir() + "/keel-ctl status --run " + run);
+        if (!contains(status, "standby (self-check ok")) {
+          status.clear();
+          return;
+        }
+        injected = capture(bin_dir() + "/keel-ctl inject crash@step=200,rank=3 --run " + run);
+      });
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(status, "state training")) << status;
+  EXPECT_TRUE(contains(status, "slot  4  standby (self-check ok")) << status;
+  EXPECT_TRUE(contains(status, "rank   7")) << status;
+  EXPECT_TRUE(contains(injected, "injected crash@step=200,rank=3")) << injected;
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(inc[0], "kind"), "crash") << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "rank"), 3) << inc[0];
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+}
+
+}  // namespace
+}  // namespace keel::test
