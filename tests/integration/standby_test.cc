@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -257,6 +258,7 @@ std::string capture(const std::string& cmd) {
 TEST(KeelCtl, StatusAndInjectOnARunningJob) {
   std::string dir = temp_dir("ctl");
   std::string status, injected;
+  int inject_step = 0;
   JobRun r = run_launch_job(
       dir, job_args(dir, 1, "--set train.steps=300 --fault slow@step=0,rank=0,delay_ms=15"),
       [&](pid_t) {
@@ -266,17 +268,25 @@ TEST(KeelCtl, StatusAndInjectOnARunningJob) {
           for (const auto& d : std::filesystem::directory_iterator(dir + "/runs")) run = d.path();
         if (run.empty() || !std::filesystem::exists(run + "/controller")) return;
         status = capture(bin_dir() + "/keel-ctl status --run " + run);
-        if (!contains(status, "standby (self-check ok")) {
+        // Ask again until the standby has checked itself and every rank has reported.
+        if (!contains(status, "standby (self-check ok") || !contains(status, "rank   7")) {
           status.clear();
           return;
         }
-        injected = capture(bin_dir() + "/keel-ctl inject crash@step=200,rank=3 --run " + run);
+        // A step still ahead of the job: 40 past the one status reported.
+        const size_t at = status.find("| step ");
+        inject_step =
+            std::min(280, (at == std::string::npos ? 0 : std::atoi(status.c_str() + at + 7)) + 40);
+        injected =
+            capture(bin_dir() + "/keel-ctl inject crash@step=" + std::to_string(inject_step) +
+                    ",rank=3 --run " + run);
       });
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(status, "state training")) << status;
   EXPECT_TRUE(contains(status, "slot  4  standby (self-check ok")) << status;
   EXPECT_TRUE(contains(status, "rank   7")) << status;
-  EXPECT_TRUE(contains(injected, "injected crash@step=200,rank=3")) << injected;
+  EXPECT_TRUE(contains(injected, "injected crash@step=" + std::to_string(inject_step) + ",rank=3"))
+      << injected;
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u) << r.report;
   EXPECT_EQ(json_string_field(inc[0], "kind"), "crash") << inc[0];
