@@ -40,8 +40,10 @@ namespace keel {
 namespace {
 
 using bench::exe_dir;
+using bench::must_run;
 using bench::random_shards;
 using bench::read_report;
+using bench::run;
 
 namespace fs = std::filesystem;
 
@@ -63,31 +65,6 @@ std::string tiny3d(const std::string& dir, const std::string& shards, int steps)
 const std::string kSets =
     " --set parallel.comm_timeout_ms=60000 "
     "--set detect.slot_timeout_ms=2000";
-
-// Runs `program` (keel-worker or keel-launch) with `args` under a 300 s limit, its report in
-// dir/report.json and its run directories under dir/runs; returns the exit status.
-int run(const std::string& dir, const std::string& program, const std::string& args) {
-  fs::remove(dir + "/report.json");
-  fs::remove_all(dir + "/runs");
-  fs::create_directories(dir + "/runs");
-  const bool launch = program == "keel-launch";
-  const std::string cmd = "timeout 300 " + exe_dir() + "/" + program + " --quiet --report " + dir +
-                          "/report.json " + (launch ? "--run-dir " + dir + "/runs " : "") + args +
-                          " > " + dir + "/run.log 2>&1";
-  const int st = std::system(cmd.c_str());
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-report::RunReport must_run(const std::string& dir, const std::string& program,
-                           const std::string& args) {
-  report::RunReport r;
-  if (run(dir, program, args) != 0 || !read_report(dir + "/report.json", &r)) {
-    std::fprintf(stderr, "keel-bench-detect: failed: %s %s (see %s/run.log)\n", program.c_str(),
-                 args.c_str(), dir.c_str());
-    std::exit(1);
-  }
-  return r;
-}
 
 // The one job directory under dir/runs (empty if none).
 std::string job_dir(const std::string& dir) {

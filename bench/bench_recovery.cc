@@ -28,30 +28,10 @@ namespace keel {
 namespace {
 
 using bench::exe_dir;
+using bench::must_run;
 using bench::random_shards;
-using bench::read_report;
 
 namespace fs = std::filesystem;
-
-// Runs keel-worker with `args` and returns its report; exits on failure (a benchmark whose
-// runs fail measures nothing).
-report::RunReport run(const std::string& dir, const std::string& args) {
-  const std::string path = dir + "/report.json";
-  fs::remove(path);
-  const std::string cmd = exe_dir() + "/keel-worker --quiet --report " + path + " " + args + " > " +
-                          dir + "/run.log 2>&1";
-  if (std::system(cmd.c_str()) != 0) {
-    std::fprintf(stderr, "keel-bench-recovery: failed: %s (see %s/run.log)\n", cmd.c_str(),
-                 dir.c_str());
-    std::exit(1);
-  }
-  report::RunReport r;
-  if (!read_report(path, &r)) {
-    std::fprintf(stderr, "keel-bench-recovery: cannot read %s\n", path.c_str());
-    std::exit(1);
-  }
-  return r;
-}
 
 double step_time(const report::RunReport& r) {
   // tokens_per_s leaves out the first step (warm-up); tokens per step from the config.
@@ -81,7 +61,8 @@ void bench_snapshots(const std::string& shards, int steps, int pairs) {
   for (int p = 0; p < pairs; ++p)
     for (bool snap : {false, true}) {
       report::RunReport r =
-          run(dir, "--nproc 2 --config " + cfg +
+          must_run(dir, "keel-worker",
+                   "--nproc 2 --config " + cfg +
                        " --set checkpoint.snapshot_every_step=" + (snap ? "true" : "false"));
       const double st = step_time(r) * double(2 * B * T);
       (snap ? on : off).push_back(st);
@@ -123,7 +104,8 @@ Faulted faulted_run(const std::string& dir, const std::string& cfg, int steps, i
   for (int s = every, k = 0; s < steps; s += every, ++k)
     faults += " --fault crash@step=" + std::to_string(s) + ",rank=" + std::to_string(1 + k % 7);
   report::RunReport r =
-      run(dir, "--nproc 8 --config " + cfg + " --set recovery.mode=" + mode +
+      must_run(dir, "keel-worker",
+               "--nproc 8 --config " + cfg + " --set recovery.mode=" + mode +
                    " --set checkpoint.persistent_every_steps=50 --set checkpoint.dir=" + dir +
                    "/ck-" + mode + faults);
   Faulted f;
@@ -152,7 +134,7 @@ void bench_crashes(const std::string& shards, int steps, int every) {
       "\n== the tiny TP2xPP2xDP2 job (8 ranks), %d steps, a crash (SIGKILL) every %d steps; "
       "restart_all resumes from persistent checkpoints taken every 50 steps\n",
       steps, every);
-  report::RunReport clean = run(dir, "--nproc 8 --config " + cfg);
+  report::RunReport clean = must_run(dir, "keel-worker", "--nproc 8 --config " + cfg);
   std::printf("fault-free: %.2f s wall, ETTR %.3f, params %s\n", clean.wall_s(), clean.ettr(),
               clean.param_checksum().c_str());
   std::printf("%-12s %10s %14s %14s %11s %8s %10s %s\n", "mode", "incidents", "median s", "worst s",

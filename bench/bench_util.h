@@ -4,6 +4,10 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -38,6 +42,34 @@ inline bool read_report(const std::string& path, report::RunReport* r) {
   google::protobuf::util::JsonParseOptions o;
   o.ignore_unknown_fields = true;
   return google::protobuf::util::JsonStringToMessage(json, r, o).ok();
+}
+
+// Runs `program` (keel-worker or keel-launch, next to this benchmark) with `args` under a
+// 300 s limit, its report in dir/report.json, its run directories under dir/runs and its
+// output in dir/run.log; returns the exit status.
+inline int run(const std::string& dir, const std::string& program, const std::string& args) {
+  std::filesystem::remove(dir + "/report.json");
+  std::filesystem::remove_all(dir + "/runs");
+  std::filesystem::create_directories(dir + "/runs");
+  const bool launch = program == "keel-launch";
+  const std::string cmd = "timeout 300 " + exe_dir() + "/" + program + " --quiet --report " + dir +
+                          "/report.json " + (launch ? "--run-dir " + dir + "/runs " : "") + args +
+                          " > " + dir + "/run.log 2>&1";
+  const int st = std::system(cmd.c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+// run(), and its report; exits the benchmark when the run fails (a benchmark whose runs
+// fail measures nothing).
+inline report::RunReport must_run(const std::string& dir, const std::string& program,
+                                  const std::string& args) {
+  report::RunReport r;
+  if (run(dir, program, args) != 0 || !read_report(dir + "/report.json", &r)) {
+    std::fprintf(stderr, "keel benchmark: failed: %s %s (see %s/run.log)\n", program.c_str(),
+                 args.c_str(), dir.c_str());
+    std::exit(1);
+  }
+  return r;
 }
 
 }  // namespace keel::bench
