@@ -157,12 +157,6 @@ int Agent::run(const volatile int* stop) {
           kill_all();
           send_register();
           break;
-        case control::Command::wipe_snapshots:
-          for (int r : hosted_) {
-            shm_unlink(snapshot_segment_name(o_.job, r).c_str());
-            shm_unlink(backup_segment_name(o_.job, r).c_str());
-          }
-          break;
         case control::Command::shutdown:
           kill_all();
           for (int r : hosted_) {
@@ -186,8 +180,6 @@ int Agent::run(const volatile int* stop) {
           }
           break;
         }
-        case control::Command::inject:
-          break;  // faults reach the workers through the store (keel-ctl inject)
         default:
           break;
       }

@@ -57,8 +57,6 @@ inline std::string step_key(int64_t step) {
 inline std::string eval_key(int64_t step) {
   return "eval/" + std::to_string(step);
 }
-// Set by the supervisor at the end of the job: no more epochs will come.
-inline const char* kShutdown = "shutdown";
 
 // Exit codes of a rank that the supervisor must not answer with a restart: the same input
 // or the same numbers would fail again.

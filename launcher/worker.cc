@@ -322,10 +322,13 @@ void Worker::record_step(const StepStats& st) {
   r.set_tokens(double(st.tokens));
   store_->set(recovery::step_key(st.step), r.SerializeAsString());
   store_->set("progress", std::to_string(st.step + 1));
-  if (env_.supervised) {  // for keel-ctl status
+  live_step_s_ += st.wall_s;
+  // For keel-ctl status; twice a second is enough for a person, and each is a round trip
+  // to the store on the step's path.
+  if (env_.supervised && unix_now() - live_published_at_ >= 0.5) {
+    live_published_at_ = unix_now();
     const double tok_s = double(st.tokens) / st.wall_s;
     store_->set("live/tokens_per_s", std::to_string(tok_s));
-    live_step_s_ += st.wall_s;
     store_->set("live/ettr",
                 std::to_string(live_step_s_ / std::max(1e-9, unix_now() - env_.job_start)));
     store_->set("live/mfu",

@@ -219,7 +219,8 @@ class Worker {
   int64_t nonfinite_retried_ = -1;
   report::Incident nan_incident_;
   bool first_step_in_epoch_ = true;
-  double live_step_s_ = 0;  // rank 0: time in steps so far (for keel-ctl status)
+  double live_step_s_ = 0;        // rank 0: time in steps so far (for keel-ctl status)
+  double live_published_at_ = 0;  // when it last published them (unix seconds)
 };
 
 }  // namespace keel::worker_detail

@@ -97,21 +97,16 @@ std::vector<Envelope> server_messages(int epoch) {
   std::vector<Envelope> out;
   for (auto kind :
        {control::Command::welcome, control::Command::spawn, control::Command::kill,
-        control::Command::wipe_snapshots, control::Command::shutdown, control::Command::inject}) {
+        control::Command::survey, control::Command::shutdown, control::Command::reset}) {
     Envelope m = make_envelope(epoch);
     auto* c = m.mutable_command();
     c->set_kind(kind);
     c->set_rank(7);
     if (kind == control::Command::spawn) {
       c->set_world(8);
-      c->set_epoch_to_use(epoch);
-      c->set_restarted(true);
-      c->set_store_addr("10.0.0.1:29500");
-      c->set_job("tiny");
       c->add_args("--steps=30");
       (*c->mutable_env())["KEEL_IFNAME"] = "veth0";
     }
-    if (kind == control::Command::inject) c->set_fault("hang@step=4,rank=7");
     out.push_back(m);
   }
   Envelope m = make_envelope(epoch);
