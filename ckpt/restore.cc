@@ -48,17 +48,21 @@ RestoreResult restore_state(TrainState& state, int64_t step, const SnapshotRegio
   throw RestoreError(msg);
 }
 
+std::vector<int64_t> verified_steps(const SnapshotRegion& region, int owner) {
+  std::vector<int64_t> out;
+  for (int64_t s : region.valid_steps(owner)) {
+    std::optional<SlotView> v = region.find(s, owner);
+    std::string why;
+    if (v && SnapshotRegion::verify(*v, &why)) out.push_back(s);
+  }
+  return out;
+}
+
 std::vector<int64_t> restorable_steps(const std::string& job, int rank, int holder, bool verify) {
   std::vector<int64_t> out;
   auto take = [&](const SnapshotRegion& region, int owner) {
-    for (int64_t s : region.valid_steps(owner)) {
-      std::string why;
-      if (verify) {
-        std::optional<SlotView> v = region.find(s, owner);
-        if (!v || !SnapshotRegion::verify(*v, &why)) continue;
-      }
+    for (int64_t s : verify ? verified_steps(region, owner) : region.valid_steps(owner))
       out.push_back(s);
-    }
   };
   if (auto own = SnapshotRegion::open_existing(snapshot_segment_name(job, rank))) take(*own, -1);
   if (holder >= 0) {

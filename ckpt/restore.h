@@ -41,6 +41,10 @@ RestoreResult restore_state(TrainState& state, int64_t step, const SnapshotRegio
 // the segments read-only; with `verify` each slot's checksum is checked too (a pass over its
 // bytes), so that a corrupted slot is not chosen as the step to restore. restore_state()
 // verifies again when it loads.
+// The steps of `owner` (-1: the region's own) that `region` holds and whose checksums
+// verify, newest first.
+std::vector<int64_t> verified_steps(const SnapshotRegion& region, int owner = -1);
+
 std::vector<int64_t> restorable_steps(const std::string& job, int rank, int holder,
                                       bool verify = false);
 

@@ -143,11 +143,7 @@ int Agent::run(const volatile int* stop) {
               // Only the backup segment of holder r: restorable_steps(owner, r) would also
               // read the owner's own segment, which lives on its slot, not here.
               if (auto b = SnapshotRegion::open_existing(backup_segment_name(o_.job, r)))
-                for (int64_t s : b->valid_steps(owner)) {
-                  std::optional<SlotView> v = b->find(s, owner);
-                  std::string why;
-                  if (v && SnapshotRegion::verify(*v, &why)) held->add_steps(s);
-                }
+                for (int64_t s : verified_steps(*b, owner)) held->add_steps(s);
             }
           }
           client.send(e);
