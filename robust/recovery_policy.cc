@@ -1,0 +1,435 @@
+#include "robust/recovery_policy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ckpt/backup_placement.h"
+#include "runtime/check.h"
+
+namespace keel::policy {
+namespace {
+
+using SlotState = membership::SlotInfo::State;
+
+std::string join(const std::set<int>& xs) {
+  std::string out;
+  for (int x : xs) out += (out.empty() ? "" : ", ") + std::to_string(x);
+  return out;
+}
+
+std::string plural(const char* noun, size_t n) {
+  return std::string(noun) + (n == 1 ? " " : "s ");
+}
+
+bool lost(const ClusterView& v, int slot) {
+  auto it = v.slots.find(slot);
+  return it != v.slots.end() && it->second == membership::SlotInfo::lost;
+}
+
+Plan stop(std::string why) {
+  Plan p;
+  p.kind = Plan::Kind::kStop;
+  p.why = std::move(why);
+  return p;
+}
+
+Plan wait(std::string why) {
+  Plan p;
+  p.kind = Plan::Kind::kWait;
+  p.why = std::move(why);
+  return p;
+}
+
+// What each rank can really restore from once the plan is carried out: a restarted rank has
+// no live state, a rank moved to another slot cannot read its old slot's snapshot, and a
+// backup is gone with its holder's lost or evicted slot.
+std::map<int, Holdings> usable(const std::map<int, Holdings>& have, const Topology& topo,
+                               const ClusterView& v, const std::set<int>& restart,
+                               const std::set<int>& moved, const std::set<int>& gone_slots) {
+  std::map<int, Holdings> out;
+  for (int r = 0; r < topo.world_size(); ++r) {
+    Holdings h;
+    auto it = have.find(r);
+    if (it != have.end()) h = it->second;
+    if (restart.count(r)) h.live.reset();
+    if (moved.count(r) || gone_slots.count(v.slot_of(r))) h.own.clear();
+    const int holder = backup_holder(topo, r).holder;
+    if (holder < 0 || gone_slots.count(v.slot_of(holder))) h.backup.clear();
+    out[r] = std::move(h);
+  }
+  return out;
+}
+
+std::map<int, std::pair<int, int>> where(const Topology& topo, const ClusterView& v) {
+  std::map<int, std::pair<int, int>> w;
+  for (int r = 0; r < topo.world_size(); ++r) {
+    const int holder = backup_holder(topo, r).holder;
+    w[r] = {v.slot_of(r), holder >= 0 ? v.slot_of(holder) : -1};
+  }
+  return w;
+}
+
+void fill_restore(Plan* p, const std::map<int, Holdings>& h, const Topology& topo,
+                  const ClusterView& v, const Options& o) {
+  p->restore = restore_point(h, topo.world_size(), o.persistent_step,
+                             o.recovery.allow_restart_from_scratch(), where(topo, v));
+  if (!p->restore.ok) {
+    p->kind = Plan::Kind::kStop;
+    p->why = p->restore.why;
+  }
+}
+
+// recovery.on_no_standby = shrink_dp: the DP replica that lost ranks is dropped; the
+// survivors keep their state (replicas are equal without ZeRO-1) under new ids, each replica
+// running more micro-batches so that every step trains on the same samples.
+Plan shrink(const std::set<int>& out_ranks, const ClusterView& v,
+            const std::map<int, Holdings>& have, const Options& o,
+            const std::set<int>& gone_slots) {
+  const Topology& topo = v.topo;
+  std::set<int> replicas;
+  for (int r : out_ranks) replicas.insert(topo.coord(r).dp);
+  std::string why;
+  if (replicas.size() != 1) why = "the lost ranks span several data-parallel replicas";
+  if (topo.dp() <= 1) why = "there is a single data-parallel replica left";
+  if (why.empty() && o.global_batch % (o.micro_batch * (topo.dp() - 1)) != 0)
+    why = detail::concat("train.global_batch_size ", o.global_batch,
+                         " does not split into micro-batches of ", o.micro_batch, " over ",
+                         topo.dp() - 1, " replicas");
+  if (!why.empty())
+    return stop("no standby is ready and data parallelism cannot shrink: " + why);
+  Plan p;
+  p.rung = "shrink";
+  const int d = *replicas.begin();
+  const Topology next(topo.tp(), topo.pp(), topo.dp() - 1);
+  std::set<int> retired_slots;
+  for (int r = 0; r < topo.world_size(); ++r) {
+    Coord c = topo.coord(r);
+    if (c.dp == d) {
+      if (!out_ranks.count(r)) p.kill.insert(r);
+      if (v.slot_of(r) >= 0 && !gone_slots.count(v.slot_of(r))) retired_slots.insert(v.slot_of(r));
+      continue;
+    }
+    if (c.dp > d) --c.dp;
+    p.renumber[r] = next.rank(c);
+  }
+  p.retire_slots.assign(retired_slots.begin(), retired_slots.end());
+  p.next_topo = next;
+  // The step is chosen among the survivors, under their old ids.
+  std::map<int, Holdings> h = usable(have, topo, v, {}, {}, gone_slots);
+  std::map<int, Holdings> kept;
+  for (const auto& [old_id, new_id] : p.renumber) kept[new_id] = h[old_id];
+  p.restore = restore_point(kept, next.world_size(), -1, false);
+  if (!p.restore.ok)
+    return stop("data parallelism cannot shrink: the surviving replicas hold no common step");
+  p.why = detail::concat("no standby is ready; recovery.on_no_standby = shrink_dp");
+  p.action = detail::concat("shrink data parallelism to ", next.dp(), " (replica ", d,
+                            " dropped)");
+  return p;
+}
+
+}  // namespace
+
+std::vector<int> ClusterView::ranks_on(int slot) const {
+  std::vector<int> out;
+  for (size_t r = 0; r < rank_slot.size(); ++r)
+    if (rank_slot[r] == slot) out.push_back(int(r));
+  return out;
+}
+
+const char* failure_kind_name(FailureKind k) {
+  switch (k) {
+    case FailureKind::kCrash:
+      return "crash";
+    case FailureKind::kExit:
+      return "exit";
+    case FailureKind::kHang:
+      return "hang";
+    case FailureKind::kSlotLoss:
+      return "slot_loss";
+    case FailureKind::kPartition:
+      return "partition";
+    case FailureKind::kCommError:
+      return "comm_error";
+  }
+  return "?";
+}
+
+RestorePoint restore_point(const std::map<int, Holdings>& have, int world,
+                           int64_t persistent_step, bool allow_scratch,
+                           const std::map<int, std::pair<int, int>>& where) {
+  RestorePoint rp;
+  std::set<int64_t> common;
+  std::set<int> empty;
+  for (int r = 0; r < world; ++r) {
+    std::set<int64_t> mine;
+    auto it = have.find(r);
+    if (it != have.end()) {
+      const Holdings& h = it->second;
+      if (h.live) mine.insert(*h.live);
+      mine.insert(h.own.begin(), h.own.end());
+      mine.insert(h.backup.begin(), h.backup.end());
+    }
+    if (mine.empty()) empty.insert(r);
+    if (r == 0) {
+      common = mine;
+      continue;
+    }
+    std::set<int64_t> both;
+    std::set_intersection(common.begin(), common.end(), mine.begin(), mine.end(),
+                          std::inserter(both, both.begin()));
+    common.swap(both);
+  }
+  if (!common.empty() && *common.rbegin() >= persistent_step) {
+    rp.step = *common.rbegin();
+    for (int r = 0; r < world; ++r) {
+      const Holdings& h = have.at(r);
+      rp.sources[r] = h.live && *h.live == rp.step ? membership::memory
+                      : h.own.count(rp.step)       ? membership::own_snapshot
+                                                   : membership::backup;
+    }
+    return rp;
+  }
+  // Why memory does not suffice, naming the ranks and where their copies were.
+  std::string why;
+  if (!common.empty()) {
+    why = detail::concat("the persistent checkpoint of step ", persistent_step,
+                         " is newer than any step every rank holds in memory (", *common.rbegin(),
+                         ")");
+  } else if (!empty.empty()) {
+    why = detail::concat("no copy of the state of ", plural("rank", empty.size()), join(empty),
+                         "survives");
+    std::string places;
+    for (int r : empty) {
+      auto w = where.find(r);
+      if (w == where.end()) continue;
+      places += detail::concat(places.empty() ? "" : "; ", "rank ", r, ": own snapshot on slot ",
+                               w->second.first, ", backup on slot ", w->second.second);
+    }
+    if (!places.empty()) why += " (" + places + ", both lost)";
+  } else {
+    why = "the ranks hold no step in common";
+  }
+  if (persistent_step >= 0) {
+    rp.step = persistent_step;
+    rp.job_source = membership::persistent;
+    for (int r = 0; r < world; ++r) rp.sources[r] = membership::persistent;
+    rp.why = why;
+    return rp;
+  }
+  if (allow_scratch) {
+    rp.step = -1;
+    rp.job_source = membership::scratch;
+    for (int r = 0; r < world; ++r) rp.sources[r] = membership::scratch;
+    rp.why = why + "; no persistent checkpoint: starting over from step 0 "
+                   "(recovery.allow_restart_from_scratch)";
+    return rp;
+  }
+  rp.ok = false;
+  rp.why = why +
+           "; there is no persistent checkpoint (checkpoint.persistent_every_steps) and "
+           "recovery.allow_restart_from_scratch is false";
+  return rp;
+}
+
+int64_t abort_deadline_ms(const config::RecoveryConfig& rc, double median_step_s) {
+  const double by_steps = rc.abort_timeout_steps() * median_step_s * 1000.0;
+  return std::max<int64_t>(rc.abort_timeout_ms(), int64_t(std::ceil(by_steps)));
+}
+
+Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings>& have,
+            const Options& o) {
+  const Topology& topo = v.topo;
+  const auto mode = o.recovery.mode();
+  // Slots silent now, whether or not the failure was first seen as their loss.
+  std::set<int> lost_slots = f.lost_slots;
+  for (int r : f.dead)
+    if (v.has_slots() && lost(v, v.slot_of(r))) lost_slots.insert(v.slot_of(r));
+
+  if (mode == config::RecoveryConfig::restart_all) {
+    Plan p;
+    p.rung = "restart_all";
+    p.restart_all = true;
+    for (int r = 0; r < topo.world_size(); ++r) p.restart.insert(r);
+    // Every rank starts again; a lost slot's ranks start on a standby.
+    std::set<int> free = v.ready_standbys;
+    for (int s : lost_slots) {
+      if (free.empty()) {
+        if (!v.pending_standbys.empty())
+          return wait(detail::concat("slot ", s, " is lost; standby slot ",
+                                     *v.pending_standbys.begin(), " is checking itself"));
+        if (o.recovery.on_no_standby() == config::RecoveryConfig::wait)
+          return wait(detail::concat("slot ", s, " is lost and no standby is ready; waiting "
+                                                 "(recovery.on_no_standby = wait)"));
+        return stop(detail::concat("slot ", s, " is lost and no standby is ready to take its "
+                                               "ranks (recovery.mode = restart_all)"));
+      }
+      p.evict.push_back(s);
+      p.promote[s] = *free.begin();
+      free.erase(free.begin());
+    }
+    p.restore = restore_point({}, topo.world_size(), o.persistent_step,
+                              o.recovery.allow_restart_from_scratch());
+    if (!p.restore.ok)
+      return stop("recovery.mode = restart_all restarts every rank from the newest persistent "
+                  "checkpoint, and " +
+                  p.restore.why);
+    p.why = "recovery.mode = restart_all";
+    p.action = p.restore.step >= 0
+                   ? detail::concat("restart all ranks from the checkpoint of step ",
+                                    p.restore.step)
+                   : std::string("restart all ranks from the start");
+    if (!p.promote.empty()) {
+      std::string sw;
+      for (const auto& [s, sb] : p.promote)
+        sw += detail::concat(sw.empty() ? "" : ", ", "slot ", s, " -> standby slot ", sb);
+      p.action += " (" + sw + ")";
+    }
+    return p;
+  }
+
+  // Which slots leave the job.
+  std::set<int> evict;
+  const bool swap = mode == config::RecoveryConfig::hot_swap && v.has_slots();
+  if (swap) {
+    evict = lost_slots;
+    // A hung machine is not trusted again until it has checked itself; slot 0 hosts the
+    // controller and is never evicted.
+    if (f.kind == FailureKind::kHang && f.culprit >= 0 && v.slot_of(f.culprit) > 0)
+      evict.insert(v.slot_of(f.culprit));
+    const auto scope = o.recovery.evict();
+    int widen = f.culprit;
+    if (widen < 0 && !lost_slots.empty() && !v.ranks_on(*lost_slots.begin()).empty())
+      widen = v.ranks_on(*lost_slots.begin()).front();
+    if (scope != config::RecoveryConfig::culprit && widen >= 0 && !evict.empty()) {
+      std::vector<int> group;
+      if (scope == config::RecoveryConfig::pp_group) {
+        group = topo.pp_group(widen);
+      } else {
+        for (int q = 0; q < topo.world_size(); ++q)
+          if (topo.coord(q).dp == topo.coord(widen).dp) group.push_back(q);
+      }
+      for (int q : group)
+        if (v.slot_of(q) > 0) evict.insert(v.slot_of(q));
+    }
+  } else if (!lost_slots.empty()) {
+    // in_place (or hot_swap without slots to swap): a lost slot's ranks can only come back
+    // on the same slot.
+    if (o.detect.on_slot_loss() == config::DetectConfig::fail) {
+      const std::set<int> gone = lost_slots;
+      const RestorePoint rp = restore_point(usable(have, topo, v, f.dead, {}, gone),
+                                            topo.world_size(), o.persistent_step, false);
+      return stop(detail::concat(
+          "slot ", join(lost_slots), " lost; detect.on_slot_loss = fail. The newest step every "
+          "rank can restore is ",
+          rp.ok ? std::to_string(rp.step) : std::string("none (the job's start)")));
+    }
+    for (int s : lost_slots)
+      if (lost(v, s))
+        return wait(detail::concat("slot ", join(lost_slots),
+                                   " lost; waiting for it to rejoin (detect.on_slot_loss = wait)"));
+  }
+
+  Plan p;
+  std::set<int> restart = f.dead;
+  std::set<int> moved;
+  for (int s : evict)
+    for (int r : v.ranks_on(s)) {
+      moved.insert(r);
+      restart.insert(r);
+      if (!f.dead.count(r)) p.kill.insert(r);
+    }
+
+  // A standby for each evicted slot.
+  std::set<int> free = v.ready_standbys;
+  for (int s : evict) {
+    if (!free.empty()) {
+      p.evict.push_back(s);
+      p.promote[s] = *free.begin();
+      free.erase(free.begin());
+      continue;
+    }
+    if (!v.pending_standbys.empty())
+      return wait(detail::concat("slot ", s, " is out; standby slot ", *v.pending_standbys.begin(),
+                                 " is still checking itself"));
+    switch (o.recovery.on_no_standby()) {
+      case config::RecoveryConfig::shrink_dp: {
+        std::set<int> gone = evict;
+        Plan sp = shrink(restart, v, have, o, gone);
+        if (sp.kind == Plan::Kind::kRecover) {
+          sp.evict.assign(evict.begin(), evict.end());
+          sp.promote.clear();
+          std::set<int> kill = sp.kill;
+          for (int r : p.kill) kill.insert(r);
+          sp.kill = kill;
+        }
+        return sp;
+      }
+      case config::RecoveryConfig::wait:
+        return wait(detail::concat("slot ", s, " is out and no standby is ready; waiting "
+                                               "(recovery.on_no_standby = wait)"));
+      default:
+        return stop(detail::concat("slot ", s, " is out and no standby is ready; "
+                                               "recovery.on_no_standby = fail"));
+    }
+  }
+
+  p.restart = restart;
+  std::set<int> gone_slots(evict.begin(), evict.end());
+  gone_slots.insert(lost_slots.begin(), lost_slots.end());
+  fill_restore(&p, usable(have, topo, v, restart, moved, gone_slots), topo, v, o);
+  if (p.kind == Plan::Kind::kStop) return p;
+
+  const std::string who = join(restart);
+  if (!p.promote.empty()) {
+    p.rung = "evict";
+    p.why = f.kind == FailureKind::kHang ? "a hung slot is not trusted until it checked itself"
+                                         : "the slot is out; a warm standby takes its ranks";
+    std::set<int> ev(p.evict.begin(), p.evict.end()), sb;
+    for (const auto& [s, k] : p.promote) sb.insert(k);
+    p.action = "evict slot " + join(ev) + "; standby slot " + join(sb) + " takes " +
+               (restart.size() > 1 ? "ranks " : "rank ") + who;
+  } else if (!restart.empty()) {
+    p.rung = "restart";
+    p.why = "a clear culprit on a live slot: restart it, the others rebuild";
+    p.action = "restart " + std::string(restart.size() > 1 ? "ranks " : "rank ") + who + " in place";
+  } else {
+    p.rung = "reattempt";
+    p.why = "no culprit: every rank rebuilds its communicators and goes on";
+    p.action = "reattempt in place (no culprit)";
+  }
+  if (p.restore.job_source == membership::persistent)
+    p.action += detail::concat("; restore the persistent checkpoint of step ", p.restore.step);
+  if (p.restore.job_source == membership::scratch) p.action += "; start over from step 0";
+  return p;
+}
+
+std::optional<Plan> decide_grow(const ClusterView& v, const std::map<int, Holdings>& have,
+                                const Options& o) {
+  const Topology& topo = v.topo;
+  if (o.recovery.on_no_standby() != config::RecoveryConfig::shrink_dp ||
+      topo.dp() >= v.configured_dp || !v.has_slots())
+    return std::nullopt;
+  const int per_replica = topo.tp() * topo.pp();
+  if (int(v.ready_standbys.size()) * v.workers_per_slot < per_replica) return std::nullopt;
+  Plan p;
+  p.rung = "grow";
+  const Topology next(topo.tp(), topo.pp(), topo.dp() + 1);
+  for (int r = 0; r < topo.world_size(); ++r) p.renumber[r] = next.rank(topo.coord(r));
+  for (int r = 0; r < next.world_size(); ++r)
+    if (next.coord(r).dp == topo.dp()) p.new_ranks.push_back(r);
+  p.restart.insert(p.new_ranks.begin(), p.new_ranks.end());
+  p.next_topo = next;
+  // The new replica receives the state from its DP group: the step is the survivors'.
+  p.restore = restore_point(have, topo.world_size(), -1, false);
+  if (!p.restore.ok) return std::nullopt;
+  std::map<int, membership::Source> src;
+  for (const auto& [old_id, new_id] : p.renumber) src[new_id] = p.restore.sources[old_id];
+  for (int r : p.new_ranks) src[r] = membership::replica;
+  p.restore.sources = src;
+  p.why = detail::concat("standby slots for a whole replica are ready; data parallelism was ",
+                         topo.dp(), " of ", v.configured_dp);
+  p.action = detail::concat("grow data parallelism back to ", next.dp(), " replicas");
+  return p;
+}
+
+}  // namespace keel::policy

@@ -1,0 +1,135 @@
+// What to do when the job fails (DESIGN.md, Failure handling): given the failure, the
+// membership and what each rank can restore from, a plan — which ranks to start again, which
+// slots to evict and which standbys take their ranks, whether data parallelism shrinks or
+// grows, the restore step and where each rank restores from, the ladder rung and why.
+//
+// Pure code: no processes, no store, no clock. launcher/controller carries a plan out
+// through one epoch transition (abort → ack → decide → rebuild → restore), whatever the plan.
+//
+// What happens on each kind of failure (recovery.mode hot_swap, the default):
+//   crash / exit of a worker on a live slot  the rank is restarted in place;
+//   slot lost or partitioned                 its slot is evicted, a ready standby takes its
+//                                            ranks (recovery.evict widens the eviction to the
+//                                            culprit's PP group or DP replica);
+//   hang (a rank named by detection)         on a slot: evicted like a lost slot (a hung
+//                                            machine is not trusted); without slots:
+//                                            restarted in place;
+//   communication error, no culprit          reattempt in place: every rank rebuilds;
+//   no standby ready                         recovery.on_no_standby: fail, wait, shrink_dp.
+// in_place never evicts (a lost slot: detect.on_slot_loss fail | wait). restart_all stops every
+// rank and restarts all of them from the newest persistent checkpoint, placing a lost slot's
+// ranks on a standby. The restore point is the newest step every rank holds in memory, in
+// its own snapshot or at its backup holder; when none is common, the newest persistent
+// checkpoint; when there is none, the job stops naming what was lost (unless
+// recovery.allow_restart_from_scratch).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "parallel/topology.h"
+#include "proto/config.pb.h"
+#include "proto/membership.pb.h"
+
+namespace keel::policy {
+
+// The membership as the controller sees it when it decides.
+struct ClusterView {
+  Topology topo{1, 1, 1};
+  int configured_dp = 1;
+  int workers_per_slot = 1;
+  std::vector<int> rank_slot;  // rank -> slot; empty without slots (keel-worker --nproc)
+  // Slot -> state; empty without slots. Slot 0 hosts the controller: never evicted.
+  std::map<int, membership::SlotInfo::State> slots;
+  std::set<int> ready_standbys;    // standby slots whose self-check passed
+  std::set<int> pending_standbys;  // standby slots still checking themselves
+
+  bool has_slots() const { return !rank_slot.empty(); }
+  int slot_of(int rank) const { return has_slots() ? rank_slot[size_t(rank)] : -1; }
+  std::vector<int> ranks_on(int slot) const;
+};
+
+enum class FailureKind { kCrash, kExit, kHang, kSlotLoss, kPartition, kCommError };
+const char* failure_kind_name(FailureKind k);
+
+// What went wrong, as detection saw it.
+struct Failure {
+  FailureKind kind = FailureKind::kCommError;
+  int culprit = -1;            // the rank detection named (-1: none)
+  std::set<int> dead;          // ranks whose processes are gone or must be killed
+  std::set<int> lost_slots;    // slots that went silent (their ranks are in `dead`)
+  std::string rule;            // how it was found ("exit", "heartbeat", "liveness", ...)
+};
+
+// What one rank can restore (steps completed, checksums verified).
+struct Holdings {
+  std::optional<int64_t> live;  // a survivor that acknowledged the abort: its state's step
+  std::set<int64_t> own;        // its own snapshot slots
+  std::set<int64_t> backup;     // the copy at its backup holder
+};
+
+struct Options {
+  config::RecoveryConfig recovery;
+  config::DetectConfig detect;
+  bool zero1 = false;
+  int micro_batch = 1, global_batch = 1;
+  int64_t persistent_step = -1;  // newest complete persistent checkpoint (-1: none)
+};
+
+// Where the job restores from.
+struct RestorePoint {
+  int64_t step = -1;  // steps completed; -1: the start state
+  membership::Source job_source = membership::memory;  // persistent / scratch for all ranks
+  std::map<int, membership::Source> sources;            // per rank
+  std::string why;  // why memory did not suffice (persistent, scratch, or stop)
+  bool ok = true;   // false: nothing restores every rank; the job must stop
+};
+
+// The newest step every rank of `world` can restore. `holder_slot(r)` names where rank r's
+// backup lives, `own_slot(r)` its own snapshot, for messages (-1: unknown).
+RestorePoint restore_point(const std::map<int, Holdings>& have, int world,
+                           int64_t persistent_step, bool allow_scratch,
+                           const std::map<int, std::pair<int, int>>& where = {});
+
+struct Plan {
+  enum class Kind {
+    kRecover,  // carry it out
+    kWait,     // nothing can be done yet (a standby is checking itself, on_no_standby = wait,
+               // on_slot_loss = wait): decide again when the view changes
+    kStop,     // the job must stop (`why` says why)
+  };
+  Kind kind = Kind::kRecover;
+  std::string rung;    // DESIGN.md's ladder: "evict", "restart", "reattempt", "restart_all",
+                       // "shrink", "grow"
+  std::string why;     // one line: why this rung
+  std::string action;  // one line for the incident
+  bool restart_all = false;          // every rank is stopped and started again
+  std::set<int> kill;                // live ranks to stop first (evicted, retired)
+  std::set<int> restart;             // ranks (ids of the next epoch) to start
+  std::vector<int> evict;            // slots taken out of the job
+  std::map<int, int> promote;        // evicted slot -> standby slot that takes its ranks
+  std::vector<int> retire_slots;     // slots left without ranks (shrink): become standbys
+  std::optional<Topology> next_topo;  // shrink / grow
+  std::map<int, int> renumber;        // old -> new id for every rank that stays
+  std::vector<int> new_ranks;         // grow: the ranks of the new replica
+  RestorePoint restore;
+};
+
+// The decision for a failure. `have` is keyed by the ranks' current ids.
+Plan decide(const Failure& f, const ClusterView& view, const std::map<int, Holdings>& have,
+            const Options& o);
+
+// After a shrink: grow back by one replica once standbys for all of it are ready.
+// nullopt: nothing to do.
+std::optional<Plan> decide_grow(const ClusterView& view, const std::map<int, Holdings>& have,
+                                const Options& o);
+
+// How long a survivor may take to answer an abort before it is declared hung:
+// max(recovery.abort_timeout_ms, abort_timeout_steps × the median step time).
+int64_t abort_deadline_ms(const config::RecoveryConfig& rc, double median_step_s);
+
+}  // namespace keel::policy
