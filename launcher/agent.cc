@@ -2,13 +2,17 @@
 
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <deque>
 #include <fstream>
+#include <iterator>
+#include <string>
 #include <thread>
 
 #include "ckpt/backup_placement.h"
@@ -16,6 +20,7 @@
 #include "ckpt/snapshot_region.h"
 #include "launcher/control_plane.h"
 #include "launcher/local_host.h"
+#include "runtime/check.h"
 
 namespace keel {
 namespace {
@@ -36,7 +41,68 @@ std::string tail(const std::string& path, size_t n) {
   return out;
 }
 
+// Whether the process that runs the job's controller is gone from this machine. The job id
+// starts with its PID (make_job_id); a zombie (its parent has not reaped it yet) is gone too.
+// Another machine's PID usually names no process here, which is right: its segments on this
+// machine are this job's leftovers either way.
+bool controller_process_gone(const std::string& job) {
+  int pid = 0;
+  if (std::sscanf(job.c_str(), "%d-", &pid) != 1 || pid <= 0) return false;
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');  // the command name may hold spaces and parentheses
+  return paren != std::string::npos && paren + 2 < text.size() &&
+         (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
+}
+
 }  // namespace
+
+void Agent::kill_workers() {
+  for (auto* m : {&workers_, &parked_}) {
+    for (auto& [key, pid] : *m) {
+      ::kill(pid, SIGKILL);
+      int st = 0;
+      waitpid(pid, &st, 0);
+    }
+    m->clear();
+  }
+}
+
+void Agent::remove_shared_memory() {
+  // A segment already removed (by its worker's slot at an earlier shutdown, or never made)
+  // is no error: ENOENT is expected here, and nothing else can be done about other errors.
+  for (int r : hosted_) {
+    shm_unlink(snapshot_segment_name(o_.job, r).c_str());
+    shm_unlink(backup_segment_name(o_.job, r).c_str());
+  }
+}
+
+// The controller went silent: slot 0 died, or this slot was cut off from it. Either way the
+// job cannot go on here, and nothing of it must linger on this machine.
+int Agent::stop_without_controller(std::chrono::milliseconds silent) {
+  const std::string why = detail::concat(
+      "keel-launch: slot ", o_.slot, ": no word from the controller at ", o_.controller, " for ",
+      silent.count(), " ms: stopping this slot's workers and removing its shared memory");
+  std::fprintf(stderr, "%s\n", why.c_str());
+  std::ofstream(o_.log_dir + "/slot" + std::to_string(o_.slot) + "-agent.log", std::ios::app)
+      << why << "\n";
+  kill_workers();
+  remove_shared_memory();
+  // When the controller's own slot shared this machine (--slots with --join on one box), its
+  // workers died with it and left their segments: remove every segment of the job here.
+  int others = 0;
+  if (controller_process_gone(o_.job)) others = unlink_job_segments(o_.job);
+  std::fprintf(
+      stderr,
+      "keel-launch: slot %d: workers stopped, shared memory of %zu rank(s)%s removed; "
+      "restart the job from its newest persistent checkpoint with keel-launch --resume "
+      "runs/%s\n",
+      o_.slot, hosted_.size(),
+      others > 0 ? detail::concat(" and ", others, " more segment(s) of the job").c_str() : "",
+      o_.job.c_str());
+  return kExitControllerLost;
+}
 
 int Agent::run(const volatile int* stop) {
   const std::string me = "agent/" + std::to_string(o_.slot);
@@ -55,16 +121,8 @@ int Agent::run(const volatile int* stop) {
   const auto register_deadline = Clock::now() + o_.register_timeout;
   auto next_heartbeat = Clock::now();
   auto log_of = [&](int rank) { return o_.log_dir + "/rank" + std::to_string(rank) + ".log"; };
-  auto kill_all = [&] {
-    for (auto* m : {&workers_, &parked_}) {
-      for (auto& [key, pid] : *m) {
-        ::kill(pid, SIGKILL);
-        int st = 0;
-        waitpid(pid, &st, 0);
-      }
-      m->clear();
-    }
-  };
+  // Anything the controller sends proves it alive; it answers every heartbeat (200 ms).
+  auto last_heard = Clock::now();
   while (!(stop && *stop)) {
     if (!welcomed && Clock::now() > register_deadline) {
       std::fprintf(stderr,
@@ -73,7 +131,12 @@ int Agent::run(const volatile int* stop) {
                    static_cast<long long>(o_.register_timeout.count() / 1000));
       return 1;
     }
+    if (welcomed && o_.controller_timeout.count() > 0 &&
+        Clock::now() - last_heard > o_.controller_timeout)
+      return stop_without_controller(
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_heard));
     if (auto m = client.poll(std::chrono::milliseconds(20))) {
+      last_heard = Clock::now();
       if (!m->has_command()) continue;
       const control::Command& c = m->command();
       switch (c.kind()) {
@@ -135,6 +198,7 @@ int Agent::run(const volatile int* stop) {
           for (int r : hosted_) {
             control::SnapshotHolding* own = ev->add_holdings();
             own->set_owner_rank(r);
+            own->set_own(true);
             for (int64_t s : restorable_steps(o_.job, r, -1, /*verify=*/true)) own->add_steps(s);
             const int owner = backup_owner(o_.topo, r);
             if (owner >= 0) {
@@ -150,15 +214,12 @@ int Agent::run(const volatile int* stop) {
           break;
         }
         case control::Command::reset:
-          kill_all();
+          kill_workers();
           send_register();
           break;
         case control::Command::shutdown:
-          kill_all();
-          for (int r : hosted_) {
-            shm_unlink(snapshot_segment_name(o_.job, r).c_str());
-            shm_unlink(backup_segment_name(o_.job, r).c_str());
-          }
+          kill_workers();
+          remove_shared_memory();
           return 0;
         case control::Command::renumber: {
           std::map<int, pid_t> renamed;
@@ -223,7 +284,13 @@ int Agent::run(const volatile int* stop) {
       client.send(h);
     }
   }
-  kill_all();
+  kill_workers();
+  // Stopped because the controller's process died (a --local slot gets SIGTERM then): no
+  // shutdown will come, so the job's shared memory on this machine is this agent's to remove.
+  if (controller_process_gone(o_.job)) {
+    remove_shared_memory();
+    unlink_job_segments(o_.job);
+  }
   return 0;
 }
 

@@ -90,6 +90,11 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
       return;
     }
     s.last_heartbeat = Clock::now();
+    // The agent's proof that the controller lives: without it for
+    // detect.controller_timeout_ms the agent stops its workers and exits (launcher/agent.h).
+    control::Envelope alive = make_envelope(0);
+    alive.mutable_command()->set_kind(control::Command::keepalive);
+    server_->send(identity, alive);
     return;
   }
   if (m.has_event()) {
@@ -161,28 +166,16 @@ bool AgentHost::standby_ready(int slot) const {
   return true;
 }
 
-int AgentHost::promote(int lost) {
-  // A standby that has not finished its self-check yet is worth a short wait.
-  const auto deadline = Clock::now() + std::chrono::seconds(30);
-  while (true) {
-    for (size_t k = 0; k < slots_.size(); ++k) {
-      if (!standby_ready(int(k))) continue;
-      const std::vector<int> ranks = ranks_on(lost);
-      for (size_t i = 0; i < ranks.size(); ++i) {
-        rank_slot_[size_t(ranks[i])] = int(k);
-        adopt_[ranks[i]] = int(i);
-      }
-      slots_[k].role = Role::kActive;
-      slots_[size_t(lost)].role = Role::kEvicted;
-      return int(k);
-    }
-    bool pending = false;
-    for (size_t k = 0; k < slots_.size(); ++k)
-      pending = pending || (slots_[k].role == Role::kStandby && slots_[k].state == State::kActive);
-    if (!pending || Clock::now() > deadline) return -1;
-    if (pump_) pump_();
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+bool AgentHost::promote(int lost, int standby) {
+  if (!standby_ready(standby)) return false;
+  const std::vector<int> ranks = ranks_on(lost);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    rank_slot_[size_t(ranks[i])] = standby;
+    adopt_[ranks[i]] = int(i);
   }
+  slots_[size_t(standby)].role = Role::kActive;
+  slots_[size_t(lost)].role = Role::kEvicted;
+  return true;
 }
 
 void AgentHost::renumber(const std::map<int, int>& old_to_new, int new_world) {
@@ -215,12 +208,6 @@ bool AgentHost::place(const std::vector<int>& ranks) {
     slots_[size_t(k)].role = Role::kActive;
   }
   return true;
-}
-
-int AgentHost::standby_capacity() {
-  int n = 0;
-  for (size_t k = 0; k < slots_.size(); ++k) n += standby_ready(int(k));
-  return n * workers_per_slot_;
 }
 
 void AgentHost::evict(int slot) {
@@ -341,7 +328,7 @@ void AgentHost::stop_all(int sig, std::chrono::milliseconds grace) {
   exits_.clear();
 }
 
-std::map<int, std::set<int64_t>> AgentHost::survey(const Topology& topo) {
+std::map<int, policy::Holdings> AgentHost::survey(const Topology& topo) {
   (void)topo;
   survey_replies_.clear();
   control::Envelope m = make_envelope(0);
@@ -357,10 +344,17 @@ std::map<int, std::set<int64_t>> AgentHost::survey(const Topology& topo) {
     if (pump_) pump_();
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  std::map<int, std::set<int64_t>> out;
+  // A holding on the slot the rank runs on is its own snapshot; anywhere else it is the
+  // copy its backup holder keeps.
+  std::map<int, policy::Holdings> out;
   for (const auto& [slot, e] : survey_replies_)
-    for (const auto& h : e.holdings())
-      for (int64_t s : h.steps()) out[h.owner_rank()].insert(s);
+    for (const auto& h : e.holdings()) {
+      const int r = h.owner_rank();
+      if (r < 0 || r >= world_) continue;
+      const bool own = h.own() && rank_slot_[size_t(r)] == slot;
+      if (h.own() && !own) continue;  // a snapshot left on a slot the rank moved away from
+      for (int64_t s : h.steps()) (own ? out[r].own : out[r].backup).insert(s);
+    }
   return out;
 }
 
@@ -370,8 +364,34 @@ void AgentHost::finish() {
   for (size_t k = 0; k < slots_.size(); ++k) send(int(k), m);
 }
 
-bool AgentHost::can_spawn(int rank) const {
-  return slots_[size_t(slot_of(rank))].state == State::kActive;
+double AgentHost::slot_silence_s(int slot) const {
+  return std::chrono::duration<double>(Clock::now() - slots_[size_t(slot)].last_heartbeat).count();
+}
+
+void AgentHost::fill_view(policy::ClusterView* v) const {
+  v->rank_slot = rank_slot_;
+  v->workers_per_slot = workers_per_slot_;
+  v->slots.clear();
+  v->ready_standbys.clear();
+  v->pending_standbys.clear();
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    const Slot& s = slots_[k];
+    using St = membership::SlotInfo;
+    St::State st = s.state == State::kLost      ? St::lost
+                   : s.state == State::kPending ? St::pending
+                   : s.role == Role::kStandby   ? St::standby
+                   : s.role == Role::kEvicted   ? St::evicted
+                                                : St::active;
+    v->slots[int(k)] = st;
+    if (st != St::standby) continue;
+    if (standby_ready(int(k))) {
+      v->ready_standbys.insert(int(k));
+      continue;
+    }
+    bool failed = false;  // a failed self-check is not worth waiting for
+    for (const std::string& c : s.self_check) failed = failed || (!c.empty() && c.rfind("ok", 0));
+    if (!failed) v->pending_standbys.insert(int(k));
+  }
 }
 
 void AgentHost::fill_status(control::StatusReply* reply) const {

@@ -45,17 +45,17 @@ class AgentHost : public RankHost {
   void kill(int rank) override;
   std::optional<RankExit> poll_exit() override;
   void stop_all(int sig, std::chrono::milliseconds grace) override;
-  std::map<int, std::set<int64_t>> survey(const Topology& topo) override;
+  std::map<int, policy::Holdings> survey(const Topology& topo) override;
   void finish() override;
   int slot_of(int rank) const override { return rank_slot_[size_t(rank)]; }
-  bool can_spawn(int rank) const override;
+  void fill_view(policy::ClusterView* view) const override;
+  double slot_silence_s(int slot) const override;
   void fill_status(control::StatusReply* reply) const override;
-  int promote(int slot) override;
+  bool promote(int slot, int standby) override;
   void evict(int slot) override;
   std::vector<int> ranks_on(int slot) const override;
   void renumber(const std::map<int, int>& old_to_new, int new_world) override;
   bool place(const std::vector<int>& ranks) override;
-  int standby_capacity() override;
 
  private:
   enum class State { kPending, kActive, kLost };

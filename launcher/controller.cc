@@ -1,8 +1,200 @@
 #include "launcher/controller.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
 #include "launcher/controller_impl.h"
+#include "robust/fault_injector.h"
+#include "robust/fault_spec.h"
+#include "runtime/check.h"
 
 namespace keel {
+
+Controller::Impl::Impl(ControllerOptions opts, RankHost* h, std::shared_ptr<Store> s,
+                       ControlServer* srv)
+    : o(std::move(opts)),
+      host(h),
+      store(std::move(s)),
+      server(srv),
+      topo(o.cfg.parallel().tp(), o.cfg.parallel().pp(), o.cfg.parallel().dp()),
+      world(topo.world_size()) {
+  update_membership();
+}
+
+void Controller::Impl::event(const std::string& kind, const EventFields& fields) {
+  if (o.on_event) o.on_event(kind, fields.json());
+}
+
+std::map<std::string, std::string> Controller::Impl::rank_env(int rank, bool restarted) const {
+  char start[32];
+  std::snprintf(start, sizeof(start), "%.6f", o.job_start);
+  std::map<std::string, std::string> env = {
+      {"KEEL_RANK", std::to_string(rank)},
+      {"KEEL_WORLD_SIZE", std::to_string(world)},
+      {"KEEL_STORE_ADDR", o.store_addr},
+      {"KEEL_JOB_ID", o.job},
+      {"KEEL_SUPERVISED", "1"},
+      {"KEEL_EPOCH", std::to_string(epoch)},
+      {"KEEL_RESTARTED", restarted ? "1" : "0"},
+      {"KEEL_JOB_START", start},
+  };
+  if (!o.controller_endpoint.empty()) env["KEEL_CONTROLLER"] = o.controller_endpoint;
+  if (topo.dp() != o.cfg.parallel().dp()) env["KEEL_DP"] = std::to_string(topo.dp());
+  // Ranks share cores: OpenMP threads that spin while waiting steal them from the rank
+  // that has work (measured: a step 5-7x slower at load 9).
+  if (world > 1) env["OMP_WAIT_POLICY"] = "PASSIVE";
+  return env;
+}
+
+// Handles what arrived on the control plane: progress, keel-ctl, and the agents' messages.
+void Controller::Impl::pump() {
+  if (!server) return;
+  while (auto in = server->poll(std::chrono::milliseconds(0))) {
+    const control::Envelope& m = in->msg;
+    if (m.has_progress()) {
+      if (m.epoch() != epoch) continue;  // a report of an older epoch: stale
+      const control::WorkerProgress& p = m.progress();
+      if (p.rank() < 0 || p.rank() >= world || finished.count(p.rank())) continue;
+      if (o.console_progress && p.rank() == 0) print_progress(p);
+      progress[p.rank()] = {p, Clock::now()};
+    } else if (m.has_status_request()) {
+      control::Envelope r = make_envelope(epoch);
+      status(r.mutable_status_reply());
+      server->send(in->identity, r);
+    } else if (m.has_inject_request()) {
+      control::Envelope r = make_envelope(epoch);
+      inject(m.inject_request().fault(), r.mutable_inject_reply());
+      server->send(in->identity, r);
+    } else if (on_agent) {
+      on_agent(in->identity, m);
+    }
+  }
+}
+
+void Controller::Impl::print_progress(const control::WorkerProgress& p) {
+  const int every = std::max(1, o.cfg.train().log_every());
+  if (p.step() == last_printed || p.step() <= 0 ||
+      (p.step() % every != 0 && p.step() != o.cfg.train().steps()))
+    return;
+  last_printed = p.step();
+  const double tokens =
+      double(o.cfg.train().global_batch_size()) * double(o.cfg.model().seq_len());
+  std::printf(
+      "step %5lld/%d | loss %.6f | %8.0f tok/s | compute %3.0f%% comm %3.0f%% | epoch %d\n",
+      static_cast<long long>(p.step()), o.cfg.train().steps(), p.loss(),
+      p.step_s() > 0 ? tokens / p.step_s() : 0.0,
+      p.step_s() > 0 ? 100 * p.compute_s() / p.step_s() : 0.0,
+      p.step_s() > 0 ? 100 * p.comm_s() / p.step_s() : 0.0, epoch);
+  std::fflush(stdout);
+}
+
+void Controller::Impl::status(control::StatusReply* r) const {
+  r->set_epoch(epoch);
+  r->set_state(state);
+  r->set_incidents(incidents);
+  int64_t step = -1;
+  double loss = 0;
+  for (const auto& [rank, p] : progress) {
+    control::RankStatus* rs = r->add_ranks();
+    rs->set_rank(rank);
+    rs->set_slot(p.first.slot());
+    rs->set_pid(p.first.pid());
+    rs->set_step(p.first.step());
+    rs->set_in_collective(p.first.in_collective());
+    if (step < 0 || p.first.step() < step) step = p.first.step(), loss = p.first.loss();
+  }
+  r->set_step(std::max<int64_t>(step, 0));
+  r->set_loss(loss);
+  try {
+    r->set_tokens_per_s(std::stod(store->get("live/tokens_per_s", std::chrono::milliseconds(1))));
+    r->set_mfu(std::stod(store->get("live/mfu", std::chrono::milliseconds(1))));
+    r->set_ettr(std::stod(store->get("live/ettr", std::chrono::milliseconds(1))));
+  } catch (const std::exception&) {
+  }
+  host->fill_status(r);
+}
+
+// keel-ctl inject: the fault joins the ranks' schedules through the store.
+void Controller::Impl::inject(const std::string& fault, control::InjectReply* r) {
+  try {
+    FaultPlan plan;
+    add_fault_flag(&plan, fault);
+    validate_fault_plan(plan, world, o.cfg.train().steps());
+    const faults::Fault& f = plan.schedule.fault(0);
+    if ((f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition) &&
+        host->slot_of(f.rank()) <= 0)
+      throw InputError(fault + ": rank " + std::to_string(f.rank()) +
+                       (host->slot_of(f.rank()) < 0 ? " has no slot (keel-launch runs slots)"
+                                                    : " is on slot 0, which hosts the controller "
+                                                      "and cannot be lost yet"));
+    const int64_t n = store->add("runtime_faults/count", 1) - 1;
+    store->set("runtime_faults/" + std::to_string(n), fault);
+    r->set_ok(true);
+    r->set_message("injected " + fault);
+    event("inject_request", EventFields().add("fault", fault));
+  } catch (const std::exception& e) {
+    r->set_ok(false);
+    r->set_message(e.what());
+  }
+}
+
+int Controller::Impl::run() {
+  for (int r = 0; r < world; ++r) spawn(r, /*restarted=*/false);
+  state = "training";
+  event("start", EventFields().add("world", world));
+  auto next_error_poll = Clock::now(), next_grow_check = Clock::now();
+  while (true) {
+    if (stopping()) {
+      std::fprintf(stderr, "%s: %s: stopping every rank\n", o.program.c_str(),
+                   strsignal(*o.stop_signal));
+      host->stop_all(SIGTERM, std::chrono::seconds(5));
+      return 128 + *o.stop_signal;
+    }
+    pump();
+    if (auto ex = host->poll_exit()) {
+      if (ex->clean()) {
+        finished.insert(ex->rank);
+        progress.erase(ex->rank);
+        if (int(finished.size()) == world) return 0;
+        continue;
+      }
+      if (!finished.empty() || ex->fatal()) {
+        std::string why = detail::concat("rank ", ex->rank, " ", ex->describe());
+        if (!ex->detail.empty() && !ex->slot_lost)
+          why += detail::concat("\n", o.program, ": rank ", ex->rank, "'s last lines:\n",
+                                ex->detail);
+        return stop_job(why, ex->code());
+      }
+      if (!recover(from_exit(*ex))) return stop_job("", ex->code() ? ex->code() : 1);
+      continue;
+    }
+    if (Clock::now() >= next_error_poll) {
+      next_error_poll = Clock::now() + std::chrono::milliseconds(20);
+      if (auto d = comm_error()) {
+        if (!recover(std::move(*d))) return stop_job("", 1);
+        continue;
+      }
+    }
+    if (Clock::now() >= next_grow_check) {
+      next_grow_check = Clock::now() + std::chrono::milliseconds(200);
+      maybe_grow();
+    }
+    if (auto d = hang()) {
+      if (!recover(std::move(*d))) return stop_job("", 1);
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+int Controller::Impl::stop_job(const std::string& why, int code) {
+  if (!why.empty()) std::fprintf(stderr, "%s: %s; stopping the job\n", o.program.c_str(), why.c_str());
+  event("stop", EventFields().add("code", code).add("why", why));
+  host->stop_all(SIGTERM, std::chrono::seconds(5));
+  return code;
+}
 
 Controller::Controller(ControllerOptions opts, RankHost* host, std::shared_ptr<Store> store,
                        ControlServer* server)

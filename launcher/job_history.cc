@@ -83,6 +83,11 @@ JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int worl
               restored, std::stod(store.get(recovery::restored_key(inc.epoch(), r), Millis(1))));
         } catch (const CommTimeout&) {
         }
+        try {
+          (*inc.mutable_rank_sources())[r] =
+              store.get(recovery::restored_from_key(inc.epoch(), r), Millis(1));
+        } catch (const CommTimeout&) {
+        }
       }
       inc.set_recovered_at(restored);
       inc.set_restored_at(restored);

@@ -1,6 +1,7 @@
 #include "launcher/launch.h"
 
 #include <mpi.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ckpt/persistent_checkpoint.h"
 #include "ckpt/snapshot_region.h"
 #include "launcher/agent.h"
 #include "launcher/agent_host.h"
@@ -41,7 +43,7 @@ void on_signal(int sig) {
 }
 
 std::string self_dir() {
-  return fs::canonical("/proc/self/exe").parent_path().string();
+  return fs::path(self_exe_path()).parent_path().string();
 }
 
 // The host part of "tcp://host:port".
@@ -77,6 +79,35 @@ class EventLog {
   std::ofstream out_;
 };
 
+// --resume DIR is a job's run directory (it holds config.pbtxt) or a checkpoint directory.
+// Makes o->resume the checkpoint directory every worker resumes from (absolute: a worker's
+// working directory may differ) and, for a run directory without --config, takes its config.
+void resolve_resume(LaunchOptions* o) {
+  const std::string given = o->resume;
+  std::error_code ec;
+  if (!fs::is_directory(given, ec))
+    throw InputError("--resume " + given +
+                     ": no such directory (expected a checkpoint directory, or a job's run "
+                     "directory runs/<job>/ holding its config.pbtxt)");
+  const fs::path run_cfg = fs::path(given) / "config.pbtxt";
+  if (!fs::exists(run_cfg, ec)) {
+    o->resume = fs::absolute(given).string();
+    return;
+  }
+  if (o->config_path.empty()) o->config_path = run_cfg.string();
+  const config::JobConfig run = load_config(run_cfg.string(), {});
+  const std::string ck = run.checkpoint().dir();
+  if (!fs::is_directory(ck, ec))
+    throw InputError(detail::concat("--resume ", given, ": the job's checkpoint directory ", ck,
+                                    " (checkpoint.dir in ", run_cfg.string(),
+                                    ", relative to this directory) does not exist",
+                                    run.checkpoint().persistent_every_steps() > 0
+                                        ? ""
+                                        : ": the job wrote no persistent checkpoints "
+                                          "(checkpoint.persistent_every_steps is 0)"));
+  o->resume = fs::absolute(ck).string();
+}
+
 int run_agent(const LaunchOptions& o, const config::JobConfig& cfg, int slot,
               const std::string& endpoint, const std::string& job, const std::string& host) {
   AgentOptions a;
@@ -87,6 +118,7 @@ int run_agent(const LaunchOptions& o, const config::JobConfig& cfg, int slot,
   a.log_dir = (fs::path(o.run_dir) / job / "logs").string();
   a.topo = Topology(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
   a.job = job;
+  a.controller_timeout = std::chrono::milliseconds(cfg.detect().controller_timeout_ms());
   fs::create_directories(a.log_dir);
   Agent agent(a);
   return agent.run(reinterpret_cast<const volatile int*>(&g_signal));
@@ -130,6 +162,22 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
           "a partition fault needs each slot on its own network interface, named by KEEL_IFNAME "
           "(e.g. machines as network namespaces)");
   }
+  if (!o.resume.empty()) {
+    // Checked here, so that a missing or unusable checkpoint is said once, before any slot
+    // starts; every worker then loads the same step (nothing writes checkpoints meanwhile).
+    CheckpointLayout layout;
+    layout.tp = topo.tp();
+    layout.pp = topo.pp();
+    layout.dp = topo.dp();
+    layout.zero1 = cfg.parallel().zero1();
+    std::vector<std::string> skipped;
+    const ResumePoint p = find_resume_point(o.resume, layout, &skipped);
+    for (const auto& s : skipped)
+      std::fprintf(stderr, "keel-launch: skipped checkpoint %s\n", s.c_str());
+    std::printf("keel-launch: resuming from checkpoint step %lld (%s)\n",
+                static_cast<long long>(p.step), p.dir.c_str());
+    std::fflush(stdout);
+  }
   const std::string job = make_job_id();
   const fs::path dir = fs::path(o.run_dir) / job;
   fs::create_directories(dir / "logs");
@@ -170,17 +218,23 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     MPI_Finalize();  // MPI is for starting only: it cannot survive a dead peer
   } else if (fork_slots) {
     for (int k = 1; k < nslots; ++k) {
+      // The real path, not /proc/self/exe: ps shows what each process is.
       std::vector<std::string> argv = {
-          "/proc/self/exe", "--join", control.endpoint(), "--slot",      std::to_string(k),
-          "--job",          job,      "--config",         o.config_path, "--run-dir",
+          self_exe_path(), "--join", control.endpoint(), "--slot",      std::to_string(k),
+          "--job",         job,      "--config",         o.config_path, "--run-dir",
           o.run_dir};
       for (const auto& s : o.overrides) argv.insert(argv.end(), {"--set", s});
       if (o.workers_per_slot > 0)
         argv.insert(argv.end(), {"--workers-per-slot", std::to_string(o.workers_per_slot)});
-      children.push_back(spawn_child(argv, {}));
+      // SIGTERM, not SIGKILL, when slot 0 dies: the slot's agent then stops its workers and
+      // removes the job's shared memory before it goes (launcher/agent.h).
+      children.push_back(spawn_child(argv, {}, "", SIGTERM));
     }
   }
-  std::thread agent0([&] { run_agent(o, cfg, 0, control.endpoint(), job, host); });
+  std::thread agent0([&] {
+    pthread_setname_np(pthread_self(), "keel-agent");  // for top -H; the name always fits
+    run_agent(o, cfg, 0, control.endpoint(), job, host);
+  });
 
   std::vector<std::string> worker_argv = {self_dir() + "/keel-worker", "--config",
                                           fs::absolute(o.config_path).string()};
@@ -189,6 +243,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   for (size_t i = 0; i + 1 < o.worker_args.size(); ++i)
     if (o.worker_args[i] == "--report") report = o.worker_args[i + 1];
   worker_argv.insert(worker_argv.end(), o.worker_args.begin(), o.worker_args.end());
+  if (!o.resume.empty()) worker_argv.insert(worker_argv.end(), {"--resume", o.resume});
   if (report == fs::absolute(dir / "report.json").string())
     worker_argv.insert(worker_argv.end(), {"--report", report});
 
@@ -252,11 +307,18 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
 
 }  // namespace
 
-int run_launch(const LaunchOptions& o) {
+int run_launch(const LaunchOptions& opts) {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM}) KEEL_CHECK_ERRNO(sigaction(sig, &sa, nullptr));
+  // ps and top tell the processes apart: "keel-launch" runs slot 0 (the controller),
+  // "keel-agent" any other slot.
+  set_process_name(opts.join.empty() ? "keel-launch" : "keel-agent");
+  LaunchOptions o = opts;
+  if (!o.resume.empty() && o.join.empty()) resolve_resume(&o);
+  if (o.config_path.empty())
+    throw InputError("keel-launch: --config FILE is required with --join\n" + launch_usage());
   config::JobConfig cfg = load_config(o.config_path, o.overrides);
   if (!o.join.empty()) {
     const std::string host = reachable_address(endpoint_host(o.join));
@@ -272,6 +334,7 @@ int run_launch(const LaunchOptions& o) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (rank == 0) return run_slot0(o, cfg, size, /*mpi=*/true, /*fork_slots=*/false);
+    set_process_name("keel-agent");
     char buf[512] = {0};
     MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
     MPI_Finalize();

@@ -22,6 +22,10 @@ std::string launch_usage() {
   --standby K             the last K slots are warm standbys: their workers load the model,
                           check themselves and wait to replace a lost or evicted slot
   --run-dir DIR           where runs/<job>/ goes (default: runs): logs, events.jsonl, config
+  --resume DIR            restart a job from its newest complete persistent checkpoint: DIR
+                          is a checkpoint directory (checkpoint.dir) or the run directory
+                          runs/<job>/ of the job (its config.pbtxt names the checkpoint
+                          directory, and is the config unless --config is given)
   --report FILE           the final report (JSON; default: runs/<job>/report.json)
   --loss-svg FILE         the loss curve, incidents marked
   --fault KIND@step=S,rank=R   inject a fault (repeatable; also slot_loss, partition)
@@ -72,17 +76,20 @@ bool parse_launch_options(int argc, char** argv, LaunchOptions* o) {
     } else if (a == "--job") {
       o->job = value();
     } else if (a == "--report" || a == "--loss-svg" || a == "--fault" || a == "--inject" ||
-               a == "--export-llmc" || a == "--resume") {
+               a == "--export-llmc") {
       o->worker_args.push_back(a);
       o->worker_args.push_back(value());
+    } else if (a == "--resume") {
+      o->resume = value();
     } else if (a == "--quiet") {
       o->quiet = true;
     } else {
       throw InputError("keel-launch: unknown argument '" + a + "'\n" + launch_usage());
     }
   }
-  if (o->config_path.empty())
-    throw InputError("keel-launch: --config FILE is required\n" + launch_usage());
+  if (o->config_path.empty() && o->resume.empty())
+    throw InputError("keel-launch: --config FILE is required (or --resume runs/<job>)\n" +
+                     launch_usage());
   if (o->slots > 0 && (o->local > 0 || !o->join.empty()))
     throw InputError("keel-launch: --slots N cannot be combined with --local or --join");
   if (!o->join.empty() && (o->slot < 0 || o->job.empty()))

@@ -21,6 +21,9 @@ struct LaunchOptions {
   int slot = -1;                         // --slot K (with --join)
   std::string job;                       // --job ID (with --join; default: from the endpoint)
   std::vector<std::string> worker_args;  // passed to every keel-worker (--report, --fault, ...)
+  std::string resume;  // --resume DIR: a checkpoint directory, or a run directory runs/<job>/
+                       // (its config.pbtxt names the checkpoint directory and, without
+                       // --config, is the job's config)
   bool quiet = false;
 };
 

@@ -16,6 +16,8 @@
 #include "ckpt/backup_placement.h"
 #include "ckpt/restore.h"
 #include "ckpt/snapshot_region.h"
+#include "launcher/stack_capture.h"
+#include "launcher/stack_report.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -28,16 +30,42 @@ std::string RankExit::describe() const {
   return detail::concat("exited with status ", WEXITSTATUS(status));
 }
 
+std::string self_exe_path() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  KEEL_CHECK_ERRNO(n);
+  std::string path(buf, size_t(n));
+  const std::string deleted = " (deleted)";
+  if (path.size() > deleted.size() &&
+      path.compare(path.size() - deleted.size(), deleted.size(), deleted) == 0)
+    path.resize(path.size() - deleted.size());
+  return path;
+}
+
+void set_process_name(const char* name) {
+  // Longer names are cut to 15 characters by the kernel; only a bad pointer fails.
+  KEEL_CHECK_ERRNO(prctl(PR_SET_NAME, name, 0, 0, 0));
+}
+
 pid_t spawn_child(const std::vector<std::string>& argv,
-                  const std::map<std::string, std::string>& env, const std::string& log_path) {
+                  const std::map<std::string, std::string>& env, const std::string& log_path,
+                  int death_signal) {
   const pid_t parent = getpid();
+  const std::string self = self_exe_path();
+  std::vector<std::string> args_owned = argv;
+  if (args_owned[0] == "/proc/self/exe") args_owned[0] = self;
+  const std::string program = args_owned[0] == self ? "/proc/self/exe" : args_owned[0];
+  // Built before fork(): the child of a threaded process should not allocate.
+  std::vector<char*> args;
+  for (const auto& a : args_owned) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   std::fflush(nullptr);
   pid_t pid = fork();
   KEEL_CHECK_ERRNO(pid);
   if (pid != 0) return pid;
   // Die with the parent, whatever kills it (SIGKILL included); and if it died between
   // fork() and prctl(), the parent is already someone else: leave at once.
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
+  if (prctl(PR_SET_PDEATHSIG, death_signal) != 0 || getppid() != parent) _exit(1);
   for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
   if (!log_path.empty()) {
     int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -46,11 +74,8 @@ pid_t spawn_child(const std::vector<std::string>& argv,
       dup2(fd, 2);
     }
   }
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  execv(argv[0].c_str(), args.data());
-  std::perror(("keel: exec " + argv[0]).c_str());
+  execv(program.c_str(), args.data());
+  std::perror(("keel: exec " + args_owned[0]).c_str());
   _exit(127);
 }
 
@@ -80,7 +105,7 @@ void remove_stale_segments() {
 
 LocalHost::LocalHost(std::vector<std::string> argv, int world, std::string job)
     : argv_(std::move(argv)), job_(std::move(job)), pids_(size_t(world), -1) {
-  argv_[0] = "/proc/self/exe";
+  argv_[0] = self_exe_path();  // argv[0] as typed may be relative or found on PATH
 }
 
 void LocalHost::spawn(int rank, const std::map<std::string, std::string>& env) {
@@ -127,18 +152,35 @@ void LocalHost::stop_all(int sig, std::chrono::milliseconds grace) {
   }
 }
 
-std::map<int, std::set<int64_t>> LocalHost::survey(const Topology& topo) {
-  std::map<int, std::set<int64_t>> out;
+std::map<int, policy::Holdings> LocalHost::survey(const Topology& topo) {
+  std::map<int, policy::Holdings> out;
   for (int r = 0; r < topo.world_size(); ++r) {
     // Checksums are verified: a corrupted slot must not become the restore point.
-    for (int64_t s : restorable_steps(job_, r, backup_holder(topo, r).holder, /*verify=*/true))
-      out[r].insert(s);
+    for (int64_t s : restorable_steps(job_, r, -1, /*verify=*/true)) out[r].own.insert(s);
+    const int holder = backup_holder(topo, r).holder;
+    if (holder < 0) continue;
+    if (auto b = SnapshotRegion::open_existing(backup_segment_name(job_, holder)))
+      for (int64_t s : verified_steps(*b, r)) out[r].backup.insert(s);
   }
   return out;
 }
 
 void LocalHost::finish() {
   unlink_job_segments(job_);
+}
+
+std::map<int, control::RankStacks> LocalHost::capture_stacks(std::chrono::milliseconds timeout) {
+  std::vector<int> ranks;
+  std::vector<pid_t> pids;
+  for (size_t r = 0; r < pids_.size(); ++r)
+    if (pids_[r] > 0) {
+      ranks.push_back(int(r));
+      pids.push_back(pids_[r]);
+    }
+  const std::vector<ProcessStacks> stacks = keel::capture_stacks(pids, timeout);
+  std::map<int, control::RankStacks> out;
+  for (size_t i = 0; i < ranks.size(); ++i) out[ranks[i]] = to_message(ranks[i], stacks[i]);
+  return out;
 }
 
 }  // namespace keel

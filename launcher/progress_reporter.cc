@@ -7,6 +7,14 @@
 #include "launcher/control_plane.h"
 
 namespace keel {
+namespace {
+
+double unix_now() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 ProgressReporter::ProgressReporter(const std::string& endpoint, int rank, int slot,
                                    std::shared_ptr<CommActivity> activity)
@@ -66,8 +74,21 @@ void ProgressReporter::loop() {
     dirty_ = false;
     control::Envelope e = make_envelope(epoch_);
     *e.mutable_progress() = p_;
-    e.mutable_progress()->set_in_collective(activity_ && activity_->in_call());
-    e.mutable_progress()->set_in_collective_since(activity_ ? activity_->since.load() : 0);
+    control::WorkerProgress* p = e.mutable_progress();
+    if (activity_) {
+      p->set_in_collective(activity_->in_call());
+      p->set_in_collective_since(activity_->since());
+      for (const GroupSeq& g : activity_->groups()) {
+        control::GroupSeq* out = p->add_groups();
+        out->set_group(comm_group_name(g.group));
+        out->set_entered(g.entered);
+        out->set_finished(g.finished);
+        out->set_since(g.since);
+      }
+    }
+    // Stamped here, on this thread: it is the liveness signal, alive while the main thread
+    // is stuck and silent only when the whole process is stopped.
+    p->set_alive_at(unix_now());
     l.unlock();
     client.send(e);
     l.lock();

@@ -1,8 +1,10 @@
 // A worker's heartbeat to the controller (control plane, WorkerProgress): every 200 ms and
-// after each step, its steps completed, last loss and step time, and whether it is waiting
-// inside a communicator call. A thread of its own with its own ZeroMQ socket, so a rank whose
-// step is stuck still reports, which is what lets the controller tell the stuck rank from
-// the ranks waiting for it.
+// after each step, its steps completed, last loss and step time, whether it is waiting
+// inside a communicator call, and where each group's collectives stand (their sequence
+// numbers). A thread of its own with its own ZeroMQ socket, so a rank whose step is stuck
+// still reports, which is what lets the controller tell the stuck rank from the ranks
+// waiting for it; and reports that stop (alive_at no longer advancing) mean the whole
+// process is stopped (SIGSTOP).
 #pragma once
 
 #include <atomic>

@@ -17,6 +17,7 @@
 #include "launcher/recovery_protocol.h"
 #include "parallel/topology.h"
 #include "proto/control.pb.h"
+#include "robust/recovery_policy.h"
 
 namespace keel {
 
@@ -55,9 +56,9 @@ class RankHost {
   virtual std::optional<RankExit> poll_exit() = 0;
   // Sends `sig` to every rank, waits up to `grace`, then SIGKILLs what is left.
   virtual void stop_all(int sig, std::chrono::milliseconds grace) = 0;
-  // For each rank, the steps it could restore from snapshots that still exist anywhere (its
-  // own slot, or its backup holder's copy), checksums verified.
-  virtual std::map<int, std::set<int64_t>> survey(const Topology& topo) = 0;
+  // For each rank, the steps it could restore from snapshots that still exist: its own
+  // snapshot (on the slot it runs on) and its backup holder's copy, checksums verified.
+  virtual std::map<int, policy::Holdings> survey(const Topology& topo) = 0;
   // Removes the job's shared memory (at the end of the job).
   virtual void finish() = 0;
 
@@ -66,19 +67,23 @@ class RankHost {
     (void)rank;
     return -1;
   }
-  // False while the rank's slot is lost: the controller waits (on_slot_loss: wait) or gives
-  // up (fail) before it restarts the rank.
-  virtual bool can_spawn(int rank) const {
-    (void)rank;
-    return true;
+  // Seconds since `slot`'s agent last sent a heartbeat (0 without slots): a silent agent
+  // means the slot itself may be going, not one of its workers.
+  virtual double slot_silence_s(int slot) const {
+    (void)slot;
+    return 0;
   }
+  // The slots as the recovery policy sees them (states, ready and pending standbys, rank ->
+  // slot); nothing without slots.
+  virtual void fill_view(policy::ClusterView* view) const { (void)view; }
   // Adds the hosts' view (slots, their state and heartbeats) to a keel-ctl status reply.
   virtual void fill_status(control::StatusReply* reply) const { (void)reply; }
-  // Moves the ranks of a lost or evicted `slot` onto a ready standby slot and returns it;
-  // -1 when there is none ready (or no slots at all).
-  virtual int promote(int slot) {
+  // Moves the ranks of a lost or evicted `slot` onto the ready standby slot `standby`
+  // (the policy's choice); false if it is not ready.
+  virtual bool promote(int slot, int standby) {
     (void)slot;
-    return -1;
+    (void)standby;
+    return false;
   }
   // Takes `slot` out of the job: its workers are killed (their exits are not reported); it
   // comes back as a standby once it has checked itself again.
@@ -94,11 +99,17 @@ class RankHost {
     (void)ranks;
     return false;
   }
-  // Ranks that standby slots which passed their self-check could take now.
-  virtual int standby_capacity() { return 0; }
   // The ranks a slot runs now.
   virtual std::vector<int> ranks_on(int slot) const {
     (void)slot;
+    return {};
+  }
+  // Every thread's native stack of each running rank's worker (launcher/stack_capture.h),
+  // by rank, within about `timeout`. A rank whose stacks could not be read carries the
+  // reason in its `error`; a rank whose slot did not answer in time is absent. Empty where
+  // the host cannot capture.
+  virtual std::map<int, control::RankStacks> capture_stacks(std::chrono::milliseconds timeout) {
+    (void)timeout;
     return {};
   }
 };

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "launcher/recovery_protocol.h"
+#include "runtime/check.h"
 
 namespace keel {
 namespace {
@@ -58,20 +59,25 @@ void RecoveryClient::stop_watch() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-int64_t RecoveryClient::fail_and_wait(int epoch, int64_t steps_completed, int64_t step_in_flight,
-                                      const std::string& what) {
+membership::Rebuild RecoveryClient::fail_and_wait(int epoch, int64_t steps_completed,
+                                                  int64_t step_in_flight, const std::string& what) {
   if (aborted_epoch_ != epoch + 1) {
     store_->set(recovery::error_key(epoch, rank_), what);
     store_->add(recovery::errors_key(epoch), 1);
   }
   store_->get(recovery::abort_key(epoch + 1), kDecisionWait);
-  store_->set(recovery::ack_key(epoch + 1, rank_),
-              std::to_string(steps_completed) + " " + std::to_string(step_in_flight));
+  membership::Ack ack;
+  ack.set_steps_completed(steps_completed);
+  ack.set_step_in_flight(step_in_flight);
+  store_->set(recovery::ack_key(epoch + 1, rank_), ack.SerializeAsString());
   return wait_rebuild(epoch + 1);
 }
 
-int64_t RecoveryClient::wait_rebuild(int epoch) {
-  return std::stoll(store_->get(recovery::rebuild_key(epoch), kDecisionWait));
+membership::Rebuild RecoveryClient::wait_rebuild(int epoch) {
+  membership::Rebuild rb;
+  const std::string v = store_->get(recovery::rebuild_key(epoch), kDecisionWait);
+  KEEL_CHECK(rb.ParseFromString(v), "rebuild/", epoch, ": not a keel.membership.Rebuild message");
+  return rb;
 }
 
 void RecoveryClient::mark_restored(int epoch) {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "parallel/store.h"
+#include "proto/membership.pb.h"
 
 namespace keel {
 
@@ -29,12 +30,12 @@ class RecoveryClient {
 
   // After a CommError in `epoch`: reports it (unless the supervisor already called the
   // abort), waits for the abort, acknowledges with this rank's steps completed and the step
-  // in flight, and waits for the supervisor's decision. Returns the step to restore (-1: the
-  // job's start state).
-  int64_t fail_and_wait(int epoch, int64_t steps_completed, int64_t step_in_flight,
-                        const std::string& what);
+  // in flight, and waits for the controller's decision for epoch + 1 (membership, restore
+  // step and where it comes from).
+  membership::Rebuild fail_and_wait(int epoch, int64_t steps_completed, int64_t step_in_flight,
+                                    const std::string& what);
   // A restarted rank: waits for the decision of `epoch`.
-  int64_t wait_rebuild(int epoch);
+  membership::Rebuild wait_rebuild(int epoch);
   // This rank restored its state in `epoch`.
   void mark_restored(int epoch);
 

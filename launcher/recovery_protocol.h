@@ -7,12 +7,14 @@
 //      supervisor sees its exit status;
 //   2. the supervisor sets abort/E+1; every rank's watcher thread aborts its communicators,
 //      so any pending collective returns at once; each surviving rank settles its snapshot
-//      copy and sets ack/E+1/<rank> = "<steps completed> <step in flight>";
-//   3. the supervisor restarts dead ranks (and kills any rank that did not ack in time: it
-//      is hung), picks the newest step S that every rank can restore, and sets
-//      rebuild/E+1 = S (-1: the job's start state);
+//      copy and sets ack/E+1/<rank> = keel.membership.Ack (steps completed, step in flight);
+//   3. the controller decides (robust/recovery_policy.h): restarts dead ranks (and kills any
+//      rank that did not ack in time: it is hung), picks the restore step S and its source,
+//      and sets rebuild/E+1 = keel.membership.Rebuild (membership, S, source; S = -1: the
+//      job's start state);
 //   4. every rank builds communicators under prefix "E+1/", restores S where its own state
-//      is not already S, sets restored/E+1/<rank> and goes on.
+//      is not already S (from memory, its snapshot, its backup holder, or the persistent
+//      checkpoint when the Rebuild says so), sets restored/E+1/<rank> and goes on.
 #pragma once
 
 #include <string>
@@ -36,6 +38,11 @@ inline std::string rebuild_key(int epoch) {
 }
 inline std::string restored_key(int epoch, int rank) {
   return "restored/" + std::to_string(epoch) + "/" + std::to_string(rank);
+}
+// Where rank r's state came from in epoch E: "memory", "own_snapshot", "backup",
+// "persistent", "scratch" (the incident's rank_sources).
+inline std::string restored_from_key(int epoch, int rank) {
+  return "restored_from/" + std::to_string(epoch) + "/" + std::to_string(rank);
 }
 // Set by rank 0 when the first step of an epoch completes (for incident timelines).
 inline std::string first_step_key(int epoch) {

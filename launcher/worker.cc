@@ -110,8 +110,12 @@ void Worker::setup() {
 void Worker::start_state() {
   // A restarted rank (or a promoted standby) joins the epoch the supervisor started for
   // it, at the step everyone restores; -2 means the job's start state.
-  const int64_t S = env_.restarted ? recovery_->wait_rebuild(epoch_) : -2;
-  build_epoch(epoch_, S);
+  if (env_.restarted) {
+    const membership::Rebuild rb = recovery_->wait_rebuild(epoch_);
+    build_epoch(epoch_, &rb);
+  } else {
+    build_epoch(epoch_, nullptr);
+  }
   if (leader_ && !o_.quiet && !env_.restarted && epoch_ == 0)
     std::printf(
         "keel: %s %s, %lld params, %s on %d rank(s), %d micro-batch(es) of %d per step, "
@@ -123,31 +127,25 @@ void Worker::start_state() {
 }
 
 // Joins `epoch`: builds its communicators (a rendezvous the supervisor can abort), the
-// Trainer the first time or rebinds it, and loads step S (-2: the job's start state, -1:
-// the start state after a failure, else a snapshot). If the epoch fails while it is being
-// built (a peer died in the rendezvous), the supervisor starts the next one: go on there.
-void Worker::build_epoch(int epoch, int64_t S) {
+// Trainer the first time or rebinds it, and loads the controller's restore step (`rb` null:
+// the job's start state). If the epoch fails while it is being built (a peer died in the
+// rendezvous), the controller starts the next one: go on there.
+void Worker::build_epoch(int epoch, const membership::Rebuild* first) {
+  std::optional<membership::Rebuild> rb;
+  if (first) rb = *first;
   while (true) {
     epoch_ = epoch;
     rendezvous_cancel_ = false;
     // A survivor (it has a Trainer from the epoch before) whose id the controller changed.
     bool grow = false;
-    if (recovery_ && trainer_) {
-      try {
-        const int dp = std::stoi(store_->get(detail::concat("layout/", epoch_), Millis(1)));
-        const int rank =
-            std::stoi(store_->get(detail::concat("layout/", epoch_, "/", o_.rank), Millis(1)));
-        relayout(rank, dp, S);
-      } catch (const CommTimeout&) {
-      }
+    if (recovery_ && trainer_ && rb && !rb->renumber().empty()) {
+      auto n = rb->renumber().find(o_.rank);
+      KEEL_CHECK(n != rb->renumber().end(), "rank ", o_.rank, " is retired in epoch ", epoch_,
+                 " but still running");
+      relayout(n->second, rb->membership().dp(), *rb);
     }
-    if (recovery_) {
-      try {
-        store_->get(detail::concat("layout/", epoch_, "/grow"), Millis(1));
-        grow = true;
-      } catch (const CommTimeout&) {
-      }
-    }
+    // Growing back: every rank of the epoch takes part in its replica's broadcast.
+    if (rb) grow = rb->new_ranks_size() > 0;
     if (backup_server_)
       store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
     if (recovery_)
@@ -158,7 +156,7 @@ void Worker::build_epoch(int epoch, int64_t S) {
       });
     try {
       auto groups = std::make_unique<ProcessGroups>(make_groups(epoch_));
-      if (injector_) injector_->wrap(*groups);
+      if (injector_) injector_->wrap(*groups, activity_);
       {
         std::lock_guard<std::mutex> l(groups_mu_);
         if (trainer_) trainer_->rebind(groups.get());
@@ -180,21 +178,20 @@ void Worker::build_epoch(int epoch, int64_t S) {
         reporter_->set_steps(state_->step());
       }
       if (snapshotter_ && holder_ >= 0) snapshotter_->set_backup_holder(holder_address());
-      if (S == -2) {
+      if (!rb) {
         load_start_state();
         record_start_step();
-      } else {
-        restore(S);
+      } else if (!grow) {
+        restore(*rb);
       }
-      if (recovery_ && (S != -2 || epoch_ > 0)) recovery_->mark_restored(epoch_);
+      if (recovery_ && (rb || epoch_ > 0)) recovery_->mark_restored(epoch_);
       first_step_in_epoch_ = true;
       return;
     } catch (const CommError& e) {
       if (!recovery_) throw;
       std::fprintf(stderr, "keel-worker: rank %d: epoch %d failed while starting: %s\n", o_.rank,
                    epoch_, e.what());
-      S = recovery_->fail_and_wait(epoch_, state_->step(), state_->step(), e.what());
-      if (S == -2) S = -1;
+      rb = recovery_->fail_and_wait(epoch_, state_->step(), state_->step(), e.what());
       epoch = epoch_ + 1;
     }
   }
@@ -261,9 +258,9 @@ bool Worker::on_error(int64_t s, const std::exception& e) {
   if (!o_.quiet)
     std::fprintf(stderr, "keel-worker: rank %d: step %lld: %s; waiting for the supervisor\n",
                  o_.rank, static_cast<long long>(s + 1), ce->what());
-  const int64_t S = recovery_->fail_and_wait(epoch_, state_->step(), s, ce->what());
+  const membership::Rebuild rb = recovery_->fail_and_wait(epoch_, state_->step(), s, ce->what());
   recovery_->stop_watch();
-  build_epoch(epoch_ + 1, S);
+  build_epoch(epoch_ + 1, &rb);
   return true;
 }
 

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include "ckpt/backup_placement.h"
 #include "ckpt/backup_service.h"
@@ -127,7 +128,7 @@ class Worker {
   // with `dp` replicas. Its state is the same (replicas are equal without ZeRO-1), laid out
   // again (the flat buffers are padded to a multiple of dp); its snapshot names move to the
   // new id after the next rendezvous, when every rank has let go of its old ones.
-  void relayout(int rank, int dp, int64_t S);
+  void relayout(int rank, int dp, const membership::Rebuild& rb);
 
   void register_pid();
 
@@ -162,7 +163,7 @@ class Worker {
   // Trainer the first time or rebinds it, and loads step S (-2: the job's start state, -1:
   // the start state after a failure, else a snapshot). If the epoch fails while it is being
   // built (a peer died in the rendezvous), the supervisor starts the next one: go on there.
-  void build_epoch(int epoch, int64_t S);
+  void build_epoch(int epoch, const membership::Rebuild* rb);
 
   // A grown replica's ranks get the state (and its step) from their DP group's first rank,
   // which every survivor of the group holds equally.
@@ -174,8 +175,10 @@ class Worker {
 
   std::string holder_address();
 
-  // Loads step S (steps completed) into the state: -1 is the job's start state.
-  void restore(int64_t S);
+  // Loads the controller's restore step into the state, from where the Rebuild says (the
+  // persistent checkpoint, the start state) or else from the rank's own copies: its live
+  // state, its snapshot, its backup holder's. Records the source for the incident.
+  void restore(const membership::Rebuild& rb);
 
   bool on_error(int64_t s, const std::exception& e);
 

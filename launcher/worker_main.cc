@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "launcher/input_checks.h"
+#include "launcher/local_host.h"
 #include "launcher/recovery_protocol.h"
 #include "launcher/supervisor.h"
 #include "launcher/worker.h"
@@ -16,6 +17,8 @@ int main(int argc, char** argv) {
   keel::WorkerOptions o;
   try {
     if (!keel::parse_worker_options(argc, argv, &o)) return 0;
+    // Before any thread starts, so that every thread of the process carries the name.
+    keel::set_process_name(o.nproc > 0 ? "keel-supervisor" : "keel-worker");
     if (o.nproc > 0) {
       keel::check_launch(o);
       std::vector<std::string> args;

@@ -34,8 +34,8 @@ void Worker::open_checkpointer() {
 // with `dp` replicas. Its state is the same (replicas are equal without ZeRO-1), laid out
 // again (the flat buffers are padded to a multiple of dp); its snapshot names move to the
 // new id after the next rendezvous, when every rank has let go of its old ones.
-void Worker::relayout(int rank, int dp, int64_t S) {
-  if (S >= 0 && state_->step() != S) restore(S);  // still under the old layout
+void Worker::relayout(int rank, int dp, const membership::Rebuild& rb) {
+  restore(rb);  // still under the old layout
   if (snapshotter_) snapshotter_->stop();
   snapshotter_.reset();
   backup_server_.reset();
@@ -107,21 +107,39 @@ void Worker::receive_state_from_replica() {
   state_->set_step(step);
 }
 
-// Loads step S (steps completed) into the state: -1 is the job's start state.
-void Worker::restore(int64_t S) {
-  if (S < 0) {
+void Worker::restore(const membership::Rebuild& rb) {
+  const int64_t S = rb.restore_step();
+  std::string source;
+  if (rb.source() == membership::persistent) {
+    if (snapshotter_) snapshotter_->wait_idle();
+    const std::string dir =
+        rb.checkpoint_dir().empty() ? cfg_.checkpoint().dir() : rb.checkpoint_dir();
+    const ResumePoint p = find_resume_point(dir, checkpoint_layout());
+    if (p.step != S)
+      throw Error(detail::concat("the controller restores the persistent checkpoint of step ", S,
+                                 " but the newest complete one in ", dir, " is step ", p.step));
+    load_rank(p, o_.rank, *state_);
+    source = "persistent";
+  } else if (S < 0) {
     load_start_state();
-    return;
+    source = "scratch";
+  } else if (state_->step() == S) {
+    source = "memory";  // a step is a transaction: the state is still S
+  } else {
+    if (snapshotter_) snapshotter_->wait_idle();
+    std::string addr = holder_ >= 0 && region_ ? holder_address() : "";
+    RestoreResult r = restore_state(*state_, S, region_.get(), addr, o_.rank, holder_);
+    for (const auto& why : r.skipped)
+      std::fprintf(stderr, "keel-worker: rank %d: restore step %lld: %s\n", o_.rank,
+                   static_cast<long long>(S), why.c_str());
+    std::fprintf(stderr, "keel-worker: rank %d: restored step %lld from %s\n", o_.rank,
+                 static_cast<long long>(S), r.source.c_str());
+    source = r.source.rfind("own", 0) == 0 ? "own_snapshot" : "backup";
   }
-  if (state_->step() == S) return;  // a step is a transaction: the state is still S
-  if (snapshotter_) snapshotter_->wait_idle();
-  std::string addr = holder_ >= 0 && region_ ? holder_address() : "";
-  RestoreResult r = restore_state(*state_, S, region_.get(), addr, o_.rank, holder_);
-  for (const auto& why : r.skipped)
-    std::fprintf(stderr, "keel-worker: rank %d: restore step %lld: %s\n", o_.rank,
-                 static_cast<long long>(S), why.c_str());
-  std::fprintf(stderr, "keel-worker: rank %d: restored step %lld from %s\n", o_.rank,
-               static_cast<long long>(S), r.source.c_str());
+  if (recovery_) store_->set(recovery::restored_from_key(epoch_, o_.rank), source);
+  if (source != "memory" && source != "own_snapshot" && source != "backup")
+    std::fprintf(stderr, "keel-worker: rank %d: restored step %lld from %s\n", o_.rank,
+                 static_cast<long long>(S), source.c_str());
 }
 
 }  // namespace keel::worker_detail

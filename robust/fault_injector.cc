@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,13 @@ namespace {
 double unix_now() {
   using namespace std::chrono;
   return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+// A livelock in compute: this thread burns its core forever and calls nothing (no
+// communicator, no syscall), while the process's other threads go on as before.
+[[noreturn]] void spin_forever() {
+  volatile uint64_t x = 1;
+  for (;;) x = x * 6364136223846793005ull + 1442695040888963407ull;
 }
 
 }  // namespace
@@ -75,12 +83,27 @@ void FaultInjector::before_step(int64_t step) {
         std::fflush(stderr);
         _exit(f.exit_code());
       case faults::Fault::hang:
-        KEEL_CHECK(wrapped_, "a hang fault at step ", step,
+      case faults::Fault::hang_in_collective:
+        KEEL_CHECK(wrapped_, "a ", fault_kind_name(f.kind()), " fault at step ", step,
                    " needs FaultInjector::wrap() on the rank's communicators");
         if (!claim(i)) break;
         record(f, step);
-        hang_->arm();
+        if (f.kind() == faults::Fault::hang)
+          hang_->arm();
+        else
+          hang_->arm_after_collective();
         break;
+      case faults::Fault::freeze:
+        if (!claim(i)) break;
+        record(f, step);
+        // The whole process stops, every thread with it, the progress reporter included:
+        // what `kill -STOP` from outside does. SIGCONT lets it go on.
+        KEEL_CHECK(raise(SIGSTOP) == 0, "raise(SIGSTOP) failed");
+        break;
+      case faults::Fault::spin:
+        if (!claim(i)) break;
+        record(f, step);
+        spin_forever();
       case faults::Fault::slow:
         if (!claim(i)) break;
         record(f, step);
@@ -119,9 +142,15 @@ void FaultInjector::before_step(int64_t step) {
   }
 }
 
-void FaultInjector::wrap(ProcessGroups& groups) {
-  for (auto* comm : {&groups.world, &groups.tp, &groups.pp, &groups.dp, &groups.emb}) {
-    if (*comm) *comm = std::make_unique<FaultyCommunicator>(std::move(*comm), hang_);
+void FaultInjector::wrap(ProcessGroups& groups, std::shared_ptr<CommActivity> activity) {
+  const std::array<std::unique_ptr<Communicator>*, kCommGroups> comms = {
+      &groups.world, &groups.tp, &groups.pp, &groups.dp, &groups.emb};
+  for (int i = 0; i < kCommGroups; ++i) {
+    auto& comm = *comms[size_t(i)];
+    if (!comm) continue;
+    std::function<void()> stay_inside;
+    if (activity) stay_inside = [activity, g = CommGroup(i)] { activity->stay_inside_last(g); };
+    comm = std::make_unique<FaultyCommunicator>(std::move(comm), hang_, std::move(stay_inside));
   }
   wrapped_ = true;
 }

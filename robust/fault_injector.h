@@ -1,6 +1,7 @@
 // Fires a fault schedule (proto/faults.proto) on one rank, from keel-worker's step hooks:
-//   before_step(S)           crash, exit, slow, and arming a hang for step S;
-//   wrap(groups)             after every (re)build of the rank's communicators;
+//   before_step(S)           crash, exit, slow, freeze, spin, and arming a hang or
+//                            hang_in_collective for step S;
+//   wrap(groups, activity)   after every (re)build of the rank's communicators;
 //   on_local_metrics(S, m)   nan, on this rank's local loss before the global all-reduce.
 //
 // Each fault fires at most once per job, although a crashed rank is restarted and replays
@@ -22,13 +23,14 @@
 
 #include "parallel/process_groups.h"
 #include "parallel/store.h"
+#include "parallel/traced_communicator.h"
 #include "proto/faults.pb.h"
 #include "robust/faulty_communicator.h"
 
 namespace keel {
 
 struct InjectionRecord {
-  std::string kind{};  // "crash", "exit", "hang", "slow", "nan"
+  std::string kind{};  // fault_kind_name(): "crash", "exit", "hang", "slow", "nan", ...
   int rank = 0;
   int64_t step = 0;
   double time = 0;  // unix time in seconds, when the fault fired
@@ -44,7 +46,10 @@ class FaultInjector {
   // At the start of step `step`: a crash SIGKILLs this process, an exit prints its message
   // to stderr and _exits with its code, a slow fault sleeps delay_ms (at this and every
   // later step), a hang arms the switch so the step's first communicator call blocks
-  // forever. Throws keel::Error for a hang when wrap() was never called.
+  // forever, a hang_in_collective so that the step's first collective completes and then
+  // never returns; a freeze SIGSTOPs the whole process (it goes on from here on SIGCONT),
+  // a spin loops forever in compute on this thread, never returning. Throws keel::Error for
+  // a hang or hang_in_collective when wrap() was never called.
   void before_step(int64_t step);
 
   // What corrupt_snapshot and lose_snapshot do to this rank's snapshot before the rank
@@ -68,7 +73,10 @@ class FaultInjector {
 
   // Replaces the rank's five communicators by FaultyCommunicators sharing this injector's
   // hang switch. Call again after every rebuild (new communicators are unwrapped).
-  void wrap(ProcessGroups& groups);
+  // `activity`: the rank's call tracing (trace_communicators() on the same groups, before
+  // this), which a hang_in_collective keeps showing inside the collective it holds; without
+  // it the held rank looks as if it were out of every call.
+  void wrap(ProcessGroups& groups, std::shared_ptr<CommActivity> activity = nullptr);
 
   // For a nan fault at this step and rank: metrics[0] (this rank's local loss
   // contribution) becomes NaN, so after the global all-reduce every rank sees a NaN loss.

@@ -16,8 +16,13 @@ namespace {
 
 namespace pb = google::protobuf;
 
-constexpr const char* kKinds =
-    "crash, exit, hang, slow, nan, corrupt_snapshot, lose_snapshot, slot_loss, partition";
+// "crash, exit, hang, ...": every kind, in the enum's order, so the list cannot go stale.
+std::string kind_list() {
+  const pb::EnumDescriptor* d = faults::Fault::Kind_descriptor();
+  std::string out;
+  for (int i = 0; i < d->value_count(); ++i) out += (i ? ", " : "") + d->value(i)->name();
+  return out;
+}
 
 bool parse_int(const std::string& text, int64_t* out) {
   const char* end = text.data() + text.size();
@@ -52,7 +57,7 @@ faults::Fault parse_fault_flag(const std::string& value) {
   std::string kind = value.substr(0, at);
   faults::Fault::Kind k = faults::Fault::crash;
   if (!faults::Fault::Kind_Parse(kind, &k)) {
-    fail("unknown kind '" + kind + "' (" + kKinds + ")");
+    fail("unknown kind '" + kind + "' (" + kind_list() + ")");
   }
   f.set_kind(k);
   bool has_step = false, has_rank = false;

@@ -1,7 +1,7 @@
 // Reading and checking fault schedules (proto/faults.proto): the `--fault` flag, `--inject`
 // files, and the rules a schedule must follow before a job starts. Every error is a
 // keel::InputError naming where the fault came from, the field and the value, e.g.
-//   --fault 'crush@step=3,rank=1': unknown kind 'crush' (crash, exit, hang, slow, nan)
+//   --fault 'crush@step=3,rank=1': unknown kind 'crush' (crash, exit, hang, slow, nan, ...)
 //   faults.pbtxt:7: fault[1].rank = 9: must be < the world size 4
 //   --fault 'slow@step=2,rank=0': delay_ms = 0: a slow fault needs delay_ms > 0
 #pragma once
@@ -53,7 +53,7 @@ void add_fault_file(FaultPlan* plan, const std::string& path);
 // listing every violation, one per line.
 void validate_fault_plan(const FaultPlan& plan, int world_size, int64_t steps);
 
-// "crash", "exit", "hang", "slow", "nan".
+// "crash", "exit", "hang", "slow", "nan", ..., "freeze", "hang_in_collective", "spin".
 std::string fault_kind_name(faults::Fault::Kind kind);
 
 }  // namespace keel

@@ -6,8 +6,9 @@
 namespace keel {
 
 FaultyCommunicator::FaultyCommunicator(std::unique_ptr<Communicator> inner,
-                                       std::shared_ptr<HangSwitch> hang)
-    : inner_(std::move(inner)), hang_(std::move(hang)) {
+                                       std::shared_ptr<HangSwitch> hang,
+                                       std::function<void()> stay_inside)
+    : inner_(std::move(inner)), hang_(std::move(hang)), stay_inside_(std::move(stay_inside)) {
   KEEL_CHECK(inner_ != nullptr);
   KEEL_CHECK(hang_ != nullptr);
 }
@@ -19,24 +20,35 @@ void FaultyCommunicator::maybe_hang() const {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+void FaultyCommunicator::maybe_hold() {
+  if (!hang_->claim_hold()) return;
+  // The collective completed for everyone; this rank now looks as if it never came out.
+  if (stay_inside_) stay_inside_();
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 void FaultyCommunicator::all_reduce(float* buf, size_t n, ReduceOp op, Millis timeout) {
   maybe_hang();
   inner_->all_reduce(buf, n, op, timeout);
+  maybe_hold();
 }
 
 void FaultyCommunicator::reduce_scatter(float* buf, size_t chunk, Millis timeout) {
   maybe_hang();
   inner_->reduce_scatter(buf, chunk, timeout);
+  maybe_hold();
 }
 
 void FaultyCommunicator::all_gather(float* buf, size_t chunk, Millis timeout) {
   maybe_hang();
   inner_->all_gather(buf, chunk, timeout);
+  maybe_hold();
 }
 
 void FaultyCommunicator::broadcast(void* buf, size_t bytes, int root, Millis timeout) {
   maybe_hang();
   inner_->broadcast(buf, bytes, root, timeout);
+  maybe_hold();
 }
 
 void FaultyCommunicator::send(const void* buf, size_t bytes, int peer, uint32_t tag,
@@ -60,6 +72,7 @@ void FaultyCommunicator::send_recv(const void* send_buf, size_t send_bytes, int 
 void FaultyCommunicator::barrier(Millis timeout) {
   maybe_hang();
   inner_->barrier(timeout);
+  maybe_hold();
 }
 
 }  // namespace keel

@@ -403,14 +403,17 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
   return p;
 }
 
+bool can_grow(const ClusterView& v, const Options& o) {
+  const Topology& topo = v.topo;
+  return o.recovery.on_no_standby() == config::RecoveryConfig::shrink_dp &&
+         topo.dp() < v.configured_dp && v.has_slots() &&
+         int(v.ready_standbys.size()) * v.workers_per_slot >= topo.tp() * topo.pp();
+}
+
 std::optional<Plan> decide_grow(const ClusterView& v, const std::map<int, Holdings>& have,
                                 const Options& o) {
   const Topology& topo = v.topo;
-  if (o.recovery.on_no_standby() != config::RecoveryConfig::shrink_dp ||
-      topo.dp() >= v.configured_dp || !v.has_slots())
-    return std::nullopt;
-  const int per_replica = topo.tp() * topo.pp();
-  if (int(v.ready_standbys.size()) * v.workers_per_slot < per_replica) return std::nullopt;
+  if (!can_grow(v, o)) return std::nullopt;
   Plan p;
   p.rung = "grow";
   const Topology next(topo.tp(), topo.pp(), topo.dp() + 1);

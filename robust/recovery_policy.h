@@ -123,8 +123,10 @@ struct Plan {
 Plan decide(const Failure& f, const ClusterView& view, const std::map<int, Holdings>& have,
             const Options& o);
 
-// After a shrink: grow back by one replica once standbys for all of it are ready.
-// nullopt: nothing to do.
+// After a shrink: whether standbys for a whole replica are ready, so that the job can grow
+// back by one (the caller then aborts the ranks and asks decide_grow).
+bool can_grow(const ClusterView& view, const Options& o);
+// The plan to grow back by one replica, given the survivors' holdings; nullopt: not now.
 std::optional<Plan> decide_grow(const ClusterView& view, const std::map<int, Holdings>& have,
                                 const Options& o);
 

@@ -1,16 +1,23 @@
 // FaultInjector: each fault fires once per job even across a "restarted" rank, every firing
-// is recorded before it acts, and each kind does what it says (crash and exit in forked
-// children, slow by the clock, nan on the local metrics of its step only).
+// is recorded before it acts, and each kind does what it says (crash, exit, freeze and spin
+// in forked children, slow by the clock, nan on the local metrics of its step only).
 #include "robust/fault_injector.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <new>
+#include <thread>
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include "parallel/hash_store.h"
 #include "parallel/tcp_store.h"
@@ -33,6 +40,72 @@ faults::FaultSchedule schedule_of(const std::vector<std::string>& flags) {
 
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Fields of /proc/PID/stat after the command: [0] is the state letter ('R', 'S', 'T' for
+// stopped by a signal, ...), [11] utime and [12] stime in clock ticks. Empty once it is gone.
+std::vector<std::string> proc_stat(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  size_t close = text.rfind(')');
+  if (close == std::string::npos) return {};
+  std::istringstream fields(text.substr(close + 1));
+  std::vector<std::string> out;
+  for (std::string f; fields >> f;) out.push_back(f);
+  return out;
+}
+char proc_state(pid_t pid) {
+  auto f = proc_stat(pid);
+  return f.empty() ? 0 : f[0][0];
+}
+long proc_cpu_ticks(pid_t pid) {
+  auto f = proc_stat(pid);
+  return f.size() > 12 ? std::stol(f[11]) + std::stol(f[12]) : -1;
+}
+
+// Waits until cond() holds or `limit` passes; returns whether it held.
+template <typename F>
+bool eventually(F&& cond, std::chrono::milliseconds limit = 20s) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(2ms);
+  }
+  return true;
+}
+
+// What a child shares with the test: a heartbeat from a thread of its own (as the progress
+// reporter's), and whether its main thread came back from the fault.
+struct Shared {
+  std::atomic<int64_t> beats{0};
+  std::atomic<int> returned{0};
+};
+
+// Anonymous shared memory that outlives fork, unmapped at the end of the test.
+class SharedBlock {
+ public:
+  SharedBlock() {
+    void* p =
+        ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    KEEL_CHECK(p != MAP_FAILED, "mmap: ", std::strerror(errno));
+    s_ = new (p) Shared;
+  }
+  ~SharedBlock() { ::munmap(s_, sizeof(Shared)); }
+  Shared* operator->() { return s_; }
+  Shared& operator*() { return *s_; }
+
+ private:
+  Shared* s_;
+};
+
+// In a child: a thread that beats every millisecond until the process ends.
+void start_heartbeat(Shared& shared) {
+  std::thread([&shared] {
+    for (;;) {
+      shared.beats.fetch_add(1);
+      std::this_thread::sleep_for(1ms);
+    }
+  }).detach();
 }
 
 // Wall time of fn in milliseconds.
@@ -96,6 +169,92 @@ TEST(FaultInjector, HangWithoutWrapIsAnError) {
   FaultInjector inj(schedule_of({"hang@step=1,rank=0"}), 0, std::make_shared<HashStore>());
   inj.before_step(0);
   EXPECT_THROW(inj.before_step(1), Error);
+  FaultInjector held(schedule_of({"hang_in_collective@step=1,rank=0"}), 0,
+                     std::make_shared<HashStore>());
+  held.before_step(0);
+  EXPECT_THROW(held.before_step(1), Error);
+}
+
+TEST(FaultInjector, FreezeStopsTheWholeProcessOnce) {
+  TcpStoreServer server;
+  SharedBlock shared;
+  auto schedule = schedule_of({"freeze@step=1,rank=0"});
+  auto run = [&](int) {
+    start_heartbeat(*shared);
+    auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), 20s);
+    FaultInjector inj(schedule, 0, store);
+    for (int64_t s = 0; s < 3; ++s) inj.before_step(s);
+    shared->returned = 1;
+    return test::kOk;
+  };
+  {
+    RankProcs first(1, run);
+    ASSERT_TRUE(eventually([&] { return proc_state(first.pid(0)) == 'T'; }))
+        << "state " << proc_state(first.pid(0));
+    EXPECT_EQ(shared->returned.load(), 0);
+    // Every thread is stopped, the heartbeat thread too: that is what the controller sees.
+    const int64_t beats = shared->beats.load();
+    EXPECT_FALSE(eventually([&] { return shared->beats.load() != beats; }, 300ms));
+    EXPECT_EQ(proc_state(first.pid(0)), 'T');
+    // Continued from outside, it goes on from where it stopped.
+    first.kill(0, SIGCONT);
+    EXPECT_EQ(first.wait(0), test::kOk);
+    EXPECT_EQ(shared->returned.load(), 1);
+  }
+  {
+    shared->returned = 0;
+    RankProcs restarted(1, run);  // replays step 1: the fault already fired in this job
+    EXPECT_EQ(restarted.wait(0), test::kOk);
+    EXPECT_EQ(shared->returned.load(), 1);
+  }
+  TcpStore store("127.0.0.1", server.port(), 20s);
+  auto records = FaultInjector::read_injections(store);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].kind, "freeze");
+  EXPECT_EQ(records[0].rank, 0);
+  EXPECT_EQ(records[0].step, 1);
+}
+
+TEST(FaultInjector, SpinLoopsInComputeForeverWhileOtherThreadsLive) {
+  TcpStoreServer server;
+  SharedBlock shared;
+  auto schedule = schedule_of({"spin@step=2,rank=1"});
+  auto run = [&](int) {
+    start_heartbeat(*shared);
+    auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), 20s);
+    FaultInjector inj(schedule, 1, store);
+    for (int64_t s = 0; s < 4; ++s) inj.before_step(s);
+    shared->returned = 1;
+    return test::kOk;
+  };
+  {
+    RankProcs first(1, run);
+    TcpStore store("127.0.0.1", server.port(), 20s);
+    ASSERT_TRUE(eventually([&] { return !FaultInjector::read_injections(store).empty(); }));
+    // It burns CPU (a second of it, at least) and never comes back, while its heartbeat
+    // thread goes on.
+    const pid_t pid = first.pid(0);
+    const long cpu = proc_cpu_ticks(pid);
+    const long hz = ::sysconf(_SC_CLK_TCK);
+    const int64_t beats = shared->beats.load();
+    EXPECT_TRUE(eventually([&] { return proc_cpu_ticks(pid) >= cpu + hz; }))
+        << "cpu ticks " << cpu << " -> " << proc_cpu_ticks(pid);
+    EXPECT_TRUE(eventually([&] { return shared->beats.load() > beats + 10; }));
+    EXPECT_EQ(shared->returned.load(), 0);
+    EXPECT_NE(proc_state(pid), 'T');
+    EXPECT_EQ(first.wait(0, 200ms), test::kExitNotFinished);  // still there: killed now
+  }
+  {
+    RankProcs restarted(1, run);
+    EXPECT_EQ(restarted.wait(0), test::kOk);
+    EXPECT_EQ(shared->returned.load(), 1);
+  }
+  TcpStore store("127.0.0.1", server.port(), 20s);
+  auto records = FaultInjector::read_injections(store);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].kind, "spin");
+  EXPECT_EQ(records[0].rank, 1);
+  EXPECT_EQ(records[0].step, 2);
 }
 
 TEST(FaultInjector, ExitPrintsItsMessageAndExitsWithItsCodeOnce) {

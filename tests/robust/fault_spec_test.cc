@@ -37,10 +37,54 @@ TEST(FaultSpec, ParsesEveryKey) {
   EXPECT_EQ(parse_fault_flag("nan@step=5,rank=3").kind(), faults::Fault::nan);
 }
 
+TEST(FaultSpec, ParsesAndValidatesTheHangKinds) {
+  const std::pair<const char*, faults::Fault::Kind> kinds[] = {
+      {"freeze", faults::Fault::freeze},
+      {"hang_in_collective", faults::Fault::hang_in_collective},
+      {"spin", faults::Fault::spin}};
+  for (const auto& [name, kind] : kinds) {
+    faults::Fault f = parse_fault_flag(std::string(name) + "@step=4,rank=2");
+    EXPECT_EQ(f.kind(), kind);
+    EXPECT_EQ(f.step(), 4);
+    EXPECT_EQ(f.rank(), 2);
+    EXPECT_EQ(fault_kind_name(kind), name);
+  }
+  FaultPlan good;
+  add_fault_flag(&good, "freeze@step=4,rank=2");
+  add_fault_flag(&good, "hang_in_collective@step=5,rank=0");
+  add_fault_flag(&good, "spin@step=6,rank=1");
+  validate_fault_plan(good, 3, 10);
+
+  // They take no value of their own.
+  FaultPlan bad;
+  add_fault_flag(&bad, "freeze@step=4,rank=2,delay_ms=5");
+  add_fault_flag(&bad, "spin@step=4,rank=0,code=3");
+  add_fault_flag(&bad, "hang_in_collective@step=20,rank=0");
+  std::string msg = input_error_of([&] { validate_fault_plan(bad, 3, 10); });
+  EXPECT_HAS(msg,
+             "--fault 'freeze@step=4,rank=2,delay_ms=5': delay_ms = 5: only a slow fault takes "
+             "delay_ms (this one is freeze)");
+  EXPECT_HAS(msg,
+             "--fault 'spin@step=4,rank=0,code=3': exit_code = 3: only an exit fault takes "
+             "exit_code (this one is spin)");
+  EXPECT_HAS(msg, "--fault 'hang_in_collective@step=20,rank=0': step = 20: must be < the job's");
+
+  // In a schedule file too.
+  faults::FaultSchedule s = parse_fault_schedule(
+      "fault { kind: freeze step: 1 rank: 0 }\nfault { kind: hang_in_collective step: 2 }\n"
+      "fault { kind: spin step: 3 rank: 1 }\n",
+      "f.pbtxt");
+  ASSERT_EQ(s.fault_size(), 3);
+  EXPECT_EQ(s.fault(0).kind(), faults::Fault::freeze);
+  EXPECT_EQ(s.fault(1).kind(), faults::Fault::hang_in_collective);
+  EXPECT_EQ(s.fault(2).kind(), faults::Fault::spin);
+}
+
 TEST(FaultSpec, FlagErrorsNameTheFlagKeyAndValue) {
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crush@step=3,rank=1"); }),
             "--fault 'crush@step=3,rank=1': unknown kind 'crush' (crash, exit, hang, slow, nan, "
-            "corrupt_snapshot, lose_snapshot, slot_loss, partition)");
+            "corrupt_snapshot, lose_snapshot, slot_loss, partition, freeze, hang_in_collective, "
+            "spin)");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=x,rank=1"); }),
             "--fault 'crash@step=x,rank=1': step = 'x': not an integer");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=1,rnk=1"); }),

@@ -1,14 +1,22 @@
-// A hang fault over a real 2-rank socket communicator: the hung rank blocks in its step's
-// first collective, abort() included, while its peer gets CommTimeout within its timeout.
+// Hang faults over a real 2-rank socket communicator. hang: the hung rank blocks in its
+// step's first collective, abort() included, while its peer gets CommTimeout within its
+// timeout. hang_in_collective: the collective completes for the peer, which moves on and
+// times out in the next one, while the held rank never returns and its call tracing shows it
+// still inside the collective its peer finished.
 #include "robust/faulty_communicator.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstring>
+#include <new>
 #include <thread>
 
 #include "parallel/socket_communicator.h"
 #include "parallel/tcp_store.h"
+#include "parallel/traced_communicator.h"
 #include "robust/fault_injector.h"
 #include "robust/fault_spec.h"
 #include "tests/parallel/rank_procs.h"
@@ -18,6 +26,17 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::RankProcs;
+
+// Waits until cond() holds or `limit` passes; returns whether it held.
+template <typename F>
+bool eventually(F&& cond, std::chrono::milliseconds limit = 20s) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(2ms);
+  }
+  return true;
+}
 
 TEST(FaultyCommunicator, ForwardsUntilArmed) {
   TcpStoreServer server;
@@ -78,6 +97,91 @@ TEST(FaultyCommunicator, HangBlocksTheRankAndTimesOutItsPeer) {
   EXPECT_EQ(records[0].kind, "hang");
   EXPECT_EQ(records[0].rank, 0);
   EXPECT_EQ(records[0].step, 3);
+}
+
+// What the held rank's tracing says, copied by a thread of the child (as its progress
+// reporter would send it) into memory the test reads.
+struct Seen {
+  std::atomic<int64_t> entered{-1}, finished{-1}, since_ms{0};
+  std::atomic<int> in_call{-1}, peer_step2_ok{0};
+};
+
+TEST(FaultyCommunicator, HangInCollectiveCompletesItAndStaysInside) {
+  void* mem =
+      ::mmap(nullptr, sizeof(Seen), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED) << std::strerror(errno);
+  Seen* seen = new (mem) Seen;
+  TcpStoreServer server;
+  FaultPlan plan;
+  add_fault_flag(&plan, "hang_in_collective@step=2,rank=0");
+  RankProcs procs(2, [&](int rank) {
+    auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), 20s);
+    ProcessGroups groups;
+    groups.world = make_socket_communicator(
+        store, {.name = "0/world", .rank = rank, .size = 2, .timeout = 20s});
+    groups.tp =
+        make_socket_communicator(store, {.name = "0/tp", .rank = rank, .size = 2, .timeout = 20s});
+    auto activity = std::make_shared<CommActivity>();
+    trace_communicators(groups, activity);
+    FaultInjector inj(plan.schedule, rank, store);
+    inj.wrap(groups, activity);
+    if (rank == 0) {
+      std::thread([seen, activity] {
+        for (;;) {
+          GroupSeq tp = activity->groups()[size_t(CommGroup::kTp)];
+          seen->entered = tp.entered;
+          seen->finished = tp.finished;
+          seen->since_ms = int64_t(tp.since * 1000);
+          seen->in_call = activity->in_call() ? 1 : 0;
+          std::this_thread::sleep_for(5ms);
+        }
+      }).detach();
+    }
+    for (int64_t step = 0; step < 5; ++step) {
+      inj.before_step(step);
+      if (rank == 0 && step == 2) {
+        // The supervisor's abort, once the peer has timed out: it must not free a held rank.
+        std::thread([&] {
+          std::this_thread::sleep_for(1500ms);
+          groups.abort_all();
+        }).detach();
+      }
+      // Two tp collectives a step; a point-to-point exchange first, which is not held.
+      float token = float(rank);
+      groups.tp->send_recv(&token, 4, 1 - rank, &token, 4, 1 - rank, 1);
+      if (token != float(1 - rank)) return test::kWrong;
+      for (int c = 0; c < 2; ++c) {
+        float x = float(rank + 1);
+        groups.tp->all_reduce(&x, 1, ReduceOp::kSum, rank == 1 && step >= 2 ? 1000ms : 20000ms);
+        if (x != 3) return test::kWrong;
+        if (rank == 1 && step == 2 && c == 0) seen->peer_step2_ok = 1;
+      }
+    }
+    return test::kOk;
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  // The peer got the held collective's result, then timed out in the next one.
+  EXPECT_EQ(procs.wait(1), test::kExitTimeout);
+  EXPECT_EQ(seen->peer_step2_ok.load(), 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 15s);
+  // Steps 0 and 1 made tp collectives #1-#4; step 2's first, #5, is held: inside, not
+  // finished, since it began.
+  EXPECT_TRUE(eventually([&] { return seen->entered.load() == 5; }))
+      << "entered " << seen->entered.load();
+  EXPECT_EQ(seen->finished.load(), 4);
+  EXPECT_EQ(seen->in_call.load(), 1);
+  EXPECT_GT(seen->since_ms.load(), 0);
+  // Still held, abort notwithstanding, until the test kills it.
+  EXPECT_EQ(procs.wait(0, 2500ms), test::kExitNotFinished);
+  EXPECT_EQ(seen->entered.load(), 5);
+
+  TcpStore store("127.0.0.1", server.port(), 20s);
+  auto records = FaultInjector::read_injections(store);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].kind, "hang_in_collective");
+  EXPECT_EQ(records[0].rank, 0);
+  EXPECT_EQ(records[0].step, 2);
+  ::munmap(mem, sizeof(Seen));
 }
 
 }  // namespace

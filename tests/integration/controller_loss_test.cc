@@ -1,0 +1,477 @@
+// When the controller dies (issue 13), nothing of the job lingers: the launchers that
+// joined it by hand (--join) hear nothing more from it, stop their workers, remove the
+// job's shared memory and exit saying why, within detect.controller_timeout_ms; and
+// `keel-launch --resume runs/<job>` restarts the job from its newest persistent checkpoint.
+// Also: every keel process shows in ps under its real binary and a name of its own.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_paths.h"
+#include "worker_harness.h"
+
+namespace keel::test {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kExitControllerLost = 75;  // launcher/agent.h
+const std::string k3d = "tp: 2 pp: 2 dp: 2";
+
+std::string bin(const std::string& name) {
+  return bin_dir() + "/" + name;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Polls `done` every 20 ms until it holds or `timeout` passes; whether it held.
+bool wait_for(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (!done()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+// Starts `argv` as the leader of a session of its own, output into `log`.
+pid_t start(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    setsid();
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Exit code of a reaped status (128 + signal when killed).
+int exit_code(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Kills whatever is left of the sessions led by `leaders` and reaps the leaders.
+void kill_sessions(const std::vector<pid_t>& leaders) {
+  for (pid_t l : leaders) {
+    for (pid_t p : session_processes(l)) kill(p, SIGKILL);
+    int st = 0;
+    waitpid(l, &st, WNOHANG);
+  }
+}
+
+// The job's shared-memory segments in /dev/shm (keel-<job>-r<R>, keel-<job>-b<R>).
+std::vector<std::string> job_shm(const std::string& job) {
+  std::vector<std::string> out;
+  const std::string prefix = "keel-" + job + "-";
+  for (const auto& e : fs::directory_iterator("/dev/shm"))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().string());
+  return out;
+}
+
+void remove_all(const std::vector<std::string>& paths) {
+  std::error_code ec;
+  for (const auto& p : paths) fs::remove(p, ec);
+}
+
+// The only job directory under `run_dir`, "" while there is none.
+std::string job_dir_in(const std::string& run_dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir, ec))
+    if (e.is_directory()) return e.path().string();
+  return "";
+}
+
+std::vector<std::string> cmdline(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline");
+  std::vector<std::string> out;
+  std::string arg;
+  while (std::getline(f, arg, '\0')) out.push_back(arg);
+  return out;
+}
+
+std::string comm(pid_t pid) {
+  std::string s = slurp("/proc/" + std::to_string(pid) + "/comm");
+  if (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+// Live children of `pid` (zombies aside).
+std::vector<pid_t> children(pid_t pid) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string line = slurp(e.path().string() + "/stat");
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    std::string state;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == pid && state != "Z") out.push_back(pid_t(std::stol(name)));
+  }
+  return out;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// One line of `keel-ctl status`: "rank R  slot S  pid P  step N ...".
+struct RankLine {
+  int rank = -1, slot = -1, pid = 0;
+  long long step = -1;
+};
+
+std::vector<RankLine> ctl_status(const std::string& job_dir) {
+  std::vector<RankLine> out;
+  FILE* p = popen((bin("keel-ctl") + " status --run " + job_dir + " 2>/dev/null").c_str(), "r");
+  if (!p) return out;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), p)) {
+    RankLine r;
+    if (std::sscanf(buf, "rank %d slot %d pid %d step %lld", &r.rank, &r.slot, &r.pid, &r.step) ==
+        4)
+      out.push_back(r);
+  }
+  pclose(p);
+  return out;
+}
+
+// --- controller loss ---
+
+// Slot 0 (`--slots 4`) and three launchers joining by hand, two workers each, TP2×PP2×DP2,
+// training "forever"; once every rank has trained a step, slot 0's process group is killed.
+// Within 15 s the joined launchers must be gone, with every worker and every segment of
+// the job, each saying why. `timeout_ms` < 0 keeps detect.controller_timeout_ms's default.
+void controller_loss(int timeout_ms) {
+  const std::string dir = temp_dir("controller-loss");
+  const std::string cfg = write_config(dir, {{"parallel", k3d}, {"train", "log_every: 1000"}});
+  std::vector<std::string> common = {
+      "--config", cfg,     "--run-dir",          dir + "/runs", "--workers-per-slot",
+      "2",        "--set", "train.steps=100000", "--set",       "train.eval_every=0",
+      "--quiet"};
+  if (timeout_ms >= 0)
+    common.insert(common.end(),
+                  {"--set", "detect.controller_timeout_ms=" + std::to_string(timeout_ms)});
+  std::vector<std::string> argv0 = {bin("keel-launch"), "--slots", "4"};
+  argv0.insert(argv0.end(), common.begin(), common.end());
+  const pid_t slot0 = start(argv0, dir + "/slot0.log");
+  std::vector<pid_t> leaders = {slot0};
+
+  std::string job_dir, endpoint, job;
+  ASSERT_TRUE(wait_for(
+      [&] {
+        job_dir = job_dir_in(dir + "/runs");
+        std::istringstream c(job_dir.empty() ? "" : slurp(job_dir + "/controller"));
+        return std::getline(c, endpoint) && std::getline(c, job) && !job.empty();
+      },
+      20s))
+      << "slot 0 wrote no controller file\n"
+      << slurp(dir + "/slot0.log");
+  std::map<int, pid_t> joined;
+  for (int k = 1; k <= 3; ++k) {
+    std::vector<std::string> argv = {bin("keel-launch"), "--join", endpoint, "--slot",
+                                     std::to_string(k),  "--job",  job};
+    argv.insert(argv.end(), common.begin(), common.end());
+    joined[k] = start(argv, dir + "/slot" + std::to_string(k) + ".log");
+    leaders.push_back(joined[k]);
+  }
+  auto cleanup = [&] {
+    kill_sessions(leaders);
+    remove_all(job_shm(job));
+  };
+
+  // Every rank has trained a step, by the controller's own account.
+  std::vector<RankLine> ranks;
+  const bool trained = wait_for(
+      [&] {
+        ranks = ctl_status(job_dir);
+        return ranks.size() == 8 && std::all_of(ranks.begin(), ranks.end(),
+                                                [](const RankLine& r) { return r.step >= 1; });
+      },
+      180s);
+  if (!trained) cleanup();
+  ASSERT_TRUE(trained) << ranks.size() << " rank(s) reported\n" << slurp(dir + "/slot0.log");
+
+  ASSERT_EQ(kill(-slot0, SIGKILL), 0);  // slot 0's machine dies: launcher and workers
+  const auto killed_at = Clock::now();
+  std::map<int, int> codes;
+  std::vector<pid_t> left;
+  std::vector<std::string> shm;
+  const bool gone = wait_for(
+      [&] {
+        for (const auto& [k, pid] : joined) {
+          int st = 0;
+          if (!codes.count(k) && waitpid(pid, &st, WNOHANG) == pid) codes[k] = exit_code(st);
+        }
+        left.clear();
+        for (pid_t l : leaders)
+          for (pid_t p : session_processes(l))
+            if (p != slot0) left.push_back(p);  // slot 0 itself: a zombie until reaped below
+        shm = job_shm(job);
+        return codes.size() == 3 && left.empty() && shm.empty();
+      },
+      15s);
+  const double took = seconds_since(killed_at);
+  int st = 0;
+  waitpid(slot0, &st, 0);
+  std::string logs;
+  for (int k = 1; k <= 3; ++k)
+    logs +=
+        "--- slot " + std::to_string(k) + ":\n" + slurp(dir + "/slot" + std::to_string(k) + ".log");
+  cleanup();
+  EXPECT_TRUE(gone) << "after " << took << " s: " << 3 - codes.size()
+                    << " joined launcher(s) running, " << left.size() << " process(es) and "
+                    << shm.size() << " segment(s) of the job left\n"
+                    << logs;
+  // Not before the controller could have been heard from: the timeout decides.
+  if (timeout_ms > 0) EXPECT_GE(took, timeout_ms / 1000.0 - 0.5) << logs;
+  for (int k = 1; k <= 3; ++k) {
+    EXPECT_EQ(codes[k], kExitControllerLost) << "slot " << k << "\n" << logs;
+    const std::string out = slurp(dir + "/slot" + std::to_string(k) + ".log");
+    EXPECT_TRUE(contains(out, "keel-launch: slot " + std::to_string(k) +
+                                  ": no word from the controller at " + endpoint))
+        << out;
+    EXPECT_TRUE(contains(out, "removing its shared memory")) << out;
+    EXPECT_TRUE(contains(out, "keel-launch --resume")) << out;
+  }
+}
+
+TEST(ControllerLoss, JoinedSlotsStopAndRemoveTheirSharedMemory) {
+  controller_loss(3000);
+}
+
+// The default detect.controller_timeout_ms (10 s) meets the 15 s bar too.
+TEST(ControllerLoss, DefaultTimeoutEndsEverythingWithinFifteenSeconds) {
+  controller_loss(-1);
+}
+
+// A job killed outright (slot 0's session: no one cleans up) is restarted with
+// `keel-launch --resume runs/<job>` (no --config: the run directory's is used), from its
+// newest complete persistent checkpoint, and ends bit for bit where the uninterrupted job
+// ends.
+TEST(ControllerLoss, ResumeFromTheRunDirectoryContinuesFromTheNewestCheckpoint) {
+  const std::string dir = temp_dir("controller-loss-resume");
+  const std::string ck = dir + "/ck";
+  const std::string cfg = write_config(dir, {{"parallel", "tp: 2 dp: 2"}});
+  const std::string job_args = "--config " + cfg +
+                               " --workers-per-slot 2 --set train.steps=24 --set "
+                               "checkpoint.persistent_every_steps=3 --set checkpoint.dir=" +
+                               ck;
+  // The reference: the same job, uninterrupted.
+  const JobRun ref = run_command(dir, bin("keel-launch") + " --local 2 --quiet --run-dir " + dir +
+                                          "/ref-runs --report " + dir + "/report.json " + job_args +
+                                          " --set checkpoint.persistent_every_steps=0");
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+
+  bool killed = false;
+  std::string job_dir;
+  const JobRun first = run_command(
+      dir, bin("keel-launch") + " --local 2 --quiet --run-dir " + dir + "/runs " + job_args,
+      [&](pid_t pid) {
+        if (killed || !fs::exists(ck + "/step_000006/manifest.pb")) return;
+        job_dir = job_dir_in(dir + "/runs");
+        kill(-pid, SIGKILL);
+        killed = true;
+      });
+  ASSERT_TRUE(killed) << first.output;
+  ASSERT_FALSE(job_dir.empty());
+  // The newest complete checkpoint: a step directory with its manifest.
+  int newest = -1;
+  for (const auto& e : fs::directory_iterator(ck))
+    if (fs::exists(e.path() / "manifest.pb"))
+      newest = std::max(newest, std::stoi(e.path().filename().string().substr(5)));
+  ASSERT_GE(newest, 6);
+
+  const JobRun resumed =
+      run_command(dir, bin("keel-launch") + " --local 2 --quiet --workers-per-slot 2 --run-dir " +
+                           dir + "/runs2 --report " + dir + "/report.json --resume " + job_dir);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output,
+                       "keel-launch: resuming from checkpoint step " + std::to_string(newest)))
+      << resumed.output;
+  EXPECT_EQ(json_number_field(resumed.report, "first_step"), newest) << resumed.report;
+  EXPECT_EQ(json_array_field(resumed.report, "losses").size(), size_t(24 - newest));
+  EXPECT_EQ(json_string_field(resumed.report, "param_checksum"),
+            json_string_field(ref.report, "param_checksum"));
+  EXPECT_EQ(resumed.leftover_processes, 0) << resumed.output;
+}
+
+TEST(ControllerLoss, ResumeSaysWhatIsMissing) {
+  const std::string dir = temp_dir("controller-loss-resume-errors");
+  auto launch = [&](const std::string& args) {
+    return run_command(dir, bin("keel-launch") + " --local 1 " + args, {}, 60);
+  };
+  JobRun r = launch("--resume " + dir + "/nowhere");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, dir + "/nowhere: no such directory")) << r.output;
+
+  // A run directory whose job wrote no persistent checkpoints.
+  fs::create_directories(dir + "/runs/1-00000000");
+  const std::string cfg = write_config(dir);
+  std::string text = slurp(cfg) + "checkpoint { dir: \"" + dir + "/no-ck\" }\n";
+  std::ofstream(dir + "/runs/1-00000000/config.pbtxt") << text;
+  r = launch("--resume " + dir + "/runs/1-00000000");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, dir + "/no-ck")) << r.output;
+  EXPECT_TRUE(contains(r.output, "checkpoint.persistent_every_steps is 0")) << r.output;
+
+  // A checkpoint directory without a complete checkpoint.
+  fs::create_directories(dir + "/empty-ck/step_000003");
+  r = launch("--config " + cfg + " --resume " + dir + "/empty-ck");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, dir + "/empty-ck: no usable checkpoint")) << r.output;
+  EXPECT_TRUE(contains(r.output, "step_000003")) << r.output;
+}
+
+// --- names in ps ---
+
+// `keel-launch --local 2 --workers-per-slot 2`: slot 0's launcher, slot 1's (forked, with
+// --join and --slot 1) and each slot's two workers show their real binary as argv[0] and a
+// name of their own; every worker is a child of its slot's launcher, and `keel-ctl status`
+// lists each worker's PID with its slot.
+TEST(ProcessNames, LaunchedSlotsAndWorkersShowWhatTheyAre) {
+  const std::string dir = temp_dir("process-names");
+  const std::string cfg = write_config(dir, {{"parallel", "tp: 2 dp: 2"}});
+  const pid_t root = start(
+      {bin("keel-launch"), "--local", "2", "--workers-per-slot", "2", "--quiet", "--config", cfg,
+       "--run-dir", dir + "/runs", "--set", "train.steps=100000", "--set", "train.eval_every=0"},
+      dir + "/launch.log");
+  pid_t agent = 0;
+  std::map<pid_t, int> worker_slot;  // worker pid -> the slot of its parent launcher
+  const bool up = wait_for(
+      [&] {
+        agent = 0;
+        worker_slot.clear();
+        for (pid_t c : children(root)) {
+          const std::vector<std::string> a = cmdline(c);
+          if (std::find(a.begin(), a.end(), "--join") != a.end())
+            agent = c;
+          else if (!a.empty() && ends_with(a[0], "/keel-worker"))
+            worker_slot[c] = 0;
+        }
+        if (agent)
+          for (pid_t c : children(agent)) worker_slot[c] = 1;
+        return agent && worker_slot.size() == 4;
+      },
+      60s);
+  std::vector<RankLine> ranks;
+  const std::string job_dir = job_dir_in(dir + "/runs");
+  if (up)
+    wait_for(
+        [&] {
+          ranks = ctl_status(job_dir);
+          return ranks.size() == 4 && std::all_of(ranks.begin(), ranks.end(),
+                                                  [](const RankLine& r) { return r.pid > 0; });
+        },
+        60s);
+  // Read everything before the job is stopped.
+  const std::vector<std::string> root_argv = cmdline(root), agent_argv = cmdline(agent);
+  const std::string root_comm = comm(root), agent_comm = comm(agent);
+  std::map<pid_t, std::pair<std::vector<std::string>, std::string>> workers;
+  for (const auto& [pid, slot] : worker_slot) workers[pid] = {cmdline(pid), comm(pid)};
+  const std::string job = fs::path(job_dir).filename().string();
+  kill_sessions({root});
+  int st = 0;
+  waitpid(root, &st, 0);
+  if (!job.empty()) remove_all(job_shm(job));
+
+  ASSERT_TRUE(up) << "slot 1's launcher " << (agent ? "found" : "not found") << ", "
+                  << worker_slot.size() << " worker(s)\n"
+                  << slurp(dir + "/launch.log");
+  ASSERT_FALSE(root_argv.empty());
+  EXPECT_EQ(root_argv[0], bin("keel-launch"));
+  EXPECT_EQ(root_comm, "keel-launch");
+  ASSERT_FALSE(agent_argv.empty());
+  EXPECT_TRUE(ends_with(agent_argv[0], "/keel-launch")) << agent_argv[0];
+  EXPECT_EQ(fs::canonical(agent_argv[0]), fs::canonical(bin("keel-launch")));
+  EXPECT_NE(std::find(agent_argv.begin(), agent_argv.end(), "--slot"), agent_argv.end());
+  EXPECT_EQ(*(std::find(agent_argv.begin(), agent_argv.end(), "--slot") + 1), "1");
+  EXPECT_EQ(agent_comm, "keel-agent");
+  for (const auto& [pid, w] : workers) {
+    ASSERT_FALSE(w.first.empty());
+    EXPECT_TRUE(ends_with(w.first[0], "/keel-worker")) << pid << ": " << w.first[0];
+    EXPECT_EQ(w.second, "keel-worker") << pid;
+  }
+  ASSERT_EQ(ranks.size(), 4u) << "keel-ctl status listed " << ranks.size() << " rank(s)";
+  for (const RankLine& r : ranks) {
+    ASSERT_TRUE(worker_slot.count(r.pid))
+        << "rank " << r.rank << ": pid " << r.pid << " is no worker of the job";
+    EXPECT_EQ(worker_slot[r.pid], r.slot) << "rank " << r.rank;
+  }
+}
+
+// `keel-worker --nproc 2`: the supervisor and its ranks, the same way.
+TEST(ProcessNames, NprocSupervisorAndRanksShowWhatTheyAre) {
+  const std::string dir = temp_dir("process-names-nproc");
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
+  const pid_t root = start({bin("keel-worker"), "--nproc", "2", "--quiet", "--config", cfg, "--set",
+                            "train.steps=100000", "--set", "train.eval_every=0"},
+                           dir + "/nproc.log");
+  std::vector<pid_t> ranks;
+  const bool up = wait_for(
+      [&] {
+        ranks = children(root);
+        return ranks.size() == 2;
+      },
+      30s);
+  const std::string root_comm = comm(root);
+  std::vector<std::pair<std::vector<std::string>, std::string>> seen;
+  for (pid_t p : ranks) seen.push_back({cmdline(p), comm(p)});
+  const std::string job_prefix = "/dev/shm/keel-" + std::to_string(root) + "-";
+  kill_sessions({root});
+  int st = 0;
+  waitpid(root, &st, 0);
+  for (const auto& e : fs::directory_iterator("/dev/shm"))
+    if (e.path().string().rfind(job_prefix, 0) == 0) fs::remove(e.path());
+
+  ASSERT_TRUE(up) << slurp(dir + "/nproc.log");
+  EXPECT_EQ(root_comm, "keel-supervisor");
+  for (const auto& [argv, name] : seen) {
+    ASSERT_FALSE(argv.empty());
+    EXPECT_EQ(fs::canonical(argv[0]), fs::canonical(bin("keel-worker"))) << argv[0];
+    EXPECT_EQ(name, "keel-worker");
+  }
+}
+
+}  // namespace
+}  // namespace keel::test
