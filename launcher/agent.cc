@@ -20,6 +20,8 @@
 #include "ckpt/snapshot_region.h"
 #include "launcher/control_plane.h"
 #include "launcher/local_host.h"
+#include "launcher/stack_capture.h"
+#include "launcher/stack_report.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -210,6 +212,27 @@ int Agent::run(const volatile int* stop) {
                 for (int64_t s : verified_steps(*b, owner)) held->add_steps(s);
             }
           }
+          client.send(e);
+          break;
+        }
+        case control::Command::stacks: {
+          // Every worker at once: a stall is a moment, and their stacks should be of it.
+          // The controller keeps the timeout well under the slot timeout, as no heartbeat
+          // goes out meanwhile.
+          std::vector<int> ranks;
+          std::vector<pid_t> pids;
+          for (const auto& [rank, pid] : workers_) {
+            ranks.push_back(rank);
+            pids.push_back(pid);
+          }
+          const std::vector<ProcessStacks> stacks = capture_stacks(
+              pids, std::chrono::milliseconds(c.timeout_ms() > 0 ? c.timeout_ms() : 1000));
+          control::Envelope e = make_envelope(m->epoch());
+          auto* ev = e.mutable_event();
+          ev->set_kind(control::Event::stacks);
+          ev->set_slot(o_.slot);
+          for (size_t i = 0; i < ranks.size(); ++i)
+            *ev->add_rank_stacks() = to_message(ranks[i], stacks[i]);
           client.send(e);
           break;
         }

@@ -101,6 +101,8 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     const control::Event& e = m.event();
     if (e.kind() == control::Event::snapshots) {
       survey_replies_[e.slot()] = e;
+    } else if (e.kind() == control::Event::stacks) {
+      stacks_replies_[e.slot()] = e;
     } else if (e.kind() == control::Event::worker_exit) {
       if (e.rank() < 0 || e.rank() >= world_) return;
       alive_[size_t(e.rank())] = false;
@@ -355,6 +357,43 @@ std::map<int, policy::Holdings> AgentHost::survey(const Topology& topo) {
       if (h.own() && !own) continue;  // a snapshot left on a slot the rank moved away from
       for (int64_t s : h.steps()) (own ? out[r].own : out[r].backup).insert(s);
     }
+  return out;
+}
+
+std::map<int, control::RankStacks> AgentHost::capture_stacks(std::chrono::milliseconds timeout) {
+  stacks_replies_.clear();
+  const auto capture = std::min(timeout, slot_timeout_ / 2);
+  control::Envelope m = make_envelope(0);
+  m.mutable_command()->set_kind(control::Command::stacks);
+  m.mutable_command()->set_timeout_ms(int(capture.count()));
+  std::vector<int> asked;
+  for (size_t k = 0; k < slots_.size(); ++k)
+    if (slots_[k].state == State::kActive && !ranks_on(int(k)).empty()) {
+      send(int(k), m);
+      asked.push_back(int(k));
+    }
+  const auto deadline = Clock::now() + capture + std::chrono::seconds(1);
+  while (stacks_replies_.size() < asked.size() && Clock::now() < deadline) {
+    if (pump_) pump_();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::map<int, control::RankStacks> out;
+  for (int k : asked) {
+    auto reply = stacks_replies_.find(k);
+    if (reply == stacks_replies_.end()) {
+      // Its ranks are named, so the summary says whose stacks are missing and why.
+      for (int r : ranks_on(k)) {
+        control::RankStacks& missing = out[r];
+        missing.set_rank(r);
+        missing.set_error(detail::concat("slot ", k, " did not answer within ",
+                                         (capture + std::chrono::seconds(1)).count(), " ms"));
+      }
+      continue;
+    }
+    for (const auto& rs : reply->second.rank_stacks())
+      if (rs.rank() >= 0 && rs.rank() < world_ && rank_slot_[size_t(rs.rank())] == k)
+        out[rs.rank()] = rs;
+  }
   return out;
 }
 

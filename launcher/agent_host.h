@@ -56,6 +56,10 @@ class AgentHost : public RankHost {
   std::vector<int> ranks_on(int slot) const override;
   void renumber(const std::map<int, int>& old_to_new, int new_world) override;
   bool place(const std::vector<int>& ranks) override;
+  // Asks every active slot's agent to capture its workers' stacks and waits for the answers
+  // (pumping the control plane) up to `timeout` and a second for the trip. Each agent's
+  // capture is held under half the slot timeout: it sends no heartbeat meanwhile.
+  std::map<int, control::RankStacks> capture_stacks(std::chrono::milliseconds timeout) override;
 
  private:
   enum class State { kPending, kActive, kLost };
@@ -92,6 +96,7 @@ class AgentHost : public RankHost {
   std::set<int> killing_;    // ranks whose exit we caused (not reported)
   std::deque<RankExit> exits_;
   std::map<int, control::Event> survey_replies_;  // slot -> snapshots event
+  std::map<int, control::Event> stacks_replies_;  // slot -> stacks event
 };
 
 }  // namespace keel

@@ -1,6 +1,7 @@
 // keel-ctl: talks to a running job's controller over the control plane.
 //   keel-ctl status [--run runs/<job> | --controller tcp://host:port]
 //   keel-ctl inject KIND@step=S,rank=R [--run ... | --controller ...]
+//   keel-ctl stacks [--name NAME] [--run ... | --controller ...]
 //   keel-ctl plan-standby --machines N --mtbf-hours H --recovery-minutes R [--percentile P]
 // Without --run or --controller it finds the newest job under ./runs.
 #include <unistd.h>
@@ -23,6 +24,7 @@ namespace fs = std::filesystem;
 const char* kUsage =
     "usage: keel-ctl status [--run DIR | --controller ENDPOINT]\n"
     "       keel-ctl inject KIND@step=S,rank=R[,...] [--run DIR | --controller ENDPOINT]\n"
+    "       keel-ctl stacks [--name NAME] [--run DIR | --controller ENDPOINT]\n"
     "       keel-ctl plan-standby --machines N --mtbf-hours H --recovery-minutes R\n"
     "                             [--percentile P (default 99)]\n"
     "DIR is a job's run directory (runs/<job>); by default the newest under ./runs.\n"
@@ -87,6 +89,27 @@ int inject(keel::ControlClient& c, const std::string& fault) {
   }
   std::printf("%s\n", rep->inject_reply().message().c_str());
   return rep->inject_reply().ok() ? 0 : 2;
+}
+
+// Every worker's native stacks, captured by the agents and grouped by the controller: the
+// reply names the directory (DIR/stacks/NAME) and the outlier ranks.
+int stacks(keel::ControlClient& c, const std::string& name) {
+  keel::control::Envelope req = keel::make_envelope(0);
+  req.mutable_stacks_request()->set_name(name);
+  // The capture itself is bounded by the controller (under the slot timeout per agent).
+  auto rep = c.request(req, std::chrono::seconds(15));
+  if (!rep || !rep->has_stacks_reply()) {
+    std::fprintf(stderr, "keel-ctl: the controller did not answer within 15 s\n");
+    return 1;
+  }
+  const auto& s = rep->stacks_reply();
+  if (s.ok()) std::printf("stacks of every worker in %s\n", s.dir().c_str());
+  std::fputs(s.summary().c_str(), stdout);
+  if (!s.ok()) {
+    std::fprintf(stderr, "keel-ctl: stacks: %s\n", s.message().c_str());
+    return 1;
+  }
+  return 0;
 }
 
 // keel-ctl plan-standby: parses its own flags (it talks to no controller) and prints the
@@ -154,11 +177,13 @@ int main(int argc, char** argv) {
     }
     const std::string cmd = argv[1];
     if (cmd == "plan-standby") return plan_standby_command(argc, argv);
-    std::string run, controller, fault;
+    std::string run, controller, fault, name;
     for (int i = 2; i < argc; ++i) {
       std::string a = argv[i];
       if ((a == "--run" || a == "--controller") && i + 1 < argc) {
         (a == "--run" ? run : controller) = argv[++i];
+      } else if (cmd == "stacks" && a == "--name" && i + 1 < argc) {
+        name = argv[++i];
       } else if (cmd == "inject" && fault.empty() && a.rfind("--", 0) != 0) {
         fault = a;
       } else {
@@ -166,7 +191,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    if (cmd != "status" && cmd != "inject") {
+    if (cmd != "status" && cmd != "inject" && cmd != "stacks") {
       std::fprintf(stderr, "keel-ctl: unknown command '%s'\n%s", cmd.c_str(), kUsage);
       return 2;
     }
@@ -175,6 +200,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     keel::ControlClient c(find_endpoint(run, controller), "ctl/" + std::to_string(getpid()));
+    if (cmd == "stacks") return stacks(c, name);
     return cmd == "status" ? status(c) : inject(c, fault);
   } catch (const keel::InputError& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -70,8 +70,9 @@ control::StacksReply collect_stacks(RankHost& host, const std::string& dir,
   reply.set_dir(dir);
   const std::map<int, control::RankStacks> stacks = host.capture_stacks(timeout);
   if (stacks.empty()) {
-    reply.set_message("no worker's stacks could be captured (no running ranks, or no slot "
-                      "answered in time)");
+    reply.set_message(
+        "no worker's stacks could be captured (no running ranks, or no slot "
+        "answered in time)");
     return reply;
   }
   std::error_code ec;
@@ -84,8 +85,10 @@ control::StacksReply collect_stacks(RankHost& host, const std::string& dir,
   std::string failed;
   for (const auto& [rank, msg] : stacks) {
     ranks.push_back(to_rank_threads(msg));
-    const std::string text = "rank " + std::to_string(rank) + ", " + format_stacks(from_message(msg));
-    const std::string err = write_file(fs::path(dir) / ("rank" + std::to_string(rank) + ".txt"), text);
+    const std::string text =
+        "rank " + std::to_string(rank) + ", " + format_stacks(from_message(msg));
+    const std::string err =
+        write_file(fs::path(dir) / ("rank" + std::to_string(rank) + ".txt"), text);
     if (!err.empty() && failed.empty()) failed = err;
   }
   const StackVerdict verdict = group_stacks(ranks);

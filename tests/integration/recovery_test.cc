@@ -114,9 +114,10 @@ TEST(Recovery, HungRankIsFoundByProgressKilledAndRestarted) {
                             "--fault hang@step=4,rank=6 --set "
                             "parallel.comm_timeout_ms=60000 --set detect.hang_grace_ms=1000"));
   expect_recovered(r, 6, "hang");
-  EXPECT_TRUE(contains(r.output, "not inside a collective")) << r.output;
+  EXPECT_TRUE(contains(r.output, "rank 6 has not entered")) << r.output;
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u);
+  EXPECT_EQ(json_string_field(inc[0], "rule"), "not_in_collective") << inc[0];
   // 2 steps (~20 ms each here) + the 1 s grace; far below the 60 s communicator timeout.
   EXPECT_LT(json_number_field(inc[0], "detected_at") - json_number_field(inc[0], "injected_at"),
             10.0)

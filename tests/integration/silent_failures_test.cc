@@ -1,0 +1,221 @@
+// The failures that do not announce themselves (issue: silent failures), with real processes
+// under keel-launch: a worker frozen from outside (SIGSTOP of a PID the test found) or by a
+// fault, stuck inside a collective, spinning in compute; a rank lost together with the
+// holder of its backup; a slot lost under restart_all. Each test asserts where the state
+// came from (the restore step and each rank's source), not only that the job ended bitwise
+// equal: a silent restart from step 0 would also end equal.
+#include <signal.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "test_paths.h"
+#include "worker_harness.h"
+
+namespace keel::test {
+namespace {
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::string config(const std::string& dir) {
+  return write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
+}
+
+// The fault-free run of `steps` steps (TP2×PP2×DP2), once per step count.
+const JobRun& fault_free(int steps) {
+  static std::map<int, JobRun> runs;
+  auto it = runs.find(steps);
+  if (it == runs.end()) {
+    std::string dir = temp_dir("silent-base-" + std::to_string(steps));
+    it = runs.emplace(steps, run_job(dir, "--config " + config(dir) +
+                                              " --nproc 8 --set train.steps=" +
+                                              std::to_string(steps)))
+             .first;
+  }
+  return it->second;
+}
+
+std::string launch_args(const std::string& dir, int standby, int steps, const std::string& extra) {
+  return "--config " + config(dir) + " --local " + std::to_string(4 + standby) +
+         " --workers-per-slot 2 --standby " + std::to_string(standby) +
+         " --set train.steps=" + std::to_string(steps) +
+         " --set detect.slot_timeout_ms=1000 --set parallel.comm_timeout_ms=60000 " + extra;
+}
+
+void expect_equal_and_clean(const JobRun& r, int steps) {
+  ASSERT_EQ(fault_free(steps).exit_code, 0) << fault_free(steps).output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_string_field(r.report, "param_checksum"),
+            json_string_field(fault_free(steps).report, "param_checksum"))
+      << r.output;
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), steps);
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+  EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
+}
+
+// The environment variable `key` of process `pid` ("" if absent or unreadable).
+std::string env_of(pid_t pid, const std::string& key) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  std::string entry;
+  while (std::getline(in, entry, '\0'))
+    if (entry.rfind(key + "=", 0) == 0) return entry.substr(key.size() + 1);
+  return "";
+}
+
+// A rank and the holder of its backup lost at the same step: no copy of rank 3's state is
+// left in memory (its own snapshot was on slot 1, its backup on slot 2), so the job restores
+// the newest persistent checkpoint, says so, and ends bitwise equal.
+TEST(SilentFailures, RankAndItsHolderLostTogetherRestoreThePersistentCheckpoint) {
+  constexpr int kSteps = 16;
+  std::string dir = temp_dir("silent-holder");
+  // Rank 3 = (t1, d1, p0) on slot 1; its holder (d+1, p+1, t) = rank 5, on slot 2.
+  JobRun r = run_launch_job(
+      dir, launch_args(dir, 2, kSteps,
+                       "--set checkpoint.persistent_every_steps=4 --set checkpoint.dir=" + dir +
+                           "/ck --fault slot_loss@step=10,rank=3 --fault slot_loss@step=10,rank=5"));
+  expect_equal_and_clean(r, kSteps);
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_GE(inc.size(), 1u) << r.report;
+  const std::string& i = inc.back();
+  EXPECT_EQ(json_string_field(i, "restored_from"), "persistent") << i;
+  EXPECT_EQ(json_number_field(i, "restored_step"), 8) << i;
+  EXPECT_TRUE(contains(json_string_field(i, "why_not_memory"), "rank")) << i;
+  // Every rank loaded the checkpoint, as it said itself.
+  for (int rank = 0; rank < 8; ++rank)
+    EXPECT_TRUE(contains(i, "\"" + std::to_string(rank) + "\": \"persistent\"")) << i;
+  EXPECT_TRUE(contains(r.output, "restored from persistent")) << r.output;
+}
+
+TEST(SilentFailures, LostTogetherWithoutACheckpointStopsNamingTheRank) {
+  std::string dir = temp_dir("silent-holder-none");
+  JobRun r = run_launch_job(
+      dir, launch_args(dir, 2, 16,
+                       "--fault slot_loss@step=10,rank=3 --fault slot_loss@step=10,rank=5"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "no copy of the state of")) << r.output;
+  EXPECT_TRUE(contains(r.output, "allow_restart_from_scratch")) << r.output;
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+  EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
+}
+
+// restart_all, the baseline: a lost slot's ranks start on the standby, every rank from the
+// newest persistent checkpoint.
+TEST(SilentFailures, RestartAllSurvivesASlotLossOnAStandby) {
+  constexpr int kSteps = 16;
+  std::string dir = temp_dir("silent-restart-all");
+  JobRun r = run_launch_job(
+      dir, launch_args(dir, 1, kSteps,
+                       "--set recovery.mode=restart_all --set checkpoint.persistent_every_steps=4 "
+                       "--set checkpoint.dir=" +
+                           dir + "/ck --fault slot_loss@step=10,rank=3"));
+  expect_equal_and_clean(r, kSteps);
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_TRUE(contains(json_string_field(inc[0], "action"), "restart all ranks")) << inc[0];
+  EXPECT_TRUE(contains(json_string_field(inc[0], "action"), "standby slot 4")) << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "restored_step"), 8) << inc[0];
+  EXPECT_EQ(json_string_field(inc[0], "restored_from"), "persistent") << inc[0];
+}
+
+// A hung worker is found by the right rule in seconds (the communicator timeout stays at
+// 60 s), evicted with its slot, and the job ends bitwise equal with every step done.
+void expect_hang_found(const JobRun& r, int steps, int rank, const std::string& rule,
+                       double since) {
+  expect_equal_and_clean(r, steps);
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(inc[0], "kind"), "hang") << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "rank"), rank) << inc[0];
+  EXPECT_EQ(json_string_field(inc[0], "rule"), rule) << inc[0];
+  EXPECT_EQ(json_string_field(inc[0], "rung"), "evict") << inc[0];
+  EXPECT_EQ(json_string_field(inc[0], "restored_from"), "memory") << inc[0];
+  EXPECT_GE(json_number_field(inc[0], "restored_step"), 1) << inc[0];
+  if (since <= 0) since = json_number_field(inc[0], "injected_at");
+  // Far below the communicator's 60 s (the target is 2 steps + 2 s on a quiet machine).
+  EXPECT_LT(json_number_field(inc[0], "first_step_at") - since, 15.0) << inc[0];
+}
+
+constexpr int kHangSteps = 60;
+
+TEST(SilentFailures, FrozenWorkerIsFoundByItsSilence) {
+  std::string dir = temp_dir("silent-freeze");
+  JobRun r = run_launch_job(dir, launch_args(dir, 1, kHangSteps, "--fault freeze@step=20,rank=4"));
+  expect_hang_found(r, kHangSteps, 4, "liveness", 0);
+}
+
+TEST(SilentFailures, SpinningWorkerIsFoundOutsideTheCollectiveItsPeersWaitIn) {
+  std::string dir = temp_dir("silent-spin");
+  JobRun r = run_launch_job(dir, launch_args(dir, 1, kHangSteps, "--fault spin@step=20,rank=4"));
+  expect_hang_found(r, kHangSteps, 4, "not_in_collective", 0);
+}
+
+TEST(SilentFailures, WorkerStuckInsideACollectiveIsFoundBySequenceNumbers) {
+  std::string dir = temp_dir("silent-in-coll");
+  JobRun r = run_launch_job(
+      dir, launch_args(dir, 1, kHangSteps, "--fault hang_in_collective@step=20,rank=4"));
+  expect_hang_found(r, kHangSteps, 4, "collective_sequence", 0);
+}
+
+// SIGSTOP from outside, to the PID of rank 4's worker found in the job's process tree.
+TEST(SilentFailures, WorkerStoppedFromOutsideIsFoundByItsSilence) {
+  constexpr int kSteps = 500;
+  std::string dir = temp_dir("silent-sigstop");
+  pid_t victim = 0;
+  double stopped_at = 0;
+  auto seen = std::chrono::steady_clock::time_point{};
+  JobRun r = run_launch_job(
+      dir, launch_args(dir, 1, kSteps, ""),
+      [&](pid_t session) {
+        if (stopped_at > 0) return;
+        if (!victim) {
+          for (pid_t p : session_processes(session))
+            if (env_of(p, "KEEL_RANK") == "4" && env_of(p, "KEEL_STANDBY").empty()) victim = p;
+          if (victim) seen = std::chrono::steady_clock::now();
+          return;
+        }
+        // Let it train a while (steps of ~20 ms here), then freeze it.
+        if (std::chrono::steady_clock::now() - seen < std::chrono::seconds(1)) return;
+        ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+        stopped_at = std::chrono::duration<double>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+      },
+      300);
+  ASSERT_GT(stopped_at, 0) << "the job ended before rank 4's worker (pid " << victim
+                           << ") was stopped: " << r.output;
+  kill(victim, SIGCONT);  // already killed by its agent; harmless if so
+  expect_hang_found(r, kSteps, 4, "liveness", stopped_at);
+}
+
+// A survivor inside a long step when the abort comes is not killed as hung: the abort
+// deadline scales with the step (recovery.abort_timeout_steps × the median step time).
+TEST(SilentFailures, SlowStepsDoNotMakeHealthyRanksLookHung) {
+  constexpr int kSteps = 12;
+  std::string dir = temp_dir("silent-slow");
+  // Every step of rank 6 takes 1.5 s more from step 2 on; abort_timeout_ms = 500 alone
+  // would kill the survivors that wait for it when rank 2 crashes.
+  JobRun r = run_launch_job(
+      dir, launch_args(dir, 0, kSteps,
+                       "--set recovery.abort_timeout_ms=500 --fault slow@step=2,rank=6,delay_ms=1500 "
+                       "--fault crash@step=6,rank=2"));
+  expect_equal_and_clean(r, kSteps);
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(inc[0], "action"), "restart rank 2 in place") << inc[0];
+  EXPECT_FALSE(contains(r.output, "did not answer the abort")) << r.output;
+  std::vector<std::string> ranks = json_object_array(r.report, "ranks");
+  ASSERT_EQ(ranks.size(), 8u);
+  for (int k = 0; k < 8; ++k)
+    EXPECT_EQ(json_array_field(ranks[size_t(k)], "pids").size(), k == 2 ? 2u : 1u)
+        << "rank " << k << ": " << ranks[size_t(k)];
+}
+
+}  // namespace
+}  // namespace keel::test
