@@ -198,6 +198,12 @@ bool Controller::Impl::recover(Detected d) {
     while (auto ex = host->poll_exit()) d.failure.dead.insert(ex->rank);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  if (state == "waiting")
+    for (int k : d.failure.lost_slots)
+      if (view().slots.count(k) && view().slots.at(k) != membership::SlotInfo::lost) {
+        std::fprintf(stderr, "%s: slot %d is back\n", o.program.c_str(), k);
+        event("slot_rejoined", EventFields().add("slot", k));
+      }
   if (plan.kind == policy::Plan::Kind::kStop) {
     std::fprintf(stderr, "%s: %s; %s: stopping the job\n", o.program.c_str(), inc.detail().c_str(),
                  plan.why.c_str());

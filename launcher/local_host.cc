@@ -54,7 +54,6 @@ pid_t spawn_child(const std::vector<std::string>& argv,
   const std::string self = self_exe_path();
   std::vector<std::string> args_owned = argv;
   if (args_owned[0] == "/proc/self/exe") args_owned[0] = self;
-  const std::string program = args_owned[0] == self ? "/proc/self/exe" : args_owned[0];
   // Built before fork(): the child of a threaded process should not allocate.
   std::vector<char*> args;
   for (const auto& a : args_owned) args.push_back(const_cast<char*>(a.c_str()));
@@ -74,7 +73,9 @@ pid_t spawn_child(const std::vector<std::string>& argv,
       dup2(fd, 2);
     }
   }
-  execv(program.c_str(), args.data());
+  execv(args[0], args.data());
+  // This binary's file was deleted (a rebuild): /proc/self/exe is still the same binary.
+  if (errno == ENOENT && args_owned[0] == self) execv("/proc/self/exe", args.data());
   std::perror(("keel: exec " + args_owned[0]).c_str());
   _exit(127);
 }

@@ -35,9 +35,10 @@ class LocalHost : public RankHost {
 
 // Forks and execs `argv` (argv[0] is the program) with `env` added, in a child that gets
 // `death_signal` when this process dies, whatever kills it (SIGTERM lets a child clean up).
-// When argv[0] is self_exe_path() (or "/proc/self/exe") the child runs this very binary
-// through /proc/self/exe, even if a rebuild has replaced the file since, while its argv[0],
-// what ps shows, is the real path. Used by LocalHost, the agents and keel-launch --local.
+// "/proc/self/exe" as argv[0] is replaced by self_exe_path(), so that ps shows what each
+// process is (argv[0] and, from the file name, its command name); only if that file is gone
+// (deleted by a rebuild) does the child run /proc/self/exe. Used by LocalHost, the agents
+// and keel-launch --local.
 pid_t spawn_child(const std::vector<std::string>& argv,
                   const std::map<std::string, std::string>& env, const std::string& log_path = "",
                   int death_signal = SIGKILL);

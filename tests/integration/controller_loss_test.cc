@@ -264,7 +264,9 @@ void controller_loss(int timeout_ms) {
                     << shm.size() << " segment(s) of the job left\n"
                     << logs;
   // Not before the controller could have been heard from: the timeout decides.
-  if (timeout_ms > 0) EXPECT_GE(took, timeout_ms / 1000.0 - 0.5) << logs;
+  if (timeout_ms > 0) {
+    EXPECT_GE(took, timeout_ms / 1000.0 - 0.5) << logs;
+  }
   for (int k = 1; k <= 3; ++k) {
     EXPECT_EQ(codes[k], kExitControllerLost) << "slot " << k << "\n" << logs;
     const std::string out = slurp(dir + "/slot" + std::to_string(k) + ".log");
@@ -448,10 +450,14 @@ TEST(ProcessNames, NprocSupervisorAndRanksShowWhatTheyAre) {
                             "train.steps=100000", "--set", "train.eval_every=0"},
                            dir + "/nproc.log");
   std::vector<pid_t> ranks;
+  // Two ranks, each past its exec (a forked child shows its parent's command line first).
   const bool up = wait_for(
       [&] {
         ranks = children(root);
-        return ranks.size() == 2;
+        return ranks.size() == 2 && std::all_of(ranks.begin(), ranks.end(), [](pid_t p) {
+                 const std::vector<std::string> a = cmdline(p);
+                 return std::find(a.begin(), a.end(), "--nproc") == a.end();
+               });
       },
       30s);
   const std::string root_comm = comm(root);

@@ -238,6 +238,11 @@ TEST(Launch, CrashedRankIsRestartedInItsSlot) {
   EXPECT_EQ(json_string_field(inc[0], "kind"), "crash") << inc[0];
   EXPECT_EQ(json_number_field(inc[0], "rank"), 3) << inc[0];
   EXPECT_EQ(json_number_field(inc[0], "slot"), 3) << inc[0];
+  // Not a restart from step 0: rank 3 restored step 10 from its own snapshot, the others
+  // kept theirs in memory.
+  EXPECT_EQ(json_number_field(inc[0], "restored_step"), 10) << inc[0];
+  EXPECT_TRUE(rank_source_is(inc[0], 3, "own_snapshot")) << inc[0];
+  for (int k : {0, 1, 2}) EXPECT_TRUE(rank_source_is(inc[0], k, "memory")) << inc[0];
   std::vector<std::string> ranks = json_object_array(r.report, "ranks");
   ASSERT_EQ(ranks.size(), 4u) << r.report;
   for (int k = 0; k < 4; ++k)
@@ -447,6 +452,12 @@ TEST_F(LaunchNetns, LostMachineRejoinsAndTheJobFinishesBitwise) {
   ASSERT_EQ(inc.size(), 1u) << r.report;
   EXPECT_EQ(json_string_field(inc[0], "kind"), "slot_loss") << inc[0];
   EXPECT_EQ(json_number_field(inc[0], "slot"), 2) << inc[0];
+  // Where the state came from: machine 2's own shared memory died with it (and no other
+  // machine can open it: each has its own /dev/shm), so its ranks restored from their
+  // backups on other machines; the others kept their live state.
+  EXPECT_GE(json_number_field(inc[0], "restored_step"), 9) << inc[0];
+  for (int k : {4, 5}) EXPECT_TRUE(rank_source_is(inc[0], k, "backup")) << inc[0];
+  for (int k : {0, 1, 2, 3}) EXPECT_TRUE(rank_source_is(inc[0], k, "memory")) << inc[0];
   EXPECT_FALSE(event_data(r.events, "slot_rejoined").empty()) << r.events;
   EXPECT_FALSE(event_data(r.events, "recovered").empty()) << r.events;
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(machine_empties(lab, i)) << "machine " << i;
@@ -478,7 +489,7 @@ TEST_F(LaunchNetns, PartitionedMachineIsDetectedAndReported) {
   EXPECT_EQ(json_string_field(lost, "kind"), "partition") << lost;
   EXPECT_EQ(json_number_field(lost, "slot"), 1) << lost;
   EXPECT_LE(json_number_field(lost, "after_injection_s"), 2.0) << lost;
-  EXPECT_FALSE(event_data(r.events, "stop_on_slot_loss").empty()) << r.events;
+  EXPECT_FALSE(event_data(r.events, "stop_decision").empty()) << r.events;
   // Slots 0 and 2 end with the job; the cut-off machine's processes are alive by design.
   EXPECT_TRUE(machine_empties(lab, 0)) << "machine 0";
   EXPECT_TRUE(machine_empties(lab, 2)) << "machine 2";
@@ -515,6 +526,10 @@ TEST_F(LaunchNetns, PartitionedMachineIsReplacedByAStandby) {
   EXPECT_EQ(json_string_field(inc[0], "kind"), "partition") << inc[0];
   EXPECT_EQ(json_array_field(inc[0], "slots_evicted"), std::vector<double>{1}) << inc[0];
   EXPECT_EQ(json_array_field(inc[0], "standbys_promoted"), std::vector<double>{3}) << inc[0];
+  // The standby on machine 3 has its own /dev/shm: ranks 2 and 3 came from their backups.
+  EXPECT_GE(json_number_field(inc[0], "restored_step"), 9) << inc[0];
+  for (int k : {2, 3}) EXPECT_TRUE(rank_source_is(inc[0], k, "backup")) << inc[0];
+  for (int k : {0, 1, 4, 5}) EXPECT_TRUE(rank_source_is(inc[0], k, "memory")) << inc[0];
   // Ranks 0, 1 (machine 0) and 4, 5 (machine 2) kept their processes.
   std::vector<std::string> ranks = json_object_array(r.report, "ranks");
   ASSERT_EQ(ranks.size(), 6u);

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -253,6 +254,12 @@ NetnsLab::NetnsLab(int machines) : pid_(::getpid()) {
 
 NetnsLab::~NetnsLab() {
   teardown();
+  std::error_code ec;
+  for (int i = 0; i < size(); ++i) std::filesystem::remove_all(shm_dir(i), ec);
+}
+
+std::string NetnsLab::shm_dir(int i) const {
+  return "/tmp/keel-netns-shm/" + ns_name(i);
 }
 
 std::string NetnsLab::veth_name(int i) const {
@@ -297,6 +304,8 @@ pid_t NetnsLab::spawn(int i, const std::vector<std::string>& argv,
   for (const auto& e : env_strs) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
 
+  const std::string shm = shm_dir(i);
+  std::filesystem::create_directories(shm);
   int ns_fd = ::open(ns_path(ns_name(i)).c_str(), O_RDONLY | O_CLOEXEC);
   KEEL_CHECK(ns_fd >= 0, "open ", ns_path(ns_name(i)), ": ", std::strerror(errno));
   int log_fd = -1;
@@ -318,6 +327,10 @@ pid_t NetnsLab::spawn(int i, const std::vector<std::string>& argv,
     int stage = 0;
     if (::setns(ns_fd, CLONE_NEWNET) != 0) {
       stage = 1;
+    } else if (::unshare(CLONE_NEWNS) != 0 ||
+               ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+               ::mount(shm.c_str(), "/dev/shm", nullptr, MS_BIND, nullptr) != 0) {
+      stage = 3;
     } else {
       if (log_fd >= 0) {
         ::dup2(log_fd, 1);
@@ -347,7 +360,9 @@ pid_t NetnsLab::spawn(int i, const std::vector<std::string>& argv,
   ::close(err_pipe[0]);
   if (n > 0) {
     ::waitpid(pid, nullptr, 0);
-    throw Error(detail::concat(report[0] == 1 ? "setns into " + ns_name(i) : "exec " + argv[0],
+    throw Error(detail::concat(report[0] == 1   ? "setns into " + ns_name(i)
+                               : report[0] == 3 ? "a /dev/shm of its own for " + ns_name(i)
+                                                : "exec " + argv[0],
                                " failed: ", std::strerror(report[1])));
   }
   spawned_.push_back(pid);

@@ -48,6 +48,11 @@ class NetnsLab {
   // "ip netns exec keel<pid>m<i> ": prefix for a shell command line run on machine i.
   std::string exec_prefix(int i) const;
 
+  // Machine i's own /dev/shm: every program spawned on it sees this directory there (a
+  // mount namespace of its own with it bind-mounted), so a process on one machine can never
+  // open another machine's shared memory by name.
+  std::string shm_dir(int i) const;
+
   // Starts argv on machine i (PATH is searched for argv[0]) as the leader of a new session,
   // so kill(-pid, sig) reaches everything it starts. `env` entries ("NAME=value") are added
   // to this process's environment, replacing a variable of the same name. stdout and stderr

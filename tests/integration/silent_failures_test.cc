@@ -89,7 +89,7 @@ TEST(SilentFailures, RankAndItsHolderLostTogetherRestoreThePersistentCheckpoint)
   EXPECT_TRUE(contains(json_string_field(i, "why_not_memory"), "rank")) << i;
   // Every rank loaded the checkpoint, as it said itself.
   for (int rank = 0; rank < 8; ++rank)
-    EXPECT_TRUE(contains(i, "\"" + std::to_string(rank) + "\": \"persistent\"")) << i;
+    EXPECT_TRUE(rank_source_is(i, rank, "persistent")) << i;
   EXPECT_TRUE(contains(r.output, "restored from persistent")) << r.output;
 }
 

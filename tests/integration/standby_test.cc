@@ -59,7 +59,14 @@ void expect_swapped(const JobRun& r, const std::set<int>& moved, int incidents) 
     EXPECT_GE(json_number_field(i, "rebuilt_at"), json_number_field(i, "evicted_at")) << i;
     EXPECT_GE(json_number_field(i, "first_step_at"), json_number_field(i, "rebuilt_at")) << i;
     EXPECT_LE(json_number_field(i, "steps_lost"), 1) << i;
+    // Not a restart from step 0: the moved ranks restored from their backup holders.
+    EXPECT_GE(json_number_field(i, "restored_step"), 3) << i;
+    EXPECT_EQ(json_string_field(i, "restored_from"), "memory") << i;
   }
+  for (int k : moved)
+    EXPECT_TRUE(rank_source_is(inc.front(), k, "backup") ||
+                rank_source_is(inc.back(), k, "backup"))
+        << "rank " << k << ": " << r.report;
   std::vector<std::string> ranks = json_object_array(r.report, "ranks");
   ASSERT_EQ(ranks.size(), 8u);
   for (int k = 0; k < 8; ++k)
@@ -146,6 +153,10 @@ TEST(Standby, MpirunWithAStandbySurvivesAKilledLauncher) {
   for (int k = 0; k < 8; ++k)
     EXPECT_EQ(json_array_field(ranks[size_t(k)], "pids").size(), k == 4 || k == 5 ? 2u : 1u)
         << ranks[size_t(k)];
+  std::vector<std::string> mpi_inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(mpi_inc.size(), 1u) << r.report;
+  for (int k : {4, 5})
+    EXPECT_TRUE(rank_source_is(mpi_inc[0], k, "backup")) << mpi_inc[0];
   // The job's shared memory is named after its id (line 2 of runs/<job>/controller).
   for (const auto& d : std::filesystem::directory_iterator(dir + "/runs")) {
     std::ifstream in(d.path() / "controller");

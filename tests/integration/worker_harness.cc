@@ -254,4 +254,10 @@ std::vector<float> read_llmc_floats(const std::string& path) {
   return out;
 }
 
+bool rank_source_is(const std::string& incident, int rank, const std::string& source) {
+  std::ostringstream want;
+  want << '"' << rank << "\": \"" << source << '"';
+  return incident.find(want.str()) != std::string::npos;
+}
+
 }  // namespace keel::test

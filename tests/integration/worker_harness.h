@@ -55,6 +55,10 @@ JobRun run_launch_job(const std::string& dir, const std::string& args,
 // Processes whose session id is `sid` (field 6 of /proc/PID/stat), zombies aside.
 std::vector<pid_t> session_processes(pid_t sid);
 
+// Whether an incident (JSON) says rank `rank` restored from `source` (its rank_sources:
+// "memory", "own_snapshot", "backup", "persistent", "scratch").
+bool rank_source_is(const std::string& incident, int rank, const std::string& source);
+
 // Fields of a report.
 std::string json_string_field(const std::string& json, const std::string& key);
 double json_number_field(const std::string& json, const std::string& key);

@@ -80,7 +80,7 @@ TEST(StackReport, LocalRanksTheSpinnerIsNamedAndEverythingIsWritten) {
   EXPECT_NE(reply.message().find("rank 1's main thread is in keel_test::spin_in_compute() <- "),
             std::string::npos)
       << reply.message();
-  EXPECT_NE(reply.message().find("while 2 ranks wait in keel_test::FakeCommunicator::all_reduce()"),
+  EXPECT_NE(reply.message().find("while 2 ranks wait in FakeCommunicator::all_reduce()"),
             std::string::npos)
       << reply.message();
   for (int r = 0; r < 3; ++r) {
