@@ -237,7 +237,11 @@ int Agent::run(const volatile int* stop) {
           break;
         }
         case control::Command::reset:
+          // Evicted, or given up while cut off: its ranks run elsewhere now and the copies it
+          // held are no one's to restore from; it comes back empty, as a standby.
           kill_workers();
+          remove_shared_memory();
+          hosted_.clear();
           send_register();
           break;
         case control::Command::shutdown:
@@ -311,6 +315,10 @@ int Agent::run(const volatile int* stop) {
   // Stopped because the controller's process died (a --local slot gets SIGTERM then): no
   // shutdown will come, so the job's shared memory on this machine is this agent's to remove.
   if (controller_process_gone(o_.job)) {
+    std::fprintf(stderr,
+                 "keel-launch: slot %d: the controller's process is gone: workers stopped, "
+                 "removing the job's shared memory\n",
+                 o_.slot);
     remove_shared_memory();
     unlink_job_segments(o_.job);
   }

@@ -61,6 +61,7 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
       return;
     }
     Slot& s = slots_[size_t(reg.slot())];
+    ++s.registrations;
     const bool back = s.state == State::kLost || s.role == Role::kEvicted;
     s.identity = identity;
     s.host = reg.host();
@@ -215,11 +216,20 @@ bool AgentHost::place(const std::vector<int>& ranks) {
 void AgentHost::evict(int slot) {
   for (int r : ranks_on(slot)) kill(r);
   slots_[size_t(slot)].role = Role::kEvicted;
-  // The slot itself is healthy enough to answer: it drops its workers and registers again,
-  // which makes it a standby once it has checked itself.
+  // The slot itself is healthy enough to answer: it drops its workers and its shared memory
+  // and registers again, which makes it a standby once it has checked itself. Its ranks'
+  // new workers must not find its old segments (on one machine they share /dev/shm): wait
+  // for the registration that follows the reset.
+  const int before = slots_[size_t(slot)].registrations;
   control::Envelope m = make_envelope(0);
   m.mutable_command()->set_kind(control::Command::reset);
   send(slot, m);
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  while (slots_[size_t(slot)].registrations == before &&
+         slots_[size_t(slot)].state == State::kActive && Clock::now() < deadline) {
+    if (pump_) pump_();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 bool AgentHost::wait_for_slots(std::chrono::milliseconds timeout, const volatile int* stop) {

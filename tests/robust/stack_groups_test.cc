@@ -163,10 +163,12 @@ TEST(StackGroups, WaitingForTheGradSyncThreadIsWaiting) {
     ranks.push_back(rank(r, r == 2 ? spinning(0x1) : r < 2 ? grad_sync : all_reduce(true)));
   const StackVerdict v = group_stacks(ranks);
   EXPECT_EQ(v.culprits, std::vector<int>{2});
-  EXPECT_NE(v.reason.find("while 3 ranks wait in GradSync::finish() <- Trainer::step() <- ... "
-                          "(2), SocketCommunicator::all_reduce() <- GradSync::finish() <- "
-                          "StepLoop::run() <- ... (1)"),
-            std::string::npos)
+  EXPECT_NE(
+      v.reason.find(
+          "while 3 ranks wait in GradSync::finish() <- Trainer::step() <- StepLoop::run() <- ... "
+          "(2), SocketCommunicator::all_reduce() <- GradSync::finish() <- "
+          "StepLoop::run() <- ... (1)"),
+      std::string::npos)
       << v.reason;
 }
 
