@@ -5,8 +5,10 @@
 //      keel-launch --local 4, interleaved pairs, median step time of each and their ratio;
 //   2. detection latency per fault kind (detected_at − injected_at), and the time from the
 //      injection to the first step after it where the job goes on:
-//      - crash, exit, hang: `--injections` faults in one keel-launch --local run, recovered in
-//        place (incidents of the run's report);
+//      - crash, exit, hang, freeze, spin, hang_in_collective: `--injections` faults in one
+//        keel-launch --local run, recovered in place (incidents of the run's report);
+//      - sigstop: `--injections` workers SIGSTOPped from outside (a PID found in /proc) in
+//        one run, each after the job recovered from the one before;
 //      - slot_loss: one run per injection (detect.on_slot_loss = fail ends the job), the
 //        latency from the controller's `slot_lost` event;
 //      - partition: as slot_loss, but the 4 slots are network namespaces (machines, one
@@ -145,20 +147,20 @@ struct KindResult {
 };
 
 void print_header() {
-  std::printf("%-10s %10s %10s %14s %12s %18s %-16s %s\n", "kind", "injected", "detected",
+  std::printf("%-18s %10s %10s %14s %12s %18s %-16s %s\n", "kind", "injected", "detected",
               "median det s", "worst det s", "median to step s", "target", "met");
 }
 
 void print(const KindResult& k) {
   if (k.detect.empty()) {
-    std::printf("%-10s %10d %10d %14s %12s %18s %-16s %s\n", k.kind.c_str(), k.injected, 0, "-",
+    std::printf("%-18s %10d %10d %14s %12s %18s %-16s %s\n", k.kind.c_str(), k.injected, 0, "-",
                 "-", "-", k.target.c_str(), ("not measured: " + k.note).c_str());
   } else {
     const double m = median(k.detect);
     char to_step[32] = "-";
     if (!k.first_step.empty())
       std::snprintf(to_step, sizeof(to_step), "%.3f", median(k.first_step));
-    std::printf("%-10s %10d %10zu %14.3f %12.3f %18s %-16s %s%s\n", k.kind.c_str(), k.injected,
+    std::printf("%-18s %10d %10zu %14.3f %12.3f %18s %-16s %s%s\n", k.kind.c_str(), k.injected,
                 k.detect.size(), m, worst(k.detect), to_step, k.target.c_str(),
                 m <= k.limit ? "met" : "NOT MET", k.note.empty() ? "" : ("; " + k.note).c_str());
   }
@@ -184,10 +186,14 @@ KindResult in_run(const std::string& dir, const std::string& shards, const std::
       must_run(dir, "keel-launch",
                "--local " + std::to_string(kSlots) + " --workers-per-slot " +
                    std::to_string(kPerSlot) + " --config " + cfg + kSets +
-                   " --set recovery.max_incidents=" + std::to_string(n + 5) + faults);
+                   " --set recovery.mode=in_place --set recovery.max_incidents=" +
+                   std::to_string(n + 5) + faults);
+  // The hang kinds are all reported as hangs (the rule that found them is in the incident).
+  const std::string reported =
+      kind == "freeze" || kind == "spin" || kind == "hang_in_collective" ? "hang" : kind;
   int other = 0;
   for (const auto& inc : r.incidents()) {
-    if (inc.kind() != kind || inc.injected_at() <= 0) {
+    if (inc.kind() != reported || inc.injected_at() <= 0) {
       ++other;
       continue;
     }
@@ -195,6 +201,77 @@ KindResult in_run(const std::string& dir, const std::string& shards, const std::
     if (inc.first_step_at() > 0) res.first_step.push_back(inc.first_step_at() - inc.injected_at());
   }
   if (other > 0) res.note = std::to_string(other) + " other incident(s) in the run";
+  return res;
+}
+
+// The pid of the running keel-worker serving `rank` (0 if none): found in /proc, as an
+// operator would, by its environment.
+pid_t worker_of(int rank) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmd(e.path() / "cmdline");
+    std::string argv0;
+    std::getline(cmd, argv0, '\0');
+    if (argv0.find("keel-worker") == std::string::npos) continue;
+    std::ifstream env(e.path() / "environ", std::ios::binary);
+    bool mine = false, standby = false;
+    for (std::string kv; std::getline(env, kv, '\0');) {
+      mine = mine || kv == "KEEL_RANK=" + std::to_string(rank);
+      standby = standby || kv.rfind("KEEL_STANDBY=", 0) == 0;
+    }
+    if (mine && !standby) return pid_t(std::stoi(name));
+  }
+  return 0;
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// sigstop: one run; `n` times, a worker (ranks 1..7 in turn) is SIGSTOPped from outside,
+// each 1 s after the job's first step after the previous one. Its agent kills it once it is
+// found; the job restarts it in place.
+KindResult sigstop(const std::string& dir, const std::string& shards, int n, double step) {
+  const int steps = int(std::max(200.0, (n * 4.0 + 10) / std::max(step, 0.005)));
+  const std::string cfg = tiny3d(dir, shards, steps);
+  KindResult res;
+  res.kind = "sigstop";
+  std::vector<double> stopped;
+  std::thread job([&] {
+    run(dir, "keel-launch",
+        "--local " + std::to_string(kSlots) + " --workers-per-slot " + std::to_string(kPerSlot) +
+            " --config " + cfg + kSets + " --set recovery.mode=in_place --set recovery.max_incidents=" +
+            std::to_string(n + 5));
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  pid_t last = 0;
+  for (int k = 0; k < n && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    const pid_t p = worker_of(1 + k % (kRanks - 1));
+    if (p == 0 || p == last) continue;  // not started yet, or the stopped one not yet replaced
+    if (::kill(p, SIGSTOP) != 0) continue;
+    stopped.push_back(unix_now());
+    last = p;
+    ++res.injected;
+    ++k;
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+  }
+  job.join();
+  report::RunReport r;
+  if (!read_report(dir + "/report.json", &r)) {
+    res.note = "the run wrote no report (see " + dir + "/run.log)";
+    return res;
+  }
+  size_t i = 0;
+  for (const auto& inc : r.incidents()) {
+    if (inc.kind() != "hang" || i >= stopped.size()) continue;
+    res.detect.push_back(inc.detected_at() - stopped[i]);
+    if (inc.first_step_at() > 0) res.first_step.push_back(inc.first_step_at() - stopped[i]);
+    ++i;
+  }
   return res;
 }
 
@@ -322,7 +399,8 @@ KindResult partition(const std::string& dir, const std::string& shards, int n) {
 int main(int argc, char** argv) {
   using namespace keel;
   int injections = 10, pairs = 3, steps = 200;
-  std::string kinds = "overhead,crash,exit,hang,slot_loss,partition";
+  std::string kinds =
+      "overhead,crash,exit,hang,freeze,spin,hang_in_collective,sigstop,slot_loss,partition";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
@@ -337,7 +415,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: keel-bench-detect [--injections 10] [--pairs 3] [--steps 200] "
-                   "[--kinds overhead,crash,exit,hang,slot_loss,partition]\n");
+                   "[--kinds overhead,crash,exit,hang,freeze,spin,hang_in_collective,sigstop,"
+                   "slot_loss,partition]\n");
       return 2;
     }
   }
@@ -378,6 +457,14 @@ int main(int argc, char** argv) {
       std::snprintf(n, sizeof(n), "target = %.3f s at %.4f s/step", k.limit, step);
       k.note = k.note.empty() ? n : k.note + "; " + n;
     }
+    print(k);
+  }
+  for (const std::string kind : {"freeze", "spin", "hang_in_collective", "sigstop"}) {
+    if (!want(kind)) continue;
+    KindResult k = kind == "sigstop" ? sigstop(dir, shards, injections, step)
+                                     : in_run(dir, shards, kind, injections);
+    k.target = "<= 2 steps + 2 s";
+    k.limit = 2 * step + 2.0;
     print(k);
   }
   if (want("slot_loss")) {
