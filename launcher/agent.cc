@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -99,10 +100,10 @@ int Agent::stop_without_controller(std::chrono::milliseconds silent) {
       stderr,
       "keel-launch: slot %d: workers stopped, shared memory of %zu rank(s)%s removed; "
       "restart the job from its newest persistent checkpoint with keel-launch --resume "
-      "runs/%s\n",
+      "%s\n",
       o_.slot, hosted_.size(),
       others > 0 ? detail::concat(" and ", others, " more segment(s) of the job").c_str() : "",
-      o_.job.c_str());
+      std::filesystem::path(o_.log_dir).parent_path().c_str());  // runs/<job>
   return kExitControllerLost;
 }
 

@@ -260,8 +260,10 @@ void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Inc
   if (plan.next_topo) {
     host->renumber(plan.renumber, plan.next_topo->world_size());
     for (int s : plan.retire_slots) host->evict(s);  // they check themselves: standbys
-    std::fprintf(stderr, "%s: %s; data parallelism %d -> %d replicas\n", o.program.c_str(),
-                 plan.action.c_str(), topo.dp(), plan.next_topo->dp());
+    if (plan.rung == "shrink")
+      std::fprintf(stderr, "%s: %s: data parallelism shrinks from %d to %d replicas (%s)\n",
+                   o.program.c_str(), plan.why.c_str(), topo.dp(), plan.next_topo->dp(),
+                   plan.action.c_str());
     event(plan.rung == "grow" ? "grow_dp" : "shrink_dp",
           EventFields().add("dp", plan.next_topo->dp()));
     topo = *plan.next_topo;

@@ -1,8 +1,6 @@
 #include "launcher/stack_capture.h"
 
-#include <cxxabi.h>
 #include <dirent.h>
-#include <libunwind-ptrace.h>
 #include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/wait.h>
@@ -10,54 +8,22 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <sstream>
 #include <system_error>
 #include <thread>
 #include <utility>
 
+#include "launcher/stack_unwinder.h"
 #include "runtime/check.h"
 
 namespace keel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Deeper stacks are cut: the frames that tell where a thread is are the innermost ones.
-constexpr int kMaxFrames = 64;
-
-struct Mapping {
-  uint64_t start = 0, end = 0, offset = 0;
-  std::string module;  // the file's base name, "[vdso]", or "[anon]"
-};
-
-// The executable mappings of `pid`, to name the module of a frame and its offset in the file
-// (stable across processes, unlike the address, which ASLR moves).
-std::vector<Mapping> read_maps(pid_t pid) {
-  std::vector<Mapping> out;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/maps");
-  std::string line;
-  while (std::getline(in, line)) {
-    unsigned long long start = 0, end = 0, offset = 0;
-    char perms[8] = {0};
-    int path_at = 0;
-    if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %*s %*s %n", &start, &end, perms, &offset,
-                    &path_at) < 4 ||
-        perms[2] != 'x')
-      continue;
-    std::string path = path_at > 0 ? line.substr(size_t(path_at)) : "";
-    // A binary rebuilt while the job runs shows as "... (deleted)": the same module.
-    if (const auto d = path.rfind(" (deleted)"); d != std::string::npos) path.resize(d);
-    Mapping m{start, end, offset, path.empty() ? "[anon]" : path.substr(path.rfind('/') + 1)};
-    out.push_back(std::move(m));
-  }
-  return out;
-}
 
 std::string read_line(const std::string& path) {
   std::ifstream in(path);
@@ -76,14 +42,6 @@ std::string thread_state(pid_t pid, int tid) {
                         : std::string("state unknown");
   const std::string wchan = read_line(dir + "/wchan");
   if (!wchan.empty() && wchan != "0") out += ", waiting in " + wchan;
-  return out;
-}
-
-std::string demangle(const char* name) {
-  int status = 0;
-  char* d = abi::__cxa_demangle(name, nullptr, nullptr, &status);
-  std::string out = status == 0 && d ? d : name;
-  std::free(d);
   return out;
 }
 
@@ -137,84 +95,6 @@ void poll_tracee(pid_t pid, Tracee& t) {
   // kernel re-enters on detach). Anything else is a signal on its way in: deliver it.
   if ((status >> 16) != PTRACE_EVENT_STOP) t.deliver = WSTOPSIG(status);
 }
-
-class Unwinder {
- public:
-  explicit Unwinder(pid_t pid) : maps_(read_maps(pid)) {
-    as_ = unw_create_addr_space(&_UPT_accessors, 0);
-    // One address space per capture: its caches hold for every thread of this process.
-    if (as_) (void)unw_set_caching_policy(as_, UNW_CACHE_GLOBAL);
-  }
-  ~Unwinder() {
-    if (as_) unw_destroy_addr_space(as_);
-  }
-  Unwinder(const Unwinder&) = delete;
-  Unwinder& operator=(const Unwinder&) = delete;
-
-  void unwind(ThreadStack& s) {
-    if (!as_) {
-      s.error = "libunwind: cannot create an address space";
-      return;
-    }
-    void* upt = _UPT_create(s.tid);
-    if (!upt) {
-      s.error = "libunwind: _UPT_create failed";
-      return;
-    }
-    unw_cursor_t c;
-    int rc = unw_init_remote(&c, as_, upt);
-    if (rc < 0) s.error = detail::concat("unw_init_remote: ", unw_strerror(rc));
-    for (int n = 0; rc >= 0; ++n) {
-      if (n == kMaxFrames) {
-        s.error = detail::concat("cut at ", kMaxFrames, " frames");
-        break;
-      }
-      unw_word_t ip = 0;
-      rc = unw_get_reg(&c, UNW_REG_IP, &ip);
-      if (rc < 0) {
-        s.error = detail::concat("unw_get_reg: ", unw_strerror(rc));
-        break;
-      }
-      if (ip == 0) break;
-      s.frames.push_back(frame_text(c, ip, n == 0));
-      rc = unw_step(&c);
-      if (rc == 0) break;
-      if (rc < 0) s.error = detail::concat("unwinding stopped: ", unw_strerror(rc));
-    }
-    _UPT_destroy(upt);
-  }
-
- private:
-  std::string frame_text(unw_cursor_t& c, unw_word_t ip, bool innermost) {
-    auto cached = names_.find({ip, innermost});
-    if (cached != names_.end()) return cached->second;
-    // A return address points past its call: look the caller up by the call itself.
-    const uint64_t at = innermost ? ip : ip - 1;
-    const Mapping* m = nullptr;
-    for (const Mapping& x : maps_)
-      if (at >= x.start && at < x.end) m = &x;
-    const std::string module = m ? m->module : "?";
-    char name[1024];
-    unw_word_t off = 0;
-    const int rc = unw_get_proc_name(&c, name, sizeof(name), &off);
-    char buf[64];
-    std::string text;
-    if (rc == 0 || (rc == -UNW_ENOMEM && name[0] != '\0')) {  // ENOMEM: cut to fit
-      std::snprintf(buf, sizeof(buf), "+0x%" PRIx64 " (", uint64_t(off));
-      text = demangle(name) + buf + module + ")";
-    } else {
-      std::snprintf(buf, sizeof(buf), "+0x%" PRIx64 ")",
-                    m ? uint64_t(ip - m->start + m->offset) : uint64_t(0));
-      text = "?? (" + module + buf;
-    }
-    names_.emplace(std::make_pair(ip, innermost), text);
-    return text;
-  }
-
-  unw_addr_space_t as_ = nullptr;
-  std::vector<Mapping> maps_;
-  std::map<std::pair<unw_word_t, bool>, std::string> names_;
-};
 
 std::vector<int> list_threads(pid_t pid, std::string* error) {
   std::vector<int> tids;
@@ -288,7 +168,7 @@ ProcessStacks capture_on_this_thread(pid_t pid, Clock::time_point deadline) {
     std::this_thread::sleep_for(pause);
   }
 
-  Unwinder unwinder(pid);
+  StackUnwinder unwinder(pid);
   for (Tracee& t : ts) {
     if (!t.stopped) {
       if (t.seized && !t.gone)
@@ -298,7 +178,7 @@ ProcessStacks capture_on_this_thread(pid_t pid, Clock::time_point deadline) {
     if (Clock::now() >= deadline)
       t.stack.error = "not unwound: the capture ran out of time";
     else
-      unwinder.unwind(t.stack);
+      t.stack.error = unwinder.unwind(t.stack.tid, &t.stack.frames);
   }
   for (Tracee& t : ts) {
     if (!t.stopped) continue;  // detached when this thread ends

@@ -28,6 +28,9 @@ extern "C" int _Ux86_64_dwarf_search_unwind_table(unw_addr_space_t as, unw_word_
 namespace keel {
 namespace {
 
+// DWARF pointer encodings of an .eh_frame_hdr (the LSB's names).
+constexpr uint8_t DW_EH_PE_udata4 = 0x03, DW_EH_PE_sdata4 = 0x0b, DW_EH_PE_datarel = 0x30;
+
 // Deeper stacks are cut: the frames that tell where a thread is are the innermost ones.
 constexpr int kMaxFrames = 64;
 
@@ -105,8 +108,8 @@ struct StackUnwinder::Impl {
   }
 
   bool read_mem(uint64_t addr, void* out, size_t n) {
-    if (mem_fd < 0) mem_fd = ::open(("/proc/" + std::to_string(pid) + "/mem").c_str(),
-                                    O_RDONLY | O_CLOEXEC);
+    if (mem_fd < 0)
+      mem_fd = ::open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDONLY | O_CLOEXEC);
     return mem_fd >= 0 && ::pread(mem_fd, out, n, off_t(addr)) == ssize_t(n);
   }
 
@@ -119,9 +122,9 @@ struct StackUnwinder::Impl {
     for (const Mapping& x : maps)
       if (x.path == m.path && x.offset == 0) base = x.start;
     Elf64_Ehdr eh;
-    if (!base || !read_mem(base, &eh, sizeof(eh)) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
-        eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_phentsize != sizeof(Elf64_Phdr) ||
-        eh.e_phnum > 256)
+    if (!base || !read_mem(base, &eh, sizeof(eh)) ||
+        std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+        eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum > 256)
       return im;
     std::vector<Elf64_Phdr> ph(eh.e_phnum);
     if (!read_mem(base + eh.e_phoff, ph.data(), ph.size() * sizeof(Elf64_Phdr))) return im;
@@ -160,8 +163,8 @@ struct StackUnwinder::Impl {
   // the process mapped, whatever now has its name.
   void read_symbols(const Mapping& m, Image* im) {
     char path[96];
-    std::snprintf(path, sizeof(path), "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, int(pid),
-                  m.start, m.end);
+    std::snprintf(path, sizeof(path), "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, int(pid), m.start,
+                  m.end);
     const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
     struct stat st {};
@@ -194,8 +197,8 @@ struct StackUnwinder::Impl {
                 s.st_size == 0 || s.st_name >= strtab.sh_size)
               continue;
             const char* name = strs + s.st_name;
-            im->symbols.push_back(
-                {s.st_value, s.st_size, std::string(name, strnlen(name, strtab.sh_size - s.st_name))});
+            im->symbols.push_back({s.st_value, s.st_size,
+                                   std::string(name, strnlen(name, strtab.sh_size - s.st_name))});
           }
         }
         if (!im->symbols.empty()) break;

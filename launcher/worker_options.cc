@@ -36,7 +36,9 @@ std::string worker_usage() {
                         run as one rank of N that meet through a TCP store
                         (or KEEL_RANK, KEEL_WORLD_SIZE, KEEL_STORE_ADDR)
   --fault KIND@step=S,rank=R[,code=C][,message=TEXT][,delay_ms=D]
-                        inject a fault (crash, exit, hang, slow, nan); repeatable
+                        inject a fault (crash, exit, hang, slow, nan, corrupt_snapshot,
+                        lose_snapshot, slot_loss, partition, freeze, hang_in_collective,
+                        spin); repeatable
   --inject FILE         inject the faults of a schedule (text protobuf, proto/faults.proto)
   --resume DIR          continue from the newest complete persistent checkpoint in DIR
   --quiet               no per-step progress lines
