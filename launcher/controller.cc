@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "launcher/controller_impl.h"
+#include "launcher/stack_report.h"
 #include "robust/fault_injector.h"
 #include "robust/fault_spec.h"
 #include "runtime/check.h"
@@ -67,6 +68,8 @@ void Controller::Impl::pump() {
       control::Envelope r = make_envelope(epoch);
       inject(m.inject_request().fault(), r.mutable_inject_reply());
       server->send(in->identity, r);
+    } else if (m.has_stacks_request()) {
+      stacks_requests.emplace_back(in->identity, m.stacks_request().name());
     } else if (on_agent) {
       on_agent(in->identity, m);
     }
@@ -181,11 +184,37 @@ int Controller::Impl::run() {
       next_grow_check = Clock::now() + std::chrono::milliseconds(200);
       maybe_grow();
     }
+    serve_stacks_requests();
     if (auto d = hang()) {
       if (!recover(std::move(*d))) return stop_job("", 1);
       continue;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+control::StacksReply Controller::Impl::capture_stacks(const std::string& name) {
+  const std::string root =
+      o.run_dir.empty() ? "/tmp/keel-stacks-" + o.job : o.run_dir + "/stacks";
+  return collect_stacks(*host, root + "/" + name, std::chrono::seconds(2));
+}
+
+void Controller::Impl::serve_stacks_requests() {
+  auto requests = std::move(stacks_requests);
+  stacks_requests.clear();
+  for (auto& [identity, name] : requests) {
+    control::Envelope r = make_envelope(epoch);
+    // The name becomes a directory: user text, so no separators and no way up.
+    if (name.find('/') != std::string::npos || name.find("..") != std::string::npos) {
+      r.mutable_stacks_reply()->set_ok(false);
+      r.mutable_stacks_reply()->set_message("stacks --name " + name +
+                                            ": a name, not a path (no '/' or '..')");
+    } else {
+      if (name.empty()) name = detail::concat("ctl-", int64_t(unix_now() * 1000));
+      *r.mutable_stacks_reply() = capture_stacks(name);
+      event("stacks", EventFields().add("name", name).add("dir", r.stacks_reply().dir()));
+    }
+    server->send(identity, r);
   }
 }
 

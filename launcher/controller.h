@@ -36,6 +36,8 @@ struct ControllerOptions {
   std::string store_addr;           // host:port of the rendezvous store the ranks meet through
   std::string controller_endpoint;  // the control plane's endpoint ("" under --nproc)
   std::string program = "keel";     // how messages name the process ("keel-worker", ...)
+  std::string run_dir;              // runs/<job>: stacks go to run_dir/stacks/<name>/
+                                    // ("" : a temporary directory)
   bool console_progress = false;    // print rank 0's progress every train.log_every steps
   const volatile sig_atomic_t* stop_signal = nullptr;  // set by SIGINT/SIGTERM handlers
   // Called for every event worth a line in the job's event log (kind, fields as JSON).

@@ -117,13 +117,26 @@ std::optional<Controller::Impl::Detected> Controller::Impl::hang() {
   snap.liveness_timeout_s = dc.liveness_timeout_ms() / 1000.0;
   snap.hang_grace_s = dc.hang_grace_ms() / 1000.0;
   HangVerdict v = find_hang(snap);
+  if (v.culprits.empty() && v.capture_stacks && stacks_for_stall != last_advance) {
+    // No cheap rule names a culprit: the workers' stacks, once per stall.
+    stacks_for_stall = last_advance;
+    const control::StacksReply sr =
+        capture_stacks(detail::concat("incident", incidents + 1, "-epoch", epoch));
+    std::fprintf(stderr, "%s: the job stalled and no rule names a culprit: stacks in %s: %s\n",
+                 o.program.c_str(), sr.dir().c_str(), sr.message().c_str());
+    if (sr.ok() && sr.culprits_size() > 0) {
+      v.culprits.assign(sr.culprits().begin(), sr.culprits().end());
+      v.rule = HangRule::kNone;
+      v.detail = sr.message() + " (stacks in " + sr.dir() + ")";
+    }
+  }
   if (v.culprits.empty()) return std::nullopt;
   Detected d;
   d.inc.set_detected_at(unix_now());
   d.inc.set_rank(v.culprits.front());
   d.inc.set_slot(host->slot_of(v.culprits.front()));
   d.inc.set_kind("hang");
-  d.inc.set_rule(hang_rule_name(v.rule));
+  d.inc.set_rule(v.rule == HangRule::kNone ? "stacks" : hang_rule_name(v.rule));
   d.inc.set_detail(v.detail);
   d.failure.kind = policy::FailureKind::kHang;
   d.failure.culprit = v.culprits.front();

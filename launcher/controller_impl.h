@@ -45,6 +45,10 @@ struct Controller::Impl {
   Clock::time_point last_advance = Clock::now();
   int64_t last_printed = -1;
   std::set<int> finished;  // ranks that exited cleanly (the job's end)
+  // keel-ctl stacks requests (identity, name), served from the loop: a capture pumps the
+  // control plane itself, so it cannot run inside pump().
+  std::vector<std::pair<std::string, std::string>> stacks_requests;
+  Clock::time_point stacks_for_stall{};  // the stall (last_advance) whose stacks were taken
 
   Impl(ControllerOptions opts, RankHost* h, std::shared_ptr<Store> s, ControlServer* srv);
 
@@ -59,6 +63,9 @@ struct Controller::Impl {
   void inject(const std::string& fault, control::InjectReply* r);
   int run();
   int stop_job(const std::string& why, int code);
+  // Captures every worker's stacks into <run_dir>/stacks/<name>/ and groups them.
+  control::StacksReply capture_stacks(const std::string& name);
+  void serve_stacks_requests();
 
   // controller_detect.cc: a failure seen now, as an incident and the policy's input.
   struct Detected {

@@ -269,6 +269,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   co.store_addr = store_addr;
   co.controller_endpoint = control.endpoint();
   co.program = "keel-launch";
+  co.run_dir = dir.string();
   co.console_progress = !o.quiet;
   co.stop_signal = &g_signal;
   co.on_event = [&](const std::string& k, const std::string& j) { events.write(k, j); };

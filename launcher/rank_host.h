@@ -105,9 +105,9 @@ class RankHost {
     return {};
   }
   // Every thread's native stack of each running rank's worker (launcher/stack_capture.h),
-  // by rank, within about `timeout`. A rank whose stacks could not be read carries the
-  // reason in its `error`; a rank whose slot did not answer in time is absent. Empty where
-  // the host cannot capture.
+  // by rank, within about `timeout` (plus the trip over the control plane). A rank whose
+  // stacks could not be read, or whose slot did not answer in time, carries the reason in
+  // its `error`. Empty where the host cannot capture.
   virtual std::map<int, control::RankStacks> capture_stacks(std::chrono::milliseconds timeout) {
     (void)timeout;
     return {};

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <map>
 #include <sstream>
+#include <string_view>
 #include <utility>
 
 #include "robust/hang_rules.h"
@@ -49,7 +50,7 @@ std::string where(const StackGroup& g) {
   if (g.signature.empty()) return "(no frames)";
   std::string out;
   for (size_t i = 0; i < g.signature.size() && i < kWhereFrames; ++i)
-    out += (i ? " <- " : "") + function_of(g.signature[i]);
+    out += (i ? " <- " : "") + short_function(function_of(g.signature[i]));
   if (g.signature.size() > kWhereFrames) out += " <- ...";
   return out;
 }
@@ -106,6 +107,57 @@ std::string normalise_frame(const std::string& frame) {
   for (size_t i = plus + 3; i < p; ++i)
     if (!std::isxdigit(static_cast<unsigned char>(frame[i]))) return frame;
   return frame.substr(0, plus) + frame.substr(p);
+}
+
+std::string short_function(const std::string& function) {
+  std::string f = function;
+  if (f.compare(0, 2, "??") == 0) return f;
+  if (const auto p = f.find(" [clone"); p != std::string::npos) f.resize(p);
+  const std::string_view konst = " const";
+  if (f.size() > konst.size() && f.compare(f.size() - konst.size(), konst.size(), konst) == 0)
+    f.resize(f.size() - konst.size());
+  const std::string anon = "(anonymous namespace)::";
+  for (auto p = f.find(anon); p != std::string::npos; p = f.find(anon)) f.erase(p, anon.size());
+  // Drop what is inside brackets at any depth (arguments, template arguments), and a return
+  // type: whatever precedes the last space outside brackets.
+  std::string flat;
+  int depth = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    const char c = f[i];
+    // "operator()" and "operator<" are names, not brackets.
+    if (f.compare(i, 8, "operator") == 0) {
+      size_t j = i + 8;
+      if (f.compare(j, 2, "()") == 0 || f.compare(j, 2, "[]") == 0)
+        j += 2;
+      else
+        while (j < f.size() && j < i + 11 &&
+               std::string_view("<>=!+-*/%&|^~,").find(f[j]) != std::string_view::npos)
+          ++j;
+      if (depth == 0) flat += f.substr(i, j - i);
+      i = j - 1;
+      continue;
+    }
+    if (c == '(' || c == '<' || c == '{' || c == '[') ++depth;
+    if (depth == 0) {
+      if (c == ' ')
+        flat.clear();  // a return type, or "unsigned long" in a name: keep the last
+      else
+        flat += c;
+    }
+    if ((c == ')' || c == '>' || c == '}' || c == ']') && depth > 0) --depth;
+  }
+  // At most the last two scopes: "SocketCommunicator::all_reduce", not keel::...
+  std::vector<std::string> parts;
+  for (size_t p = 0; p <= flat.size();) {
+    size_t q = flat.find("::", p);
+    if (q == std::string::npos) q = flat.size();
+    if (q > p) parts.push_back(flat.substr(p, q - p));  // a lambda's scope leaves "::::"
+    p = q + 2;
+  }
+  if (parts.empty()) return function;
+  std::string out = parts.size() > 1 ? parts[parts.size() - 2] + "::" : "";
+  out += parts.back();
+  return out.find("operator") != std::string::npos ? out : out + "()";
 }
 
 std::vector<std::string> stack_signature(const std::vector<std::string>& frames,

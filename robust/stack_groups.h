@@ -35,8 +35,10 @@ struct RankThreads {
 };
 
 struct StackGroupOptions {
-  // A frame whose function contains one of these waits on other ranks.
-  std::vector<std::string> wait_markers = {"Communicator::", "Rendezvous", "Store::", "barrier"};
+  // A frame whose function contains one of these waits on other ranks (GradSync::finish
+  // waits for the data-parallel all-reduce that its own thread runs).
+  std::vector<std::string> wait_markers = {"Communicator::", "GradSync::", "Rendezvous",
+                                           "Store::", "barrier"};
   // A frame of keel's own code: its module contains one of these (keel-worker, keel-launch,
   // libkeel_*.so plugins, the tests).
   std::vector<std::string> own_modules = {"keel"};
@@ -71,6 +73,11 @@ std::string normalise_frame(const std::string& frame);
 // The main-thread signature of `frames` (see the top of this file).
 std::vector<std::string> stack_signature(const std::vector<std::string>& frames,
                                          const StackGroupOptions& options = {});
+
+// A demangled function as a reason shows it: "keel::(anonymous namespace)::SocketCommunicator::
+// all_reduce(float*, unsigned long) const [clone .localalias]" -> "SocketCommunicator::
+// all_reduce()": no return type, template or function arguments, at most two scopes.
+std::string short_function(const std::string& function);
 
 // The groups and the verdict as text, for runs/<job>/stacks/<incident>/summary.txt.
 std::string format_verdict(const StackVerdict& verdict);

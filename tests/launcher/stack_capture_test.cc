@@ -13,6 +13,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <regex>
@@ -46,6 +48,12 @@ namespace keel_test {
     asm volatile("" ::: "memory");
   }
   return nullptr;
+}
+[[gnu::noinline]] void paused_forever() {
+  while (true) {
+    ::pause();
+    asm volatile("" ::: "memory");
+  }
 }
 }  // namespace keel_test
 
@@ -252,6 +260,51 @@ TEST(StackCapture, ErrorsAreValues) {
   // Our own process cannot be traced by itself.
   const ProcessStacks self = capture_stacks(getpid(), std::chrono::milliseconds(100));
   EXPECT_NE(self.error.find("cannot trace"), std::string::npos) << self.error;
+}
+
+// The body of the child of ReplacedBinaryIsStillRead (KEEL_TEST_STACK_CHILD set).
+TEST(StackCaptureChild, PausedForever) {
+  if (!std::getenv("KEEL_TEST_STACK_CHILD")) GTEST_SKIP() << "runs only as a child";
+  keel_test::paused_forever();
+}
+
+TEST(StackCapture, ReplacedBinaryIsStillRead) {
+  // A copy of this test binary runs the child, and is then replaced on disk, as a rebuild
+  // replaces keel-worker under a running job.
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("keel-stack-exe-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const fs::path copy = dir / "keel_launcher_test-copy";
+  fs::copy_file("/proc/self/exe", copy, fs::copy_options::overwrite_existing);
+  Child child([&] {
+    setenv("KEEL_TEST_STACK_CHILD", "1", 1);
+    const std::string prog = copy.string(), filter = "--gtest_filter=StackCaptureChild.*";
+    char* argv[] = {const_cast<char*>(prog.c_str()), const_cast<char*>(filter.c_str()), nullptr};
+    execv(argv[0], argv);
+    _exit(127);
+  });
+  ASSERT_GT(child.pid(), 0);
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  std::error_code ec;
+  while (fs::read_symlink("/proc/" + std::to_string(child.pid()) + "/exe", ec) != copy &&
+         Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  fs::remove(copy);
+  fs::copy_file("/bin/true", copy);  // another binary under the same name
+
+  const ProcessStacks s = capture_until(child.pid(), "keel_test::paused_forever()+0x");
+  fs::remove_all(dir);
+  ASSERT_EQ(s.error, "");
+  ASSERT_FALSE(s.threads.empty());
+  const ThreadStack& main = s.threads[0];
+  EXPECT_TRUE(has_frame(main, "keel_test::paused_forever()+0x")) << dump(s);
+  // Unwound through the replaced binary all the way out, not stopped at its first frame.
+  EXPECT_TRUE(has_frame(main, "main+0x")) << dump(s);
+  for (const auto& f : main.frames) {
+    if (f.rfind("keel_test::paused_forever()", 0) == 0) {
+      EXPECT_NE(f.find(" (keel_launcher_test-copy)"), std::string::npos) << f;
+    }
+  }
 }
 
 TEST(StackCapture, ThreadsComingAndGoingNeverBreakTheCapture) {

@@ -12,9 +12,13 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
+#include "launcher/agent.h"
+#include "launcher/agent_host.h"
+#include "launcher/control_plane.h"
 #include "launcher/local_host.h"
 
 namespace keel_test {
@@ -48,6 +52,20 @@ TEST(StackReportRank, Body) {
   keel_test::FakeCommunicator::all_reduce();
 }
 
+// Removes a test's directory however the test ends.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name)
+      : path(fs::temp_directory_path() / (name + std::to_string(getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream ss;
@@ -56,8 +74,8 @@ std::string slurp(const fs::path& p) {
 }
 
 TEST(StackReport, LocalRanksTheSpinnerIsNamedAndEverythingIsWritten) {
-  const fs::path dir = fs::temp_directory_path() / ("keel-stacks-" + std::to_string(getpid()));
-  fs::remove_all(dir);
+  const TempDir tmp("keel-stacks-");
+  const fs::path dir = tmp.path / "out";
   LocalHost host({"keel_launcher_test", "--gtest_filter=StackReportRank.Body"}, 3,
                  "stacktest-" + std::to_string(getpid()));
   for (int r = 0; r < 3; ++r) host.spawn(r, {{"KEEL_TEST_STACK_RANK", r == 1 ? "spin" : "wait"}});
@@ -92,7 +110,64 @@ TEST(StackReport, LocalRanksTheSpinnerIsNamedAndEverythingIsWritten) {
         << text;
   }
   EXPECT_EQ(slurp(dir / "summary.txt"), reply.summary());
-  fs::remove_all(dir);
+}
+
+TEST(StackReport, AgentsCaptureTheirWorkersOverTheControlPlane) {
+  // One slot of two workers (plain sleeps), its agent on a thread, the controller's side
+  // pumped here: the Command stacks / Event stacks round trip.
+  const TempDir tmp("keel-agent-stacks-");
+  const fs::path dir = tmp.path;
+  ControlServer server("127.0.0.1", 0);
+  AgentHost host(&server, nullptr, /*world=*/2, /*workers_per_slot=*/2, /*slots=*/1,
+                 /*standby_slots=*/0, {"/bin/sleep", "60"}, {}, std::chrono::seconds(5));
+  host.set_pump([&] {
+    while (auto in = server.poll(std::chrono::milliseconds(0)))
+      host.on_message(in->identity, in->msg);
+  });
+  AgentOptions o;
+  o.slot = 0;
+  o.workers = 2;
+  o.host = "127.0.0.1";
+  o.controller = server.endpoint();
+  o.log_dir = dir.string();
+  o.job = "stacktest-" + std::to_string(getpid());
+  volatile int stop = 0;
+  std::thread agent([&] { Agent(o).run(&stop); });
+  ASSERT_TRUE(host.wait_for_slots(std::chrono::seconds(10), nullptr));
+  host.spawn(0, {});
+  host.spawn(1, {});
+
+  std::map<int, control::RankStacks> stacks;
+  auto asleep = [&](int r) {
+    return stacks.count(r) && stacks[r].threads_size() > 0 &&
+           stacks[r].threads(0).frames_size() > 0 &&
+           stacks[r].threads(0).frames(0).find("nanosleep") != std::string::npos;
+  };
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  do {
+    stacks = host.capture_stacks(std::chrono::seconds(1));
+  } while (!(asleep(0) && asleep(1)) && Clock::now() < deadline);
+  EXPECT_TRUE(asleep(0) && asleep(1)) << (stacks.count(0) ? stacks[0].DebugString() : "no rank 0");
+  EXPECT_EQ(stacks.size(), 2u);
+  for (const auto& [r, m] : stacks) {
+    EXPECT_EQ(m.rank(), r);
+    EXPECT_GT(m.pid(), 0);
+    EXPECT_EQ(m.error(), "");
+  }
+
+  const control::StacksReply reply =
+      collect_stacks(host, (dir / "stacks").string(), std::chrono::seconds(1));
+  EXPECT_TRUE(reply.ok()) << reply.message();
+  EXPECT_EQ(reply.culprits_size(), 0);
+  EXPECT_NE(reply.message().find("all 2 ranks' main threads are in "), std::string::npos)
+      << reply.message();
+  EXPECT_TRUE(fs::exists(dir / "stacks" / "rank0.txt"));
+  EXPECT_TRUE(fs::exists(dir / "stacks" / "rank1.txt"));
+
+  host.stop_all(SIGKILL, std::chrono::milliseconds(0));
+  host.finish();
+  stop = 1;  // in case the shutdown did not arrive
+  agent.join();
 }
 
 // A host with canned answers, for the paths that need no processes.
