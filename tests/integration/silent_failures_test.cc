@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -192,6 +193,47 @@ TEST(SilentFailures, WorkerStoppedFromOutsideIsFoundByItsSilence) {
                            << ") was stopped: " << r.output;
   kill(victim, SIGCONT);  // already killed by its agent; harmless if so
   expect_hang_found(r, kSteps, 4, "liveness", stopped_at);
+}
+
+// keel-ctl stacks on a running job: every worker's stacks land in runs/<job>/stacks/<name>/,
+// and a healthy job has no culprit.
+TEST(SilentFailures, KeelCtlStacksCapturesEveryWorker) {
+  constexpr int kSteps = 400;
+  std::string dir = temp_dir("silent-ctl-stacks");
+  std::string out, job_dir;
+  int rc = -1;
+  auto seen = std::chrono::steady_clock::time_point{};
+  JobRun r = run_launch_job(
+      dir, launch_args(dir, 0, kSteps, ""),
+      [&](pid_t session) {
+        if (rc >= 0) return;
+        if (seen == std::chrono::steady_clock::time_point{}) {
+          for (pid_t p : session_processes(session))
+            if (env_of(p, "KEEL_RANK") == "7") seen = std::chrono::steady_clock::now();
+          return;
+        }
+        if (std::chrono::steady_clock::now() - seen < std::chrono::seconds(1)) return;
+        for (const auto& e : std::filesystem::directory_iterator(dir + "/runs"))
+          if (e.is_directory()) job_dir = e.path().string();
+        const std::string cmd = bin_dir() + "/keel-ctl stacks --run " + job_dir +
+                                " --name t1 > " + dir + "/ctl.out 2>&1";
+        rc = std::system(cmd.c_str());
+        std::ifstream in(dir + "/ctl.out");
+        std::stringstream ss;
+        ss << in.rdbuf();
+        out = ss.str();
+      },
+      300);
+  expect_equal_and_clean(r, kSteps);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_TRUE(contains(out, job_dir + "/stacks/t1")) << out;
+  for (int k = 0; k < 8; ++k) {
+    std::ifstream f(job_dir + "/stacks/t1/rank" + std::to_string(k) + ".txt");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    EXPECT_TRUE(contains(ss.str(), "main")) << "rank " << k << ": " << ss.str();
+  }
+  EXPECT_TRUE(std::filesystem::exists(job_dir + "/stacks/t1/summary.txt"));
 }
 
 // A survivor inside a long step when the abort comes is not killed as hung: the abort
