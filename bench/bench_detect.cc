@@ -182,12 +182,11 @@ KindResult in_run(const std::string& dir, const std::string& shards, const std::
   KindResult res;
   res.kind = kind;
   res.injected = n;
-  report::RunReport r =
-      must_run(dir, "keel-launch",
-               "--local " + std::to_string(kSlots) + " --workers-per-slot " +
-                   std::to_string(kPerSlot) + " --config " + cfg + kSets +
-                   " --set recovery.mode=in_place --set recovery.max_incidents=" +
-                   std::to_string(n + 5) + faults);
+  report::RunReport r = must_run(dir, "keel-launch",
+                                 "--local " + std::to_string(kSlots) + " --workers-per-slot " +
+                                     std::to_string(kPerSlot) + " --config " + cfg + kSets +
+                                     " --set recovery.mode=in_place --set recovery.max_incidents=" +
+                                     std::to_string(n + 5) + faults);
   // The hang kinds are all reported as hangs (the rule that found them is in the incident).
   const std::string reported =
       kind == "freeze" || kind == "spin" || kind == "hang_in_collective" ? "hang" : kind;
@@ -227,8 +226,7 @@ pid_t worker_of(int rank) {
 }
 
 double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // sigstop: one run; `n` times, a worker (ranks 1..7 in turn) is SIGSTOPped from outside,
@@ -243,8 +241,8 @@ KindResult sigstop(const std::string& dir, const std::string& shards, int n, dou
   std::thread job([&] {
     run(dir, "keel-launch",
         "--local " + std::to_string(kSlots) + " --workers-per-slot " + std::to_string(kPerSlot) +
-            " --config " + cfg + kSets + " --set recovery.mode=in_place --set recovery.max_incidents=" +
-            std::to_string(n + 5));
+            " --config " + cfg + kSets +
+            " --set recovery.mode=in_place --set recovery.max_incidents=" + std::to_string(n + 5));
   });
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
   pid_t last = 0;

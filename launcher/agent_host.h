@@ -73,9 +73,9 @@ class AgentHost : public RankHost {
     // Per parked worker: "ok ..." / "failed ..." / "" (not known yet); filled in lazily from
     // the store, also when keel-ctl status asks.
     mutable std::vector<std::string> self_check;
-    int gen = 0;                          // times it was made a standby
-    int registrations = 0;                // Register messages received
-    bool initial_standby = false;         // a standby from the start (checked together)
+    int gen = 0;                   // times it was made a standby
+    int registrations = 0;         // Register messages received
+    bool initial_standby = false;  // a standby from the start (checked together)
   };
   void send(int slot, const control::Envelope& msg);
   void check_heartbeats();

@@ -82,14 +82,12 @@ void Controller::Impl::print_progress(const control::WorkerProgress& p) {
       (p.step() % every != 0 && p.step() != o.cfg.train().steps()))
     return;
   last_printed = p.step();
-  const double tokens =
-      double(o.cfg.train().global_batch_size()) * double(o.cfg.model().seq_len());
-  std::printf(
-      "step %5lld/%d | loss %.6f | %8.0f tok/s | compute %3.0f%% comm %3.0f%% | epoch %d\n",
-      static_cast<long long>(p.step()), o.cfg.train().steps(), p.loss(),
-      p.step_s() > 0 ? tokens / p.step_s() : 0.0,
-      p.step_s() > 0 ? 100 * p.compute_s() / p.step_s() : 0.0,
-      p.step_s() > 0 ? 100 * p.comm_s() / p.step_s() : 0.0, epoch);
+  const double tokens = double(o.cfg.train().global_batch_size()) * double(o.cfg.model().seq_len());
+  std::printf("step %5lld/%d | loss %.6f | %8.0f tok/s | compute %3.0f%% comm %3.0f%% | epoch %d\n",
+              static_cast<long long>(p.step()), o.cfg.train().steps(), p.loss(),
+              p.step_s() > 0 ? tokens / p.step_s() : 0.0,
+              p.step_s() > 0 ? 100 * p.compute_s() / p.step_s() : 0.0,
+              p.step_s() > 0 ? 100 * p.comm_s() / p.step_s() : 0.0, epoch);
   std::fflush(stdout);
 }
 
@@ -166,8 +164,8 @@ int Controller::Impl::run() {
       if (!finished.empty() || ex->fatal()) {
         std::string why = detail::concat("rank ", ex->rank, " ", ex->describe());
         if (!ex->detail.empty() && !ex->slot_lost)
-          why += detail::concat("\n", o.program, ": rank ", ex->rank, "'s last lines:\n",
-                                ex->detail);
+          why +=
+              detail::concat("\n", o.program, ": rank ", ex->rank, "'s last lines:\n", ex->detail);
         return stop_job(why, ex->code());
       }
       if (!recover(from_exit(*ex))) return stop_job("", ex->code() ? ex->code() : 1);
@@ -194,8 +192,7 @@ int Controller::Impl::run() {
 }
 
 control::StacksReply Controller::Impl::capture_stacks(const std::string& name) {
-  const std::string root =
-      o.run_dir.empty() ? "/tmp/keel-stacks-" + o.job : o.run_dir + "/stacks";
+  const std::string root = o.run_dir.empty() ? "/tmp/keel-stacks-" + o.job : o.run_dir + "/stacks";
   return collect_stacks(*host, root + "/" + name, std::chrono::seconds(2));
 }
 
@@ -219,7 +216,8 @@ void Controller::Impl::serve_stacks_requests() {
 }
 
 int Controller::Impl::stop_job(const std::string& why, int code) {
-  if (!why.empty()) std::fprintf(stderr, "%s: %s; stopping the job\n", o.program.c_str(), why.c_str());
+  if (!why.empty())
+    std::fprintf(stderr, "%s: %s; stopping the job\n", o.program.c_str(), why.c_str());
   event("stop", EventFields().add("code", code).add("why", why));
   host->stop_all(SIGTERM, std::chrono::seconds(5));
   return code;

@@ -19,7 +19,7 @@ Controller::Impl::Detected Controller::Impl::from_exit(const RankExit& ex) {
   d.inc.set_kind(ex.slot_lost ? "slot_loss" : WIFSIGNALED(ex.status) ? "crash" : "exit");
   d.inc.set_detail(detail::concat("rank ", ex.rank, " ", ex.describe()));
   d.inc.set_rule(ex.slot_lost ? "heartbeat" : "exit");
-  d.failure.kind = ex.slot_lost              ? policy::FailureKind::kSlotLoss
+  d.failure.kind = ex.slot_lost             ? policy::FailureKind::kSlotLoss
                    : WIFSIGNALED(ex.status) ? policy::FailureKind::kCrash
                                             : policy::FailureKind::kExit;
   d.failure.culprit = ex.rank;
@@ -71,11 +71,11 @@ void Controller::Impl::label_slot_loss(Detected* d, int slot) {
                inc->injected_at() > 0
                    ? detail::concat(" ", now - inc->injected_at(), " s after the injection").c_str()
                    : "");
-  event("slot_lost", EventFields()
-                         .add("slot", slot)
-                         .add("kind", inc->kind())
-                         .add("after_injection_s",
-                              inc->injected_at() > 0 ? now - inc->injected_at() : -1.0));
+  event("slot_lost",
+        EventFields()
+            .add("slot", slot)
+            .add("kind", inc->kind())
+            .add("after_injection_s", inc->injected_at() > 0 ? now - inc->injected_at() : -1.0));
 }
 
 double Controller::Impl::median_step_s() const {

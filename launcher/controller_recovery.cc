@@ -146,8 +146,7 @@ bool Controller::Impl::recover(Detected d) {
     progress_now = std::stoll(store->get("progress", std::chrono::milliseconds(1)));
   } catch (const std::exception&) {
   }
-  no_progress_incidents =
-      progress_now == progress_at_last_incident ? no_progress_incidents + 1 : 0;
+  no_progress_incidents = progress_now == progress_at_last_incident ? no_progress_incidents + 1 : 0;
   progress_at_last_incident = progress_now;
   if (no_progress_incidents >= 2) {
     std::fprintf(stderr,
@@ -283,8 +282,7 @@ void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Inc
   rb.set_checkpoint_dir(o.cfg.checkpoint().dir());
   store->set(recovery::rebuild_key(next), rb.SerializeAsString());
   inc->set_rebuilt_at(unix_now());
-  event("rebuild",
-        EventFields().add("epoch", next).add("restore_step", double(plan.restore.step)));
+  event("rebuild", EventFields().add("epoch", next).add("restore_step", double(plan.restore.step)));
   inc->set_epoch(next);
   inc->set_restored_step(int(plan.restore.step));
   inc->set_action(plan.action);

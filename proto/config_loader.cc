@@ -457,13 +457,13 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
   v.require(rc.abort_timeout_ms() > 0, "recovery.abort_timeout_ms", rc.abort_timeout_ms(),
             "must be positive");
   v.require(rc.max_incidents() >= 0, "recovery.max_incidents", rc.max_incidents(), "must be >= 0");
-  v.require(rc.abort_timeout_steps() >= 1, "recovery.abort_timeout_steps",
-            rc.abort_timeout_steps(), "must be >= 1");
+  v.require(rc.abort_timeout_steps() >= 1, "recovery.abort_timeout_steps", rc.abort_timeout_steps(),
+            "must be >= 1");
   const auto& dc = cfg.detect();
   v.require(dc.controller_timeout_ms() > 0, "detect.controller_timeout_ms",
             dc.controller_timeout_ms(), "must be positive");
-  v.require(dc.liveness_timeout_ms() >= 400, "detect.liveness_timeout_ms",
-            dc.liveness_timeout_ms(), "must be >= 400 (workers report every 200 ms)");
+  v.require(dc.liveness_timeout_ms() >= 400, "detect.liveness_timeout_ms", dc.liveness_timeout_ms(),
+            "must be >= 400 (workers report every 200 ms)");
   v.require(rc.on_no_standby() != config::RecoveryConfig::shrink_dp || !cfg.parallel().zero1(),
             "recovery.on_no_standby", Raw{"shrink_dp"},
             "needs parallel.zero1 = false (a ZeRO-1 shard of the dropped replica would be lost)");

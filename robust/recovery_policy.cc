@@ -95,8 +95,7 @@ Plan shrink(const std::set<int>& out_ranks, const ClusterView& v,
     why = detail::concat("train.global_batch_size ", o.global_batch,
                          " does not split into micro-batches of ", o.micro_batch, " over ",
                          topo.dp() - 1, " replicas");
-  if (!why.empty())
-    return stop("no standby is ready and data parallelism cannot shrink: " + why);
+  if (!why.empty()) return stop("no standby is ready and data parallelism cannot shrink: " + why);
   Plan p;
   p.rung = "shrink";
   const int d = *replicas.begin();
@@ -122,8 +121,7 @@ Plan shrink(const std::set<int>& out_ranks, const ClusterView& v,
   if (!p.restore.ok)
     return stop("data parallelism cannot shrink: the surviving replicas hold no common step");
   p.why = detail::concat("no standby is ready; recovery.on_no_standby = shrink_dp");
-  p.action = detail::concat("shrink data parallelism to ", next.dp(), " (replica ", d,
-                            " dropped)");
+  p.action = detail::concat("shrink data parallelism to ", next.dp(), " (replica ", d, " dropped)");
   return p;
 }
 
@@ -154,9 +152,8 @@ const char* failure_kind_name(FailureKind k) {
   return "?";
 }
 
-RestorePoint restore_point(const std::map<int, Holdings>& have, int world,
-                           int64_t persistent_step, bool allow_scratch,
-                           const std::map<int, std::pair<int, int>>& where) {
+RestorePoint restore_point(const std::map<int, Holdings>& have, int world, int64_t persistent_step,
+                           bool allow_scratch, const std::map<int, std::pair<int, int>>& where) {
   RestorePoint rp;
   std::set<int64_t> common;
   std::set<int> empty;
@@ -220,8 +217,9 @@ RestorePoint restore_point(const std::map<int, Holdings>& have, int world,
     rp.step = -1;
     rp.job_source = membership::scratch;
     for (int r = 0; r < world; ++r) rp.sources[r] = membership::scratch;
-    rp.why = why + "; no persistent checkpoint: starting over from step 0 "
-                   "(recovery.allow_restart_from_scratch)";
+    rp.why = why +
+             "; no persistent checkpoint: starting over from step 0 "
+             "(recovery.allow_restart_from_scratch)";
     return rp;
   }
   rp.ok = false;
@@ -258,10 +256,12 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
           return wait(detail::concat("slot ", s, " is lost; standby slot ",
                                      *v.pending_standbys.begin(), " is checking itself"));
         if (o.recovery.on_no_standby() == config::RecoveryConfig::wait)
-          return wait(detail::concat("slot ", s, " is lost and no standby is ready; waiting "
-                                                 "(recovery.on_no_standby = wait)"));
-        return stop(detail::concat("slot ", s, " is lost and no standby is ready to take its "
-                                               "ranks (recovery.mode = restart_all)"));
+          return wait(detail::concat("slot ", s,
+                                     " is lost and no standby is ready; waiting "
+                                     "(recovery.on_no_standby = wait)"));
+        return stop(detail::concat("slot ", s,
+                                   " is lost and no standby is ready to take its "
+                                   "ranks (recovery.mode = restart_all)"));
       }
       p.evict.push_back(s);
       p.promote[s] = *free.begin();
@@ -270,14 +270,15 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     p.restore = restore_point({}, topo.world_size(), o.persistent_step,
                               o.recovery.allow_restart_from_scratch());
     if (!p.restore.ok)
-      return stop("recovery.mode = restart_all restarts every rank from the newest persistent "
-                  "checkpoint, and " +
-                  p.restore.why);
+      return stop(
+          "recovery.mode = restart_all restarts every rank from the newest persistent "
+          "checkpoint, and " +
+          p.restore.why);
     p.why = "recovery.mode = restart_all";
-    p.action = p.restore.step >= 0
-                   ? detail::concat("restart all ranks from the checkpoint of step ",
-                                    p.restore.step)
-                   : std::string("restart all ranks from the start");
+    p.action =
+        p.restore.step >= 0
+            ? detail::concat("restart all ranks from the checkpoint of step ", p.restore.step)
+            : std::string("restart all ranks from the start");
     if (!p.promote.empty()) {
       std::string sw;
       for (const auto& [s, sb] : p.promote)
@@ -318,10 +319,11 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
       const std::set<int> gone = lost_slots;
       const RestorePoint rp = restore_point(usable(have, topo, v, f.dead, {}, gone),
                                             topo.world_size(), o.persistent_step, false);
-      return stop(detail::concat(
-          "slot ", join(lost_slots), " lost; detect.on_slot_loss = fail. The newest step every "
-          "rank can restore is ",
-          rp.ok ? std::to_string(rp.step) : std::string("none (the job's start)")));
+      return stop(
+          detail::concat("slot ", join(lost_slots),
+                         " lost; detect.on_slot_loss = fail. The newest step every "
+                         "rank can restore is ",
+                         rp.ok ? std::to_string(rp.step) : std::string("none (the job's start)")));
     }
     for (int s : lost_slots)
       if (lost(v, s))
@@ -365,11 +367,13 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
         return sp;
       }
       case config::RecoveryConfig::wait:
-        return wait(detail::concat("slot ", s, " is out and no standby is ready; waiting "
-                                               "(recovery.on_no_standby = wait)"));
+        return wait(detail::concat("slot ", s,
+                                   " is out and no standby is ready; waiting "
+                                   "(recovery.on_no_standby = wait)"));
       default:
-        return stop(detail::concat("slot ", s, " is out and no standby is ready; "
-                                               "recovery.on_no_standby = fail"));
+        return stop(detail::concat("slot ", s,
+                                   " is out and no standby is ready; "
+                                   "recovery.on_no_standby = fail"));
     }
   }
 
@@ -391,7 +395,8 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
   } else if (!restart.empty()) {
     p.rung = "restart";
     p.why = "a clear culprit on a live slot: restart it, the others rebuild";
-    p.action = "restart " + std::string(restart.size() > 1 ? "ranks " : "rank ") + who + " in place";
+    p.action =
+        "restart " + std::string(restart.size() > 1 ? "ranks " : "rank ") + who + " in place";
   } else {
     p.rung = "reattempt";
     p.why = "no culprit: every rank rebuilds its communicators and goes on";

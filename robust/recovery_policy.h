@@ -59,10 +59,10 @@ const char* failure_kind_name(FailureKind k);
 // What went wrong, as detection saw it.
 struct Failure {
   FailureKind kind = FailureKind::kCommError;
-  int culprit = -1;            // the rank detection named (-1: none)
-  std::set<int> dead;          // ranks whose processes are gone or must be killed
-  std::set<int> lost_slots;    // slots that went silent (their ranks are in `dead`)
-  std::string rule;            // how it was found ("exit", "heartbeat", "liveness", ...)
+  int culprit = -1;          // the rank detection named (-1: none)
+  std::set<int> dead;        // ranks whose processes are gone or must be killed
+  std::set<int> lost_slots;  // slots that went silent (their ranks are in `dead`)
+  std::string rule;          // how it was found ("exit", "heartbeat", "liveness", ...)
 };
 
 // What one rank can restore (steps completed, checksums verified).
@@ -82,17 +82,17 @@ struct Options {
 
 // Where the job restores from.
 struct RestorePoint {
-  int64_t step = -1;  // steps completed; -1: the start state
+  int64_t step = -1;                                   // steps completed; -1: the start state
   membership::Source job_source = membership::memory;  // persistent / scratch for all ranks
-  std::map<int, membership::Source> sources;            // per rank
+  std::map<int, membership::Source> sources;           // per rank
   std::string why;  // why memory did not suffice (persistent, scratch, or stop)
   bool ok = true;   // false: nothing restores every rank; the job must stop
 };
 
 // The newest step every rank of `world` can restore. `holder_slot(r)` names where rank r's
 // backup lives, `own_slot(r)` its own snapshot, for messages (-1: unknown).
-RestorePoint restore_point(const std::map<int, Holdings>& have, int world,
-                           int64_t persistent_step, bool allow_scratch,
+RestorePoint restore_point(const std::map<int, Holdings>& have, int world, int64_t persistent_step,
+                           bool allow_scratch,
                            const std::map<int, std::pair<int, int>>& where = {});
 
 struct Plan {
@@ -103,16 +103,16 @@ struct Plan {
     kStop,     // the job must stop (`why` says why)
   };
   Kind kind = Kind::kRecover;
-  std::string rung;    // DESIGN.md's ladder: "evict", "restart", "reattempt", "restart_all",
-                       // "shrink", "grow"
-  std::string why;     // one line: why this rung
-  std::string action;  // one line for the incident
-  bool restart_all = false;          // every rank is stopped and started again
-  std::set<int> kill;                // live ranks to stop first (evicted, retired)
-  std::set<int> restart;             // ranks (ids of the next epoch) to start
-  std::vector<int> evict;            // slots taken out of the job
-  std::map<int, int> promote;        // evicted slot -> standby slot that takes its ranks
-  std::vector<int> retire_slots;     // slots left without ranks (shrink): become standbys
+  std::string rung;          // DESIGN.md's ladder: "evict", "restart", "reattempt", "restart_all",
+                             // "shrink", "grow"
+  std::string why;           // one line: why this rung
+  std::string action;        // one line for the incident
+  bool restart_all = false;  // every rank is stopped and started again
+  std::set<int> kill;        // live ranks to stop first (evicted, retired)
+  std::set<int> restart;     // ranks (ids of the next epoch) to start
+  std::vector<int> evict;    // slots taken out of the job
+  std::map<int, int> promote;         // evicted slot -> standby slot that takes its ranks
+  std::vector<int> retire_slots;      // slots left without ranks (shrink): become standbys
   std::optional<Topology> next_topo;  // shrink / grow
   std::map<int, int> renumber;        // old -> new id for every rank that stays
   std::vector<int> new_ranks;         // grow: the ranks of the new replica

@@ -35,9 +35,9 @@ const JobRun& fault_free(int steps) {
   auto it = runs.find(steps);
   if (it == runs.end()) {
     std::string dir = temp_dir("silent-base-" + std::to_string(steps));
-    it = runs.emplace(steps, run_job(dir, "--config " + config(dir) +
-                                              " --nproc 8 --set train.steps=" +
-                                              std::to_string(steps)))
+    it = runs.emplace(steps,
+                      run_job(dir, "--config " + config(dir) +
+                                       " --nproc 8 --set train.steps=" + std::to_string(steps)))
              .first;
   }
   return it->second;
@@ -78,9 +78,10 @@ TEST(SilentFailures, RankAndItsHolderLostTogetherRestoreThePersistentCheckpoint)
   std::string dir = temp_dir("silent-holder");
   // Rank 3 = (t1, d1, p0) on slot 1; its holder (d+1, p+1, t) = rank 5, on slot 2.
   JobRun r = run_launch_job(
-      dir, launch_args(dir, 2, kSteps,
-                       "--set checkpoint.persistent_every_steps=4 --set checkpoint.dir=" + dir +
-                           "/ck --fault slot_loss@step=10,rank=3 --fault slot_loss@step=10,rank=5"));
+      dir,
+      launch_args(dir, 2, kSteps,
+                  "--set checkpoint.persistent_every_steps=4 --set checkpoint.dir=" + dir +
+                      "/ck --fault slot_loss@step=10,rank=3 --fault slot_loss@step=10,rank=5"));
   expect_equal_and_clean(r, kSteps);
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_GE(inc.size(), 1u) << r.report;
@@ -89,16 +90,15 @@ TEST(SilentFailures, RankAndItsHolderLostTogetherRestoreThePersistentCheckpoint)
   EXPECT_EQ(json_number_field(i, "restored_step"), 8) << i;
   EXPECT_TRUE(contains(json_string_field(i, "why_not_memory"), "rank")) << i;
   // Every rank loaded the checkpoint, as it said itself.
-  for (int rank = 0; rank < 8; ++rank)
-    EXPECT_TRUE(rank_source_is(i, rank, "persistent")) << i;
+  for (int rank = 0; rank < 8; ++rank) EXPECT_TRUE(rank_source_is(i, rank, "persistent")) << i;
   EXPECT_TRUE(contains(r.output, "restored from persistent")) << r.output;
 }
 
 TEST(SilentFailures, LostTogetherWithoutACheckpointStopsNamingTheRank) {
   std::string dir = temp_dir("silent-holder-none");
   JobRun r = run_launch_job(
-      dir, launch_args(dir, 2, 16,
-                       "--fault slot_loss@step=10,rank=3 --fault slot_loss@step=10,rank=5"));
+      dir,
+      launch_args(dir, 2, 16, "--fault slot_loss@step=10,rank=3 --fault slot_loss@step=10,rank=5"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "no copy of the state of")) << r.output;
   EXPECT_TRUE(contains(r.output, "allow_restart_from_scratch")) << r.output;
@@ -184,9 +184,9 @@ TEST(SilentFailures, WorkerStoppedFromOutsideIsFoundByItsSilence) {
         // Let it train a while (steps of ~20 ms here), then freeze it.
         if (std::chrono::steady_clock::now() - seen < std::chrono::seconds(1)) return;
         ASSERT_EQ(::kill(victim, SIGSTOP), 0);
-        stopped_at = std::chrono::duration<double>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count();
+        stopped_at =
+            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
       },
       300);
   ASSERT_GT(stopped_at, 0) << "the job ended before rank 4's worker (pid " << victim
@@ -215,8 +215,8 @@ TEST(SilentFailures, KeelCtlStacksCapturesEveryWorker) {
         if (std::chrono::steady_clock::now() - seen < std::chrono::seconds(1)) return;
         for (const auto& e : std::filesystem::directory_iterator(dir + "/runs"))
           if (e.is_directory()) job_dir = e.path().string();
-        const std::string cmd = bin_dir() + "/keel-ctl stacks --run " + job_dir +
-                                " --name t1 > " + dir + "/ctl.out 2>&1";
+        const std::string cmd = bin_dir() + "/keel-ctl stacks --run " + job_dir + " --name t1 > " +
+                                dir + "/ctl.out 2>&1";
         rc = std::system(cmd.c_str());
         std::ifstream in(dir + "/ctl.out");
         std::stringstream ss;
@@ -244,9 +244,10 @@ TEST(SilentFailures, SlowStepsDoNotMakeHealthyRanksLookHung) {
   // Every step of rank 6 takes 1.5 s more from step 2 on; abort_timeout_ms = 500 alone
   // would kill the survivors that wait for it when rank 2 crashes.
   JobRun r = run_launch_job(
-      dir, launch_args(dir, 0, kSteps,
-                       "--set recovery.abort_timeout_ms=500 --fault slow@step=2,rank=6,delay_ms=1500 "
-                       "--fault crash@step=6,rank=2"));
+      dir,
+      launch_args(dir, 0, kSteps,
+                  "--set recovery.abort_timeout_ms=500 --fault slow@step=2,rank=6,delay_ms=1500 "
+                  "--fault crash@step=6,rank=2"));
   expect_equal_and_clean(r, kSteps);
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u) << r.report;

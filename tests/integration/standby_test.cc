@@ -64,8 +64,7 @@ void expect_swapped(const JobRun& r, const std::set<int>& moved, int incidents) 
     EXPECT_EQ(json_string_field(i, "restored_from"), "memory") << i;
   }
   for (int k : moved)
-    EXPECT_TRUE(rank_source_is(inc.front(), k, "backup") ||
-                rank_source_is(inc.back(), k, "backup"))
+    EXPECT_TRUE(rank_source_is(inc.front(), k, "backup") || rank_source_is(inc.back(), k, "backup"))
         << "rank " << k << ": " << r.report;
   std::vector<std::string> ranks = json_object_array(r.report, "ranks");
   ASSERT_EQ(ranks.size(), 8u);
@@ -155,8 +154,7 @@ TEST(Standby, MpirunWithAStandbySurvivesAKilledLauncher) {
         << ranks[size_t(k)];
   std::vector<std::string> mpi_inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(mpi_inc.size(), 1u) << r.report;
-  for (int k : {4, 5})
-    EXPECT_TRUE(rank_source_is(mpi_inc[0], k, "backup")) << mpi_inc[0];
+  for (int k : {4, 5}) EXPECT_TRUE(rank_source_is(mpi_inc[0], k, "backup")) << mpi_inc[0];
   // The job's shared memory is named after its id (line 2 of runs/<job>/controller).
   for (const auto& d : std::filesystem::directory_iterator(dir + "/runs")) {
     std::ifstream in(d.path() / "controller");

@@ -223,8 +223,8 @@ TEST(RecoveryPolicy, GrowsBackWhenStandbysForAReplicaAreReady) {
   v.configured_dp = 2;
   v.workers_per_slot = 2;
   v.rank_slot = {0, 0, 2, 2};
-  v.slots = {{0, SlotInfo::active}, {1, SlotInfo::standby}, {2, SlotInfo::active},
-             {3, SlotInfo::standby}};
+  v.slots = {
+      {0, SlotInfo::active}, {1, SlotInfo::standby}, {2, SlotInfo::active}, {3, SlotInfo::standby}};
   Options o = opts();
   o.recovery.set_on_no_standby(config::RecoveryConfig::shrink_dp);
   EXPECT_FALSE(decide_grow(v, holdings(4, 40), o));  // none ready yet
