@@ -87,7 +87,9 @@ struct Controller::Impl {
   // epoch with one replica more.
   void maybe_grow();
   policy::ClusterView view() const;
-  policy::Options policy_options() const;
+  // The policy's options; `with_checkpoint` also finds the newest complete persistent
+  // checkpoint (reads and verifies it: only when a failure is decided, not on every poll).
+  policy::Options policy_options(bool with_checkpoint) const;
   // Waits for the acks of every rank not in `dead` (those that do not answer in time are
   // killed and join `dead`); folds in exits seen meanwhile.
   std::map<int, membership::Ack> collect_acks(int next, Detected* d);

@@ -26,7 +26,7 @@ policy::ClusterView Controller::Impl::view() const {
   return v;
 }
 
-policy::Options Controller::Impl::policy_options() const {
+policy::Options Controller::Impl::policy_options(bool with_checkpoint) const {
   policy::Options po;
   po.recovery = o.cfg.recovery();
   po.detect = o.cfg.detect();
@@ -34,7 +34,7 @@ policy::Options Controller::Impl::policy_options() const {
   po.micro_batch = o.cfg.train().micro_batch_size();
   po.global_batch = o.cfg.train().global_batch_size();
   const auto& ck = o.cfg.checkpoint();
-  if (ck.persistent_every_steps() > 0) {
+  if (with_checkpoint && ck.persistent_every_steps() > 0) {
     CheckpointLayout l;
     l.tp = topo.tp();
     l.pp = topo.pp();
@@ -170,13 +170,14 @@ bool Controller::Impl::recover(Detected d) {
   }
 
   // 3. Decide.
-  const policy::Options po = policy_options();
+  const policy::Options po = policy_options(/*with_checkpoint=*/true);
   std::map<int, policy::Holdings> have = host->survey(topo);
   for (const auto& [r, a] : acks) have[r].live = a.steps_completed();
   const auto wait_start = Clock::now();
   policy::Plan plan;
+  policy::ClusterView v;
   while (true) {
-    policy::ClusterView v = view();
+    v = view();
     // Slots found lost since the failure was detected (a restart_all kills first, asks after).
     for (const auto& [k, st] : v.slots)
       if (st == membership::SlotInfo::lost && !v.ranks_on(k).empty() &&
@@ -199,7 +200,7 @@ bool Controller::Impl::recover(Detected d) {
   }
   if (state == "waiting")
     for (int k : d.failure.lost_slots)
-      if (view().slots.count(k) && view().slots.at(k) != membership::SlotInfo::lost) {
+      if (v.slots.count(k) && v.slots.at(k) != membership::SlotInfo::lost) {
         std::fprintf(stderr, "%s: slot %d is back\n", o.program.c_str(), k);
         event("slot_rejoined", EventFields().add("slot", k));
       }
@@ -299,7 +300,8 @@ void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Inc
 }
 
 void Controller::Impl::maybe_grow() {
-  const policy::Options po = policy_options();
+  // Growing back restores from the survivors' memory, never a checkpoint.
+  const policy::Options po = policy_options(/*with_checkpoint=*/false);
   if (!policy::can_grow(view(), po)) return;
   Detected d;
   d.inc.set_detected_at(unix_now());

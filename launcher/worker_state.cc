@@ -109,7 +109,7 @@ void Worker::receive_state_from_replica() {
 
 void Worker::restore(const membership::Rebuild& rb) {
   const int64_t S = rb.restore_step();
-  std::string source;
+  std::string source, from;  // the incident's name for it, and what the log says
   if (rb.source() == membership::persistent) {
     if (snapshotter_) snapshotter_->wait_idle();
     const std::string dir =
@@ -120,9 +120,11 @@ void Worker::restore(const membership::Rebuild& rb) {
                                  " but the newest complete one in ", dir, " is step ", p.step));
     load_rank(p, o_.rank, *state_);
     source = "persistent";
+    from = "the persistent checkpoint " + p.dir;
   } else if (S < 0) {
     load_start_state();
     source = "scratch";
+    from = "the job's start state";
   } else if (state_->step() == S) {
     source = "memory";  // a step is a transaction: the state is still S
   } else {
@@ -132,14 +134,13 @@ void Worker::restore(const membership::Rebuild& rb) {
     for (const auto& why : r.skipped)
       std::fprintf(stderr, "keel-worker: rank %d: restore step %lld: %s\n", o_.rank,
                    static_cast<long long>(S), why.c_str());
-    std::fprintf(stderr, "keel-worker: rank %d: restored step %lld from %s\n", o_.rank,
-                 static_cast<long long>(S), r.source.c_str());
     source = r.source.rfind("own", 0) == 0 ? "own_snapshot" : "backup";
+    from = r.source;
   }
   if (recovery_) store_->set(recovery::restored_from_key(epoch_, o_.rank), source);
-  if (source != "memory" && source != "own_snapshot" && source != "backup")
+  if (!from.empty())
     std::fprintf(stderr, "keel-worker: rank %d: restored step %lld from %s\n", o_.rank,
-                 static_cast<long long>(S), source.c_str());
+                 static_cast<long long>(S), from.c_str());
 }
 
 }  // namespace keel::worker_detail

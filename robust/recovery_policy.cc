@@ -316,8 +316,7 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     // in_place (or hot_swap without slots to swap): a lost slot's ranks can only come back
     // on the same slot.
     if (o.detect.on_slot_loss() == config::DetectConfig::fail) {
-      const std::set<int> gone = lost_slots;
-      const RestorePoint rp = restore_point(usable(have, topo, v, f.dead, {}, gone),
+      const RestorePoint rp = restore_point(usable(have, topo, v, f.dead, {}, lost_slots),
                                             topo.world_size(), o.persistent_step, false);
       return stop(
           detail::concat("slot ", join(lost_slots),
@@ -355,14 +354,10 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
                                  " is still checking itself"));
     switch (o.recovery.on_no_standby()) {
       case config::RecoveryConfig::shrink_dp: {
-        std::set<int> gone = evict;
-        Plan sp = shrink(restart, v, have, o, gone);
+        Plan sp = shrink(restart, v, have, o, evict);
         if (sp.kind == Plan::Kind::kRecover) {
           sp.evict.assign(evict.begin(), evict.end());
-          sp.promote.clear();
-          std::set<int> kill = sp.kill;
-          for (int r : p.kill) kill.insert(r);
-          sp.kill = kill;
+          sp.kill.insert(p.kill.begin(), p.kill.end());
         }
         return sp;
       }
