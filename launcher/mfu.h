@@ -1,6 +1,7 @@
 // The peak of model FLOPs utilisation (MFU = Trainer::model_flops_per_token() × tokens/s ÷
 // peak), labelled with where it came from: on CPU a SGEMM rate measured on this machine
-// (cached), on GPU the card's datasheet dense rate for the precision the job computes in.
+// (cached, see runtime/cpu/sgemm_peak.h) next to the cores' theoretical rate, on GPU the
+// card's datasheet dense rate for the precision the job computes in.
 #pragma once
 
 #include <string>
@@ -12,10 +13,28 @@ namespace keel {
 struct Peak {
   double flops_per_s = 0;
   std::string source;
+  // CPU: cores × clock × FLOP/cycle (an estimate); GPU: the datasheet rate again.
+  double theoretical_flops_per_s = 0;
+  std::string theoretical_source;
+  std::string cache_file;  // CPU: where the measured rate is cached ("" if nowhere)
 };
 
 // CPU: measured SGEMM peak with `threads` threads. CUDA: datasheet rate of the backend's
 // card (by name; unknown cards report 0 and say so).
 Peak device_peak(Backend& backend, Precision precision, int threads);
+
+// An MFU keel is willing to print. A model cannot compute faster than the GEMM it is made of,
+// so a figure above 100% means the peak is wrong (measured on another path and cached):
+// then `valid` is false, `value` 0 and `why_not` names the peak; likewise without a peak.
+struct Mfu {
+  double value = 0;  // a fraction, 0 when !valid
+  bool valid = false;
+  std::string
+      why_not;  // e.g. "MFU n/a: 128% of the measured peak 241 GFLOP/s (...), which is stale..."
+};
+Mfu honest_mfu(double model_flops_per_s, const Peak& peak);
+
+// Removes a stale peak's cache (the next start measures again); no-op without one.
+void forget_peak(const Peak& peak);
 
 }  // namespace keel

@@ -12,11 +12,20 @@
 #include "launcher/worker.h"
 #include "launcher/worker_options.h"
 #include "parallel/comm_error.h"
+#include "proto/config_loader.h"
+#include "runtime/cpu/blas_core.h"
 
 int main(int argc, char** argv) {
   keel::WorkerOptions o;
   try {
     if (!keel::parse_worker_options(argc, argv, &o)) return 0;
+    // First, while no thread of keel's runs: OpenBLAS chose its kernels when it loaded, and
+    // if they are not the best for this CPU (or not runtime.blas_core's), this executes the
+    // binary again with OPENBLAS_CORETYPE set and does not return.
+    keel::select_blas_core(
+        o.config_path.empty() ? "auto"
+                              : keel::load_config(o.config_path, o.overrides).runtime().blas_core(),
+        argv);
     // Before any thread starts, so that every thread of the process carries the name.
     keel::set_process_name(o.nproc > 0 ? "keel-supervisor" : "keel-worker");
     if (o.nproc > 0) {

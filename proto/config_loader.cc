@@ -15,6 +15,7 @@
 
 #include "proto/first_error.h"
 #include "runtime/check.h"
+#include "runtime/cpu/blas_core.h"
 
 namespace keel {
 namespace {
@@ -476,6 +477,9 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
   v.require(r.threads() >= 0, "runtime.threads", r.threads(), "must be >= 0 (0: automatic)");
   v.require(r.threads() <= kMaxThreads, "runtime.threads", r.threads(),
             "must be at most " + show(kMaxThreads) + " (0: automatic)");
+  v.require(r.blas_core() == "auto" || blas_core_rank(r.blas_core()) >= 0, "runtime.blas_core",
+            r.blas_core(),
+            "must be \"auto\" or an OpenBLAS x86-64 core (e.g. SkylakeX, Haswell, Zen, Prescott)");
   v.throw_if_any();
 }
 

@@ -8,7 +8,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,28 +19,21 @@
 #include <sstream>
 #include <vector>
 
+#include "runtime/cpu/blas_core.h"
+#include "runtime/cpu/cpu_features.h"
 #include "runtime/cpu/kernels.h"
 
 namespace keel {
 
 std::string cpu_model_name() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      size_t colon = line.find(':');
-      if (colon != std::string::npos) {
-        size_t begin = line.find_first_not_of(" \t", colon + 1);
-        if (begin != std::string::npos) return line.substr(begin);
-      }
-    }
-  }
-  return "unknown CPU";
+  return cpu_features().model_name;
 }
 
 namespace {
 
-constexpr int kSize = 1536;
+// numpy's reference shape (peers/sgemm_peak.py): an MFU against this peak is comparable with
+// one against numpy's, and 2048³ is large enough that packing costs are a few percent.
+constexpr int kSize = 2048;
 
 std::filesystem::path cache_dir() {
   if (const char* dir = std::getenv("KEEL_CACHE_DIR"); dir != nullptr && *dir != '\0') {
@@ -73,8 +69,8 @@ Measurement measure(int threads) {
   auto run = [&] {
     const double cpu0 = process_cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kSize, kSize, kSize, 1.0f, a.data(), kSize,
-                b.data(), kSize, 0.0f, c.data(), kSize);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kSize, kSize, kSize, 1.0f, a.data(),
+                kSize, b.data(), kSize, 0.0f, c.data(), kSize);
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (wall < best) {
@@ -95,11 +91,11 @@ Measurement measure(int threads) {
   return {2.0 * kSize * kSize * kSize / best, busy};
 }
 
-// The cache file: the CPU model on the first line, the rate in FLOP/s on the second.
-bool read_cache(const std::filesystem::path& file, const std::string& model, double* flops) {
+// The cache file: the key on the first line, the rate in FLOP/s on the second.
+bool read_cache(const std::filesystem::path& file, const std::string& key, double* flops) {
   std::ifstream in(file);
-  std::string cached_model, rate;
-  if (!std::getline(in, cached_model) || !std::getline(in, rate) || cached_model != model) {
+  std::string cached_key, rate;
+  if (!std::getline(in, cached_key) || !std::getline(in, rate) || cached_key != key) {
     return false;
   }
   char* end = nullptr;
@@ -109,14 +105,14 @@ bool read_cache(const std::filesystem::path& file, const std::string& model, dou
   return true;
 }
 
-void write_cache(const std::filesystem::path& file, const std::string& model, double flops) {
+void write_cache(const std::filesystem::path& file, const std::string& key, double flops) {
   // Write then rename, so a reader never sees half a file.
   std::filesystem::path tmp = file;
   tmp += ".tmp." + std::to_string(getpid());
   {
     std::ofstream out(tmp);
     out.precision(17);
-    out << model << "\n" << flops << "\n";
+    out << key << "\n" << flops << "\n";
     if (!out) return;
   }
   std::error_code ec;
@@ -126,20 +122,68 @@ void write_cache(const std::filesystem::path& file, const std::string& model, do
 
 }  // namespace
 
+std::string sgemm_peak_cache_key(const std::string& cpu_model, const std::string& isa,
+                                 const std::string& blas_config, const std::string& blas_core,
+                                 int threads) {
+  std::ostringstream key;
+  key << cpu_model << " | " << isa << " | " << blas_config << " | " << blas_core << " | " << threads
+      << (threads == 1 ? " thread" : " threads");
+  return key.str();
+}
+
+std::string sgemm_peak_cache_name(const std::string& key, int threads) {
+  // FNV-1a: a short, stable name; the key itself is checked on read, so a collision only
+  // costs a measurement.
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : key) h = (h ^ ch) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  return "sgemm_peak_" + std::to_string(threads) + "t_" + hex + ".txt";
+}
+
+std::string sgemm_peak_cache_key(int threads) {
+  const BlasPath blas = blas_path();
+  return sgemm_peak_cache_key(cpu_model_name(), cpu_features().isa(), blas.config, blas.core,
+                              threads);
+}
+
+void forget_sgemm_peak(const PeakFlops& peak) {
+  if (peak.cache_file.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove(peak.cache_file, ec);
+}
+
 PeakFlops cpu_sgemm_peak(int threads) {
   if (threads <= 0) threads = omp_get_num_procs();
   static std::mutex mu;
   std::lock_guard<std::mutex> guard(mu);
 
-  const std::string model = cpu_model_name();
+  const CpuFeatures& cpu = cpu_features();
+  const std::string core = blas_path().core;
+  const std::string key = sgemm_peak_cache_key(threads);
   std::ostringstream label;
   label << "measured SGEMM " << kSize << "^3, " << threads
-        << (threads == 1 ? " thread, " : " threads, ") << model;
+        << (threads == 1 ? " thread, " : " threads, ") << "OpenBLAS " << core << ", "
+        << cpu.model_name;
+
+  PeakFlops peak;
+  peak.theoretical_flops_per_s = cpu.theoretical_peak_flops(threads);
+  if (peak.theoretical_flops_per_s > 0) {
+    const int cores = std::min(threads, cpu.cores);
+    std::ostringstream t;
+    t.precision(3);
+    t << "estimate: " << cores << (cores == 1 ? " core x " : " cores x ") << cpu.clock_hz / 1e9
+      << " GHz (" << cpu.clock_source << ") x " << cpu.fp32_flops_per_cycle() << " FLOP/cycle ("
+      << cpu.isa() << ")";
+    peak.theoretical_source = t.str();
+  } else {
+    peak.theoretical_source = "unknown clock";
+  }
 
   const std::filesystem::path dir = cache_dir();
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  const std::filesystem::path file = dir / ("sgemm_peak_" + std::to_string(threads) + "t.txt");
+  const std::filesystem::path file = dir / sgemm_peak_cache_name(key, threads);
 
   // The cache is an optimisation: if its folder is unusable, measure and say so.
   int lock_fd = ec ? -1 : ::open((file.string() + ".lock").c_str(), O_RDWR | O_CREAT, 0644);
@@ -147,9 +191,9 @@ PeakFlops cpu_sgemm_peak(int threads) {
     ::close(lock_fd);
     lock_fd = -1;
   }
-  PeakFlops peak;
-  if (lock_fd >= 0 && read_cache(file, model, &peak.flops_per_s)) {
+  if (lock_fd >= 0 && read_cache(file, key, &peak.flops_per_s)) {
     peak.source = label.str() + " (cached)";
+    peak.cache_file = file.string();
   } else {
     Measurement m = measure(threads);
     peak.flops_per_s = m.flops_per_s;
@@ -157,7 +201,8 @@ PeakFlops cpu_sgemm_peak(int threads) {
     if (m.busy) {
       peak.source += " (machine busy, not cached)";
     } else if (lock_fd >= 0) {
-      write_cache(file, model, peak.flops_per_s);
+      write_cache(file, key, peak.flops_per_s);
+      peak.cache_file = file.string();
     }
   }
   if (lock_fd >= 0) ::close(lock_fd);  // also releases the lock

@@ -1,5 +1,6 @@
-// cpu_sgemm_peak: measures once, then serves the number from its cache file, keyed by the CPU
-// model so that a cache copied from another machine is not believed.
+// cpu_sgemm_peak: measures once, then serves the number from its cache file, keyed by
+// everything the rate depends on (CPU model, ISA, BLAS build and core, threads), so that a
+// cache from another machine or another BLAS path is not believed.
 #include "runtime/cpu/sgemm_peak.h"
 
 #include <gtest/gtest.h>
@@ -7,8 +8,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
+#include "runtime/cpu/blas_core.h"
 #include "tests/test_paths.h"
 
 namespace keel {
@@ -35,40 +38,76 @@ class SgemmPeak : public ::testing::Test {
 };
 
 std::filesystem::path cache_file(const std::string& dir, int threads) {
-  return std::filesystem::path(dir) / ("sgemm_peak_" + std::to_string(threads) + "t.txt");
+  return std::filesystem::path(dir) / sgemm_peak_cache_name(sgemm_peak_cache_key(threads), threads);
+}
+
+std::string label(int threads) {
+  return "measured SGEMM 2048^3, " + std::to_string(threads) +
+         (threads == 1 ? " thread, " : " threads, ") + "OpenBLAS " + blas_path().core + ", " +
+         cpu_model_name();
+}
+
+TEST(SgemmPeakKey, EveryInputChangesTheKeyAndTheFile) {
+  const std::string base = sgemm_peak_cache_key("CPU", "AVX2+FMA", "OpenBLAS 0.3.21", "Haswell", 2);
+  const std::set<std::string> keys = {
+      base,
+      sgemm_peak_cache_key("Other CPU", "AVX2+FMA", "OpenBLAS 0.3.21", "Haswell", 2),
+      sgemm_peak_cache_key("CPU", "AVX-512 (F/BW/VL/DQ)", "OpenBLAS 0.3.21", "Haswell", 2),
+      sgemm_peak_cache_key("CPU", "AVX2+FMA", "OpenBLAS 0.3.26", "Haswell", 2),
+      sgemm_peak_cache_key("CPU", "AVX2+FMA", "OpenBLAS 0.3.21", "Prescott", 2),
+      sgemm_peak_cache_key("CPU", "AVX2+FMA", "OpenBLAS 0.3.21", "Haswell", 1)};
+  EXPECT_EQ(keys.size(), 6u);
+  std::set<std::string> names;
+  for (const auto& k : keys) names.insert(sgemm_peak_cache_name(k, 2));
+  EXPECT_EQ(names.size(), 6u);
+  EXPECT_EQ(sgemm_peak_cache_name(base, 2), sgemm_peak_cache_name(base, 2));  // stable
+  EXPECT_EQ(sgemm_peak_cache_name(base, 2).rfind("sgemm_peak_2t_", 0), 0u);
+  // This process's key names what it runs on.
+  const std::string mine = sgemm_peak_cache_key(1);
+  EXPECT_NE(mine.find(blas_path().core), std::string::npos) << mine;
+  EXPECT_NE(mine.find(blas_path().config), std::string::npos) << mine;
+  EXPECT_NE(mine.find(cpu_features().isa()), std::string::npos) << mine;
 }
 
 TEST_F(SgemmPeak, MeasuresThenServesFromTheCache) {
   PeakFlops first = cpu_sgemm_peak(1);
   EXPECT_GT(first.flops_per_s, 1e8);  // any CPU that runs keel does 0.1 GFLOP/s
-  EXPECT_NE(first.source.find("measured SGEMM 1536^3, 1 thread, " + cpu_model_name()),
-            std::string::npos)
-      << first.source;
+  EXPECT_EQ(first.source.rfind(label(1), 0), 0u) << first.source;
   EXPECT_EQ(first.source.find("(cached)"), std::string::npos) << first.source;
+  if (cpu_features().clock_hz > 0) {
+    EXPECT_GT(first.theoretical_flops_per_s, 0);
+    EXPECT_NE(first.theoretical_source.find("FLOP/cycle"), std::string::npos);
+  }
   // Measured on a busy machine the number is not remembered; otherwise it is.
   const bool busy = first.source.find("(machine busy, not cached)") != std::string::npos;
   EXPECT_EQ(std::filesystem::exists(cache_file(dir_, 1)), !busy);
   if (!busy) {
+    EXPECT_EQ(first.cache_file, cache_file(dir_, 1).string());
     PeakFlops second = cpu_sgemm_peak(1);
     EXPECT_EQ(second.flops_per_s, first.flops_per_s);
     EXPECT_EQ(second.source, first.source + " (cached)");
+    forget_sgemm_peak(second);
+    EXPECT_FALSE(std::filesystem::exists(cache_file(dir_, 1)));
   }
 }
 
-TEST_F(SgemmPeak, ReadsTheCacheOfThisCpuAndThreadCount) {
+TEST_F(SgemmPeak, ReadsTheCacheOfThisKey) {
   {
     std::ofstream out(cache_file(dir_, 3));
-    out << cpu_model_name() << "\n1.25e11\n";
+    out << sgemm_peak_cache_key(3) << "\n1.25e11\n";
   }
   PeakFlops peak = cpu_sgemm_peak(3);
   EXPECT_EQ(peak.flops_per_s, 1.25e11);
-  EXPECT_EQ(peak.source, "measured SGEMM 1536^3, 3 threads, " + cpu_model_name() + " (cached)");
+  EXPECT_EQ(peak.source, label(3) + " (cached)");
 }
 
-TEST_F(SgemmPeak, IgnoresACacheWrittenOnAnotherCpu) {
+// The stale cache of the issue: the same CPU, but the rate was measured on another core.
+TEST_F(SgemmPeak, IgnoresACacheOfAnotherKey) {
   {
     std::ofstream out(cache_file(dir_, 1));
-    out << "Some Other CPU\n1e20\n";
+    out << sgemm_peak_cache_key(cpu_model_name(), cpu_features().isa(), blas_path().config,
+                                "NotThisCore", 1)
+        << "\n1e20\n";
   }
   PeakFlops peak = cpu_sgemm_peak(1);
   EXPECT_LT(peak.flops_per_s, 1e20);
