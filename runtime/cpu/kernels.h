@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "runtime/backend.h"
+#include "runtime/cpu/adamw_math.h"
 
 namespace keel::cpu {
 
@@ -46,6 +47,16 @@ void embedding_backward(int nt, float* dwte, float* dwpe, const float* dout, con
 // AdamW (adamw.cc).
 void adamw(int nt, float* param, const float* grad, float* m, float* v, size_t n,
            const AdamWParams& p);
+// adamw_element over elements [0, n) of each array on the calling thread, vectorised; the
+// outputs may be the inputs. For kernels that split the work themselves.
+void adamw_span(const AdamWConstants& c, float wd, const float* param, const float* grad,
+                const float* m, const float* v, float* param_out, float* m_out, float* v_out,
+                size_t n);
+
+// Out-of-place AdamW with block hashes, and block hashing (adamw_update.cc); semantics as on
+// keel::Backend.
+void adamw_update(int nt, const AdamWUpdate& u, const AdamWParams& p);
+void hash_blocks(int nt, const float* x, size_t n, uint64_t* out);
 
 // LayerNorm (layernorm.cc).
 void layernorm_forward(int nt, float* out, float* mean, float* rstd, const float* inp,
@@ -142,6 +153,17 @@ inline float lane_max(const float* x, int n) {
   for (int l = 1; l < 8; ++l) m = acc[l] > m ? acc[l] : m;
   return m;
 }
+
+// On a function holding elementwise or row loops: a second copy built for AVX-512
+// (x86-64-v4), picked at load time where the CPU has it, runs them at twice the width. The
+// build targets AVX2 (x86-64-v3) so that keel runs on any recent x86. The files that use it are
+// compiled with -ffp-contract=off (runtime/CMakeLists.txt): GCC fuses a·b + c into one FMA in
+// some loops at one width and not at the other, and without fusing (and without -ffast-math)
+// each copy does exactly the IEEE operations of the source in its order, so both give the same
+// bits and a run's result does not depend on which copy a machine picks. OpenMP regions are
+// outlined before cloning, so the attribute goes on a function that a parallel region calls,
+// not on one that contains it.
+#define KEEL_WIDE_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
 
 // Thread tid's share [begin, end) of n items split evenly over nt threads.
 inline void static_range(size_t n, int nt, int tid, size_t* begin, size_t* end) {

@@ -216,6 +216,64 @@ TEST(Attention, ForwardAndBackwardMatchReference) {
   EXPECT_TRUE(all_close(dqkv, plus(dqkv0, g), 1e-4, 1e-4));
 }
 
+// The backward of attention_ref, analytically: dqkv for a given dout.
+std::vector<double> attention_backward_ref(const std::vector<double>& qkv,
+                                           const std::vector<double>& dout, int B, int T, int NH,
+                                           int HS) {
+  const int C = NH * HS;
+  std::vector<double> att, dqkv(qkv.size());
+  attention_ref(qkv, B, T, NH, HS, &att);
+  const double scale = 1.0 / std::sqrt(double(HS));
+  auto at = [&](int b, int t, int part, int h) {
+    return (size_t(b) * T + t) * 3 * C + part * C + h * HS;
+  };
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      for (int t = 0; t < T; ++t) {
+        const double* a = att.data() + ((size_t(b) * NH + h) * T + t) * T;
+        const double* d = dout.data() + (size_t(b) * T + t) * C + h * HS;
+        std::vector<double> datt(t + 1);
+        double dot = 0;
+        for (int j = 0; j <= t; ++j) {
+          for (int i = 0; i < HS; ++i) datt[j] += d[i] * qkv[at(b, j, 2, h) + i];
+          dot += a[j] * datt[j];
+          for (int i = 0; i < HS; ++i) dqkv[at(b, j, 2, h) + i] += a[j] * d[i];
+        }
+        for (int j = 0; j <= t; ++j) {
+          const double dpre = a[j] * (datt[j] - dot) * scale;
+          for (int i = 0; i < HS; ++i) {
+            dqkv[at(b, t, 0, h) + i] += dpre * qkv[at(b, j, 1, h) + i];
+            dqkv[at(b, j, 1, h) + i] += dpre * qkv[at(b, t, 0, h) + i];
+          }
+        }
+      }
+    }
+  }
+  return dqkv;
+}
+
+TEST(Attention, CausalBlocksMatchReferenceAtLongerSequences) {
+  // T = 150 spans several of the kernel's causal row blocks, the last one partial.
+  const int B = 2, T = 150, NH = 2, HS = 8, C = NH * HS;
+  auto be = make_cpu_backend(2);
+  auto qkv = random_floats(size_t(B) * T * 3 * C, 30);
+  std::vector<float> out(size_t(B) * T * C, 5.0f), att(size_t(B) * NH * T * T, 5.0f);
+  be->attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+  std::vector<double> want_att;
+  const auto qkvd = to_double(qkv);
+  EXPECT_TRUE(all_close(out, attention_ref(qkvd, B, T, NH, HS, &want_att), 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(att, want_att, 1e-6, 1e-5));
+
+  auto dout = random_floats(out.size(), 31);
+  auto dqkv = random_floats(qkv.size(), 32);
+  const auto dqkv0 = dqkv;
+  std::vector<float> scratch(att.size(), 7.0f);
+  be->attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, NH,
+                         HS);
+  EXPECT_TRUE(all_close(
+      dqkv, plus(dqkv0, attention_backward_ref(qkvd, to_double(dout), B, T, NH, HS)), 1e-4, 1e-4));
+}
+
 // ---- GELU -----------------------------------------------------------------------------------
 
 double gelu_ref(double x) {
