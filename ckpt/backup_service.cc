@@ -3,7 +3,9 @@
 // Wire format (both ends are keel builds on the same architecture, so structs go as they
 // are in memory): a request is a RequestHeader, followed for PUSH by `bytes` of payload; a
 // reply is a ReplyHeader and `msg_len` bytes of message, followed for a successful FETCH by
-// `bytes` of payload. Requests on one connection are answered in order.
+// `bytes` of payload. VERIFY (sent by a client whose fetched payload did not match) checks
+// the held slot: kOk, or kRefused once the damaged slot is dropped. Requests on one
+// connection are answered in order.
 #include "ckpt/backup_service.h"
 
 #include <fcntl.h>
@@ -17,6 +19,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -37,11 +40,14 @@ namespace {
 
 constexpr uint32_t kRequestMagic = 0x4b42524bu;  // "KRBK"
 constexpr uint32_t kReplyMagic = 0x4b425250u;    // "PRBK"
-enum Op : uint32_t { kPush = 1, kFetch = 2 };
+enum Op : uint32_t { kPush = 1, kFetch = 2, kVerify = 3 };
 enum Status : int32_t { kOk = 0, kNotHeld = 1, kRefused = 2 };
 // Transfers go in pieces, each with its own deadline: the timeout bounds a stall, not the
-// time a large snapshot legitimately takes.
+// time a large snapshot legitimately takes. A received piece is checksummed right after it
+// lands, while it is still in the (last-level) cache.
 constexpr size_t kChunk = size_t{4} << 20;
+// A GPU state is received through a host buffer of this size, not one as large as the state.
+constexpr size_t kStaging = size_t{16} << 20;
 // No state of one rank comes near this; a larger claim is a garbled header.
 constexpr uint64_t kMaxPayload = uint64_t{1} << 40;
 constexpr uint32_t kMaxMessage = 1 << 16;
@@ -93,6 +99,32 @@ IoResult recv_chunked(int fd, void* buf, size_t len, std::chrono::milliseconds s
   return IoResult::kOk;
 }
 
+// Receives a FETCH payload of state.bytes() into the state's spans, feeding `sum` as the
+// bytes arrive. Host memory (the CPU backend) is received into directly; device memory
+// through one bounded host buffer.
+IoResult recv_into_state(int fd, TrainState& state, std::chrono::milliseconds stall,
+                         ChecksumStream* sum, std::string* err) {
+  Backend* backend = state.backend();
+  const bool host = backend->kind() == DeviceKind::kCpu;
+  std::unique_ptr<char[]> staging;
+  if (!host) staging.reset(new char[std::min(kStaging, state.bytes())]);
+  for (const StateSpan& s : state.spans()) {
+    char* dst = reinterpret_cast<char*>(s.data);
+    if (host) {
+      IoResult r = recv_chunked(fd, dst, s.bytes(), stall, sum, err);
+      if (r != IoResult::kOk) return r;
+      continue;
+    }
+    for (size_t off = 0; off < s.bytes(); off += kStaging) {
+      const size_t n = std::min(kStaging, s.bytes() - off);
+      IoResult r = recv_chunked(fd, staging.get(), n, stall, sum, err);
+      if (r != IoResult::kOk) return r;
+      backend->copy_from_host(dst + off, staging.get(), n);
+    }
+  }
+  return IoResult::kOk;
+}
+
 std::string io_text(IoResult r, const std::string& err) {
   if (r == IoResult::kTimeout) return "timed out";
   return err.empty() ? "connection closed" : err;
@@ -117,6 +149,7 @@ struct BackupServer::Impl {
   Fd wake_read, wake_write;  // a byte here ends serve()
   std::vector<Fd> conns;
   std::unique_ptr<SnapshotRegion> region;
+  std::unique_ptr<SnapshotRegion> own;  // the holder's own snapshots (serve_own_snapshot)
   std::thread thread;
   std::once_flag stopped;
   int port = 0;
@@ -128,6 +161,10 @@ struct BackupServer::Impl {
   bool handle(int fd);
   bool handle_push(int fd, const RequestHeader& rq);
   bool handle_fetch(int fd, const RequestHeader& rq);
+  bool handle_verify(int fd, const RequestHeader& rq);
+  // The slot a FETCH or VERIFY of `rq` is served from (the backup segment, else with
+  // serve_own_snapshot the holder's own), and which region holds it.
+  std::optional<SlotView> find_served(const RequestHeader& rq, SnapshotRegion** from);
   bool reply(int fd, Status status, const std::string& msg, const ReplyHeader* fields = nullptr);
 };
 
@@ -232,6 +269,7 @@ bool BackupServer::Impl::handle(int fd) {
   if (rq.magic != kRequestMagic) return false;
   if (rq.op == kPush) return handle_push(fd, rq);
   if (rq.op == kFetch) return handle_fetch(fd, rq);
+  if (rq.op == kVerify) return handle_verify(fd, rq);
   return false;
 }
 
@@ -242,7 +280,7 @@ bool BackupServer::Impl::handle_push(int fd, const RequestHeader& rq) {
   const bool same_layout =
       region && region->capacity() == rq.bytes && region->fingerprint() == rq.fingerprint;
   int slot = -1;
-  std::vector<char> staging;
+  std::unique_ptr<char[]> staging;
   if (same_layout) {
     // Received straight into the slot: a connection lost midway leaves it invalid, and the
     // other slot (the newest backup) untouched.
@@ -253,12 +291,23 @@ bool BackupServer::Impl::handle_push(int fd, const RequestHeader& rq) {
     if (recv_chunked(fd, region->payload(slot), rq.bytes, opt.io_timeout, &sum, &err) !=
         IoResult::kOk)
       return false;
+  } else if (!region) {
+    // The first push: nothing held to protect, so it goes straight into a new segment.
+    if (::shm_unlink(segment.c_str()) != 0)
+      KEEL_CHECK(errno == ENOENT, "shm_unlink ", segment, ": ", std::strerror(errno));
+    region = SnapshotRegion::open_or_create(segment, rq.bytes, rq.fingerprint, rq.owner);
+    slot = region->free_slot();
+    region->begin_write(slot);
+    if (recv_chunked(fd, region->payload(slot), rq.bytes, opt.io_timeout, &sum, &err) !=
+        IoResult::kOk)
+      return false;
   } else {
-    // A new layout (first push, or the owner's model or parallel layout changed after a
-    // rebuild) replaces the segment, which drops the backups held so far. Staged on the heap
-    // first so that a push which dies midway or arrives damaged destroys nothing.
-    staging.resize(rq.bytes);
-    if (recv_chunked(fd, staging.data(), rq.bytes, opt.io_timeout, &sum, &err) != IoResult::kOk)
+    // A new layout (the owner's model or parallel layout changed after a rebuild) replaces
+    // the segment, which drops the backups held so far. Staged on the heap first (not
+    // zero-filled: every byte is received) so that a push which dies midway or arrives
+    // damaged destroys nothing.
+    staging.reset(new char[rq.bytes]);
+    if (recv_chunked(fd, staging.get(), rq.bytes, opt.io_timeout, &sum, &err) != IoResult::kOk)
       return false;
   }
   const uint64_t got = sum.digest();
@@ -269,26 +318,39 @@ bool BackupServer::Impl::handle_push(int fd, const RequestHeader& rq) {
                                 " refused: checksum mismatch (sent ", std::hex, rq.checksum,
                                 ", received ", got, ")"));
   }
-  if (!same_layout) {
-    if (region)
-      std::fprintf(stderr, "keel backup server %s: new layout, dropping the old backups\n",
-                   segment.c_str());
+  if (staging) {
+    std::fprintf(stderr, "keel backup server %s: new layout, dropping the old backups\n",
+                 segment.c_str());
     region.reset();
     if (::shm_unlink(segment.c_str()) != 0)
       KEEL_CHECK(errno == ENOENT, "shm_unlink ", segment, ": ", std::strerror(errno));
     region = SnapshotRegion::open_or_create(segment, rq.bytes, rq.fingerprint, rq.owner);
     slot = region->free_slot();
     region->begin_write(slot);
-    std::memcpy(region->payload(slot), staging.data(), staging.size());
+    std::memcpy(region->payload(slot), staging.get(), rq.bytes);
   }
   region->commit(slot, rq.step, rq.bytes, got, rq.fingerprint, rq.owner);
   ++committed;
   return reply(fd, kOk, "");
 }
 
-bool BackupServer::Impl::handle_fetch(int fd, const RequestHeader& rq) {
+std::optional<SlotView> BackupServer::Impl::find_served(const RequestHeader& rq,
+                                                        SnapshotRegion** from) {
   std::optional<SlotView> v;
   if (region) v = region->find(rq.step, rq.owner);
+  *from = region.get();
+  if (!v && opt.serve_own_snapshot) {
+    // Opened at first use: the worker creates its own segment after this server.
+    if (!own) own = SnapshotRegion::open_existing(snapshot_segment_name(job, holder));
+    if (own) v = own->find(rq.step);
+    if (v) *from = own.get();
+  }
+  return v;
+}
+
+bool BackupServer::Impl::handle_fetch(int fd, const RequestHeader& rq) {
+  SnapshotRegion* from = nullptr;
+  std::optional<SlotView> v = find_served(rq, &from);
   if (!v)
     return reply(
         fd, kNotHeld,
@@ -296,17 +358,33 @@ bool BackupServer::Impl::handle_fetch(int fd, const RequestHeader& rq) {
                        " (holds steps: ",
                        steps_text(region ? region->valid_steps(rq.owner) : std::vector<int64_t>{}),
                        ")"));
-  std::string why;
-  if (!SnapshotRegion::verify(*v, &why))
-    return reply(fd, kRefused, detail::concat("backup held by rank ", holder, ": ", why));
   ReplyHeader f{};
   f.step = v->step;
   f.fingerprint = v->fingerprint;
   f.bytes = v->bytes;
   f.checksum = v->checksum;
   if (!reply(fd, kOk, "", &f)) return false;
+  // Sent as it is, with no pass of its own first: the client checksums what it receives,
+  // which covers this slot as well as the wire, and asks for VERIFY only on a mismatch.
   std::string err;
   return send_chunked(fd, v->payload, v->bytes, opt.io_timeout, &err) == IoResult::kOk;
+}
+
+bool BackupServer::Impl::handle_verify(int fd, const RequestHeader& rq) {
+  SnapshotRegion* from = nullptr;
+  std::optional<SlotView> v = find_served(rq, &from);
+  if (!v) return reply(fd, kNotHeld, "");
+  std::string why;
+  if (SnapshotRegion::verify(*v, &why)) return reply(fd, kOk, "");
+  if (from == region.get()) {
+    // Only this server writes the backup segment, so the slot is damaged where it lies:
+    // dropped, so that a survey no longer offers its step.
+    region->begin_write(v->slot);
+    why += "; dropped";
+  }
+  return reply(fd, kRefused,
+               detail::concat(from == region.get() ? "backup" : "own snapshot", " held by rank ",
+                              holder, ": ", why));
 }
 
 bool BackupServer::Impl::reply(int fd, Status status, const std::string& msg,
@@ -376,7 +454,8 @@ size_t BackupClient::push(const SnapshotRegion& region, int64_t step) {
   return v->bytes;
 }
 
-bool BackupClient::fetch(int owner_rank, int64_t step, TrainState& state, std::string* why) {
+bool BackupClient::fetch(int owner_rank, int64_t step, TrainState& state, std::string* why,
+                         uint64_t* checksum) {
   std::string local;
   if (!why) why = &local;
   connect();
@@ -405,21 +484,28 @@ bool BackupClient::fetch(int owner_rank, int64_t step, TrainState& state, std::s
                           " (", state.bytes(), " bytes)");
     return false;
   }
-  // Staged on the host so a payload damaged in flight never reaches the state.
-  std::vector<char> buf(h.bytes);
+  // Straight into the state, checksummed as it arrives.
   ChecksumStream sum;
-  r = recv_chunked(fd_.get(), buf.data(), buf.size(), timeout_, &sum, &err);
+  r = recv_into_state(fd_.get(), state, timeout_, &sum, &err);
   if (r != IoResult::kOk) fail(what + io_text(r, err));
   if (sum.digest() != h.checksum) {
-    *why = detail::concat("backup of rank ", owner_rank, " step ", step, " from ", addr_,
-                          ": checksum mismatch in transfer");
+    // The holder's slot or the wire: the holder checks its slot (and drops it if damaged).
+    rq.op = kVerify;
+    r = detail::send_all(fd_.get(), &rq, sizeof(rq), Clock::now() + timeout_, &err);
+    if (r == IoResult::kOk)
+      r = detail::recv_all(fd_.get(), &h, sizeof(h), Clock::now() + timeout_, &err);
+    if (r != IoResult::kOk) fail(what + io_text(r, err));
+    if (h.magic != kReplyMagic || h.msg_len > kMaxMessage) fail("garbled reply");
+    msg.assign(h.msg_len, '\0');
+    r = detail::recv_all(fd_.get(), msg.data(), msg.size(), Clock::now() + timeout_, &err);
+    if (r != IoResult::kOk) fail(what + io_text(r, err));
+    *why = h.status == kRefused
+               ? msg
+               : detail::concat("backup of rank ", owner_rank, " step ", step, " from ", addr_,
+                                ": checksum mismatch in transfer");
     return false;
   }
-  size_t off = 0;
-  for (const StateSpan& s : state.spans()) {
-    state.backend()->copy_from_host(s.data, buf.data() + off, s.bytes());
-    off += s.bytes();
-  }
+  if (checksum) *checksum = h.checksum;
   return true;
 }
 

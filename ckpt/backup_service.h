@@ -5,8 +5,9 @@
 // with the same two-slot write protocol as the owner's own region, so the backups survive a
 // restart of the holder's worker: a new BackupServer reopens the segment and serves them.
 //
-// Every transfer is checksummed end to end (XXH3 of the payload as the owner committed it)
-// and bounded by deadlines: a dead or stalled peer costs a dropped connection, never a hang.
+// Every transfer is checksummed end to end (ckpt/checksum.h of the payload as the owner
+// committed it) by its receiver, and bounded by deadlines: a dead or stalled peer costs a
+// dropped connection, never a hang.
 #pragma once
 
 #include <chrono>
@@ -34,6 +35,10 @@ struct BackupServerOptions {
   int port = 0;                    // 0: an ephemeral port, read back with port()
   // How long one request may go without progress before its connection is dropped.
   std::chrono::milliseconds io_timeout{10000};
+  // The holder is a DP replica of the ranks it backs up (ckpt/backup_placement.h): a FETCH
+  // the backup segment cannot answer is served from the holder's own snapshot segment,
+  // which holds the same state. Nothing is pushed in that mode.
+  bool serve_own_snapshot = false;
 };
 
 // Serves PUSH and FETCH for the backups held by rank `holder_rank` from a background thread.
@@ -82,9 +87,16 @@ class BackupClient {
   void push_raw(int owner_rank, int64_t step, uint64_t fingerprint, const void* payload,
                 size_t bytes, uint64_t checksum);
   // Loads the backup of `owner_rank` at `step` into `state`, verifying layout fingerprint,
-  // size and checksum. Returns false with the reason if the server does not hold it or a check
-  // fails (the state is then untouched); throws BackupError if the transfer fails.
-  bool fetch(int owner_rank, int64_t step, TrainState& state, std::string* why);
+  // size and checksum. The holder sends its slot as it is; the payload goes straight into
+  // the state's memory (device memory through a bounded host buffer), checksummed as it
+  // arrives, and only on a mismatch does the holder check its slot (dropping it if damaged,
+  // so no survey offers the step again). Returns false with the reason if the server does
+  // not hold the step or the layout differs (the state is then untouched), or the held slot
+  // or the transfer was damaged (the state is then partly overwritten); throws BackupError if
+  // the transfer fails (the state may be partly overwritten).
+  // With `checksum`, a successful fetch stores there the checksum the state now has.
+  bool fetch(int owner_rank, int64_t step, TrainState& state, std::string* why,
+             uint64_t* checksum = nullptr);
 
  private:
   void connect();

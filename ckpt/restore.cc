@@ -9,7 +9,22 @@
 
 namespace keel {
 
-RestoreResult restore_state(TrainState& state, int64_t step, const SnapshotRegion* own,
+namespace {
+
+// Surveys read slot headers only, so a slot found damaged when it is used is dropped: the
+// next survey no longer offers its step. (The verification is repeated only here, on the
+// rare failure, to tell damage from a missing step or another layout.)
+void drop_if_damaged(SnapshotRegion& region, int64_t step, const TrainState& state) {
+  if (!region.writable()) return;
+  std::optional<SlotView> v = region.find(step);
+  if (v && v->fingerprint == state.layout_fingerprint() && v->bytes == state.bytes() &&
+      !SnapshotRegion::verify(*v, nullptr))
+    region.begin_write(v->slot);
+}
+
+}  // namespace
+
+RestoreResult restore_state(TrainState& state, int64_t step, SnapshotRegion* own,
                             const std::string& holder_addr, int owner_rank, int holder_rank,
                             std::chrono::milliseconds timeout) {
   RestoreResult result;
@@ -19,8 +34,10 @@ RestoreResult restore_state(TrainState& state, int64_t step, const SnapshotRegio
     if (own->read(step, state, &why)) {
       state.set_step(step);
       result.source = source;
+      if (std::optional<SlotView> v = own->find(step)) result.checksum = v->checksum;
       return result;
     }
+    drop_if_damaged(*own, step, state);
     result.skipped.push_back(source + ": " + why);
   } else {
     result.skipped.push_back("own slot: no snapshot segment");
@@ -31,7 +48,9 @@ RestoreResult restore_state(TrainState& state, int64_t step, const SnapshotRegio
                                           : "backup at " + holder_addr;
     try {
       BackupClient client(holder_addr, timeout);
-      if (client.fetch(owner_rank, step, state, &why)) {
+      uint64_t sum = 0;
+      if (client.fetch(owner_rank, step, state, &why, &sum)) {
+        result.checksum = sum;
         state.set_step(step);
         result.source = source;
         return result;

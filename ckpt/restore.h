@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,27 +26,31 @@ class RestoreError : public Error {
 struct RestoreResult {
   std::string source;                // "own slot (/keel-job-r3)", "backup held by rank 5 (...)"
   std::vector<std::string> skipped;  // earlier sources and why each was passed over
+  // The checksum (ckpt/checksum.h) of the state as loaded, verified on the way in: a caller
+  // that needs it need not hash the state again.
+  std::optional<uint64_t> checksum;
 };
 
 // Loads snapshot `step` of rank `owner_rank` into `state` and sets state.step() to `step`.
 // Tries `own` (may be null) first, then the BackupServer at `holder_addr` (may be empty);
-// `holder_rank` only names the holder in messages. A source whose layout fingerprint or
-// checksum does not match is skipped. Throws RestoreError if no source has the step; the
-// state is then as it was (a slot overwritten mid-read excepted, see SnapshotRegion::read).
-RestoreResult restore_state(TrainState& state, int64_t step, const SnapshotRegion* own,
+// `holder_rank` only names the holder in messages. Each source is verified as it is used
+// (surveys read headers only): one whose layout fingerprint or checksum does not match is
+// skipped, and a damaged slot is dropped from `own` (if writable) or by the holder, so that
+// no later survey offers its step. Throws RestoreError if no source has the step; the state
+// is then as it was if no backup payload was received, else partly overwritten.
+RestoreResult restore_state(TrainState& state, int64_t step, SnapshotRegion* own,
                             const std::string& holder_addr, int owner_rank, int holder_rank = -1,
                             std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
 // Steps rank `rank` of `job` could restore, newest first: the valid slots of its own
 // segment and those of `holder`'s backup segment written for it (holder < 0: none). Reads
-// the segments read-only; with `verify` each slot's checksum is checked too (a pass over its
-// bytes), so that a corrupted slot is not chosen as the step to restore. restore_state()
-// verifies again when it loads.
-// The steps of `owner` (-1: the region's own) that `region` holds and whose checksums
-// verify, newest first.
-std::vector<int64_t> verified_steps(const SnapshotRegion& region, int owner = -1);
-
+// the segments read-only. Without `verify` only the headers are read (what surveys use:
+// restore_state() verifies a slot when it loads it and falls back to the next source); with
+// it each slot's checksum is checked too, a pass over its bytes.
 std::vector<int64_t> restorable_steps(const std::string& job, int rank, int holder,
                                       bool verify = false);
+// The steps of `owner` (-1: the region's own) that `region` holds and whose checksums
+// verify, newest first (a pass over every slot).
+std::vector<int64_t> verified_steps(const SnapshotRegion& region, int owner = -1);
 
 }  // namespace keel

@@ -66,6 +66,27 @@ TEST_F(RestoreTest, CorruptOwnSlotFallsBackToBackup) {
   EXPECT_EQ(dump(*c), four);
 }
 
+// Surveys read headers only; the restore verifies. A damaged own slot with no other copy
+// of its step fails the restore and is dropped, so the next survey offers the older step.
+TEST_F(RestoreTest, DamagedOnlyCopyIsDroppedForTheNextSurvey) {
+  auto four = snapshot(4, true);
+  snapshot(5, false);  // own slots: 5, 4; backup: 4
+  ASSERT_TRUE(corrupt_snapshot_slot(own_name, 5, 3));
+  EXPECT_EQ(restorable_steps(guard.job(), 0, 1), (std::vector<int64_t>{5, 4}));
+  auto b = make_state(backend.get());
+  try {
+    restore_state(*b, 5, own.get(), server.address(), 0, 1);
+    ADD_FAILURE() << "no RestoreError";
+  } catch (const RestoreError& e) {
+    EXPECT_HAS(e.what(), "checksum mismatch");
+    EXPECT_HAS(e.what(), "holds no backup of rank 0 at step 5");
+  }
+  EXPECT_EQ(restorable_steps(guard.job(), 0, 1), std::vector<int64_t>{4});
+  RestoreResult r = restore_state(*b, 4, own.get(), server.address(), 0, 1);
+  EXPECT_HAS(r.source, "own slot");
+  EXPECT_EQ(dump(*b), four);
+}
+
 TEST_F(RestoreTest, NoSourceThrowsNamingEverySource) {
   snapshot(4, true);
   auto b = make_state(backend.get());
