@@ -1,8 +1,9 @@
 // keel-bench-recovery: what surviving failures costs, measured in one invocation against a
 // baseline run in the same invocation (bench/RESULTS.md records the output):
-//   1. every-step snapshots on the medium CPU model (DP2, so each snapshot is also pushed
-//      to a backup holder): runs with snapshots off and on, interleaved, and the step time
-//      they add, the time the step loop blocked on a copy, memory and backup bytes per step;
+//   1. every-step snapshots on the medium CPU model, on 1 rank (local snapshot), DP2 (the
+//      replica holds the backup) and DP2 with ZeRO-1 (backups pushed): runs with snapshots
+//      off and on, interleaved, the step time they add, the time the step loop blocked, and
+//      the host memory per rank;
 //   2. the tiny TP2×PP2×DP2 job with a crash every `--every` steps, under
 //      recovery.mode = in_place and restart_all (persistent checkpoints every 50 steps):
 //      time from each injection to the first step after it (median, worst), steps lost and
@@ -38,57 +39,68 @@ double step_time(const report::RunReport& r) {
   return r.tokens_per_s() > 0 ? 1.0 / r.tokens_per_s() : 0;
 }
 
+// One layout of the medium model for the snapshot benchmark.
+struct SnapLayout {
+  const char* name;
+  int ranks, threads;
+  const char* parallel;  // the config's parallel { } body
+};
+
 void bench_snapshots(const std::string& shards, int steps, int pairs) {
   const std::string dir = fs::temp_directory_path() / "keel-bench-snap";
   fs::create_directories(dir);
-  const std::string cfg = dir + "/medium.pbtxt";
-  const int B = 8, T = 256;
-  std::ofstream(cfg) << "model { plugin: \"" << exe_dir()
-                     << "/libkeel_gpt.so\" num_layers: 6 hidden_size: 512 num_heads: 8 "
-                        "seq_len: 256 vocab_size: 256 }\n"
-                     << "train { micro_batch_size: " << B << " global_batch_size: " << 2 * B
-                     << " steps: " << steps + 1 << " }\n"
-                     << "parallel { dp: 2 }\n"
-                     << "data { train_files: \"" << shards << "\" }\nruntime { threads: 1 }\n";
+  const int B = 4, T = 256;
+  // 1 rank on both cores: the local snapshot only. DP2 of 1 thread each: without ZeRO-1 each
+  // rank's replica holds its backup (nothing pushed); with ZeRO-1 the replicas differ and
+  // each snapshot is pushed to the other rank.
+  const SnapLayout layouts[] = {{"1 rank x 2 threads", 1, 2, "dp: 1"},
+                                {"DP2, replica backups", 2, 1, "dp: 2"},
+                                {"DP2 ZeRO-1, pushed backups", 2, 1, "dp: 2 zero1: true"}};
   std::printf(
-      "== every-step snapshots: medium model (L6 d512 T256, %.1fM params), DP2 on 2 ranks of 1 "
-      "thread, %d timed steps a run, %d pairs (off, on) interleaved\n",
-      19.18, steps, pairs);
-  std::printf("%-5s %-4s %12s %12s %14s %14s %14s\n", "run", "snap", "step s", "blocked s/step",
-              "snapshot MB", "shm MB/rank", "backup MB/step");
-  std::vector<double> off, on, blocked;
-  double snap_mb = 0, backup_mb = 0;
-  for (int p = 0; p < pairs; ++p)
-    for (bool snap : {false, true}) {
-      report::RunReport r =
-          must_run(dir, "keel-worker",
-                   "--nproc 2 --config " + cfg +
-                       " --set checkpoint.snapshot_every_step=" + (snap ? "true" : "false"));
-      const double st = step_time(r) * double(2 * B * T);
-      (snap ? on : off).push_back(st);
-      const double blk = r.snapshot_blocked_s() / double(steps + 1);
-      if (snap) {
-        blocked.push_back(blk);
-        snap_mb = r.snapshot_bytes() / 1e6;
-        backup_mb = r.backup_bytes_per_step() / 1e6;
+      "== every-step snapshots: medium model (L6 d512 T256 B%d, %.1fM params), %d timed steps a "
+      "run, %d pairs (off, on) interleaved, best of each\n",
+      B, 19.18, steps, pairs);
+  std::printf("%-28s %10s %10s %9s %9s %10s %9s %10s %12s\n", "layout", "off s/step", "on s/step",
+              "cost", "blocked", "in slots", "backup", "state MB", "host MB/rank");
+  for (const SnapLayout& l : layouts) {
+    const std::string cfg = dir + "/medium.pbtxt";
+    std::ofstream(cfg) << "model { plugin: \"" << exe_dir()
+                       << "/libkeel_gpt.so\" num_layers: 6 hidden_size: 512 num_heads: 8 "
+                          "seq_len: 256 vocab_size: 256 }\n"
+                       << "train { micro_batch_size: " << B << " global_batch_size: " << l.ranks * B
+                       << " steps: " << steps + 1 << " eval_every: 0 }\n"
+                       << "parallel { " << l.parallel << " }\n"
+                       << "data { train_files: \"" << shards
+                       << "\" }\nruntime { threads: " << l.threads << " }\n";
+    double best_off = 1e30, best_on = 1e30, blocked = 0;
+    report::RunReport last_on;
+    for (int p = 0; p < pairs; ++p)
+      for (bool snap : {false, true}) {
+        report::RunReport r =
+            must_run(dir, "keel-worker",
+                     (l.ranks > 1 ? "--nproc " + std::to_string(l.ranks) + " " : std::string()) +
+                         "--config " + cfg +
+                         " --set checkpoint.snapshot_every_step=" + (snap ? "true" : "false"));
+        const double st = step_time(r) * double(l.ranks * B * T);
+        if (snap) {
+          best_on = std::min(best_on, st);
+          blocked = r.snapshot_blocked_s() / double(steps + 1);
+          last_on = r;
+        } else {
+          best_off = std::min(best_off, st);
+        }
       }
-      std::printf("%-5d %-4s %12.4f %12.5f %14.1f %14.1f %14.1f\n", p + 1, snap ? "on" : "off", st,
-                  snap ? blk : 0.0, snap ? snap_mb : 0.0, snap ? 4 * snap_mb : 0.0,
-                  snap ? backup_mb : 0.0);
-      std::fflush(stdout);
-    }
-  auto mean = [](const std::vector<double>& v) {
-    double s = 0;
-    for (double x : v) s += x;
-    return v.empty() ? 0 : s / double(v.size());
-  };
-  const double m_off = mean(off), m_on = mean(on), m_blk = mean(blocked);
+    std::printf("%-28s %10.4f %10.4f %+8.2f%% %8.3f%% %10s %9s %10.1f %12.1f (%.2fx)\n", l.name,
+                best_off, best_on, 100 * (best_on / best_off - 1), 100 * blocked / best_off,
+                last_on.snapshot_in_slots() ? "yes" : "no", last_on.backup_mode().c_str(),
+                last_on.snapshot_bytes() / 1e6, last_on.state_host_bytes() / 1e6,
+                last_on.state_host_ratio());
+    std::fflush(stdout);
+  }
   std::printf(
-      "mean step: off %.4f s, on %.4f s: ratio on/off %.4f (%+.2f%%); blocked by the snapshot "
-      "%.5f s/step = %.3f%% of the step; shared memory per rank %.1f MB (2 own slots + 2 "
-      "backup slots of %.1f MB); backup traffic %.1f MB/step per rank\n",
-      m_off, m_on, m_on / m_off, 100 * (m_on / m_off - 1), m_blk, 100 * m_blk / m_off, 4 * snap_mb,
-      snap_mb, backup_mb);
+      "cost: best step with snapshots over best without, minus 1; blocked: time the step loop "
+      "waited for a snapshot, share of the step; host MB/rank: the rank's state, its two "
+      "snapshot slots and the backups it holds, and that over the state's bytes\n");
 }
 
 struct Faulted {

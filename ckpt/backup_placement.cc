@@ -13,8 +13,9 @@ struct Shift {
   std::string rule;
 };
 
-Shift rule_for(const Topology& topo) {
+Shift rule_for(const Topology& topo, bool replicas) {
   const bool d = topo.dp() > 1, p = topo.pp() > 1, t = topo.tp() > 1;
+  if (replicas && d) return {1, 0, 0, "dp replica (d+1, p, t): holds the same state, none pushed"};
   if (d && p) return {1, 1, 0, "default: (d+1, p+1, t)"};
   if (d && t) return {1, 0, 1, "pp=1: (d+1, p, t+1)"};
   if (p && t) return {0, 1, 1, "dp=1: (d, p+1, t+1)"};
@@ -41,13 +42,18 @@ int shifted(const Topology& topo, int rank, const Shift& s, int dir) {
 
 }  // namespace
 
-BackupPlacement backup_holder(const Topology& topo, int rank) {
-  Shift s = rule_for(topo);
-  return {shifted(topo, rank, s, +1), s.rule};
+bool replicas_hold_backups(const Topology& topo, bool zero1) {
+  return !zero1 && topo.dp() > 1;
 }
 
-int backup_owner(const Topology& topo, int holder) {
-  return shifted(topo, holder, rule_for(topo), -1);
+BackupPlacement backup_holder(const Topology& topo, int rank, bool replicas) {
+  Shift s = rule_for(topo, replicas);
+  const bool replica = replicas && topo.dp() > 1;
+  return {shifted(topo, rank, s, +1), s.rule, replica};
+}
+
+int backup_owner(const Topology& topo, int holder, bool replicas) {
+  return shifted(topo, holder, rule_for(topo, replicas), -1);
 }
 
 }  // namespace keel

@@ -1,19 +1,21 @@
 // Checksums of snapshot payloads. Every snapshot slot, backup push and restore is verified
-// end to end with XXH3-64: it runs at memory bandwidth, so checking hundreds of MB per step
-// costs far less than the copy it guards.
+// end to end with the block checksum of runtime/block_digest.h (XXH3-64 over the XXH3-64
+// hashes of 64 KiB blocks): it runs at memory bandwidth, and the optimizer computes it for a
+// state that lives in its snapshot slots while writing it (model/train_state.h).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 struct XXH3_state_s;
 
 namespace keel {
 
-// XXH3-64 (seed 0) of one buffer.
+// The block checksum of one buffer.
 uint64_t checksum(const void* data, size_t bytes);
 
-// XXH3-64 over several buffers fed in order; digest() equals checksum() of their
+// The same over several buffers fed in order; digest() equals checksum() of their
 // concatenation, so a payload received or copied in pieces is checked without a second pass.
 class ChecksumStream {
  public:
@@ -29,7 +31,9 @@ class ChecksumStream {
   void reset();
 
  private:
-  XXH3_state_s* state_;
+  XXH3_state_s* block_;           // the block being fed
+  size_t block_fill_ = 0;         // its bytes so far
+  std::vector<uint64_t> hashes_;  // of the blocks completed
 };
 
 }  // namespace keel

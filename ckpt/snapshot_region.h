@@ -77,6 +77,8 @@ class SnapshotRegion {
   SnapshotRegion& operator=(const SnapshotRegion&) = delete;
 
   const std::string& name() const { return name_; }
+  // Bytes of the whole segment (header and both slots): its share of host memory.
+  size_t mapped_bytes() const { return mapped_; }
   size_t capacity() const;
   uint64_t fingerprint() const;
   int owner_rank() const;

@@ -24,6 +24,10 @@ Snapshotter::Snapshotter(TrainState* state, SnapshotRegion* region, SnapshotterO
              "writable region");
   KEEL_CHECK(state_->bytes() <= region_->capacity(), "state of ", state_->bytes(),
              " bytes does not fit ", region_->name());
+  if (options_.state_in_slots && state_->backend()->updates_out_of_place()) {
+    state_->attach_banks(this);
+    in_slots_ = true;
+  }
   copy_thread_ = std::thread([this] { copy_loop(); });
   push_thread_ = std::thread([this] { push_loop(); });
 }
@@ -41,6 +45,72 @@ void Snapshotter::stop() {
   cv_.notify_all();
   if (copy_thread_.joinable()) copy_thread_.join();
   if (push_thread_.joinable()) push_thread_.join();
+  if (in_slots_) {
+    state_->detach_banks();
+    in_slots_ = false;
+  }
+}
+
+char* Snapshotter::bank(int i) {
+  return region_->payload(i);
+}
+
+int Snapshotter::free_bank() const {
+  return region_->free_slot();
+}
+
+void Snapshotter::begin_write(int i) {
+  std::unique_lock lk(mu_);
+  // A push not yet started of the slot's older step is superseded by the one to come.
+  if (pending_ && pending_->slot == i) pending_.reset();
+  auto t0 = Clock::now();
+  cv_.wait(lk, [&] { return stop_ || inflight_slot_ != i; });
+  stats_.wait_idle_seconds += seconds_since(t0);
+  region_->begin_write(i);
+}
+
+void Snapshotter::commit(int i, int64_t step, uint64_t checksum) {
+  region_->commit(i, step, state_->bytes(), checksum, state_->layout_fingerprint(),
+                  region_->owner_rank());
+  std::lock_guard lk(mu_);
+  ++stats_.copies;
+  stats_.last_committed_step = step;
+  if (!holder_.empty()) pending_ = Push{i, step};
+  cv_.notify_all();
+}
+
+bool Snapshotter::adopt(int64_t step, std::string* why) {
+  KEEL_CHECK(in_slots_, "adopt() needs a state living in its snapshot slots");
+  std::optional<SlotView> v = region_->find(step);
+  if (!v) {
+    *why = detail::concat("no slot of ", region_->name(), " holds step ", step);
+    return false;
+  }
+  if (v->fingerprint != state_->layout_fingerprint() || v->bytes != state_->bytes()) {
+    *why = detail::concat("slot of step ", step, " in ", region_->name(),
+                          " was written for another layout");
+    return false;
+  }
+  if (!SnapshotRegion::verify(*v, why)) {
+    // Damaged where it lies: dropped, so that no survey offers its step again.
+    if (v->slot != state_->live_bank()) begin_write(v->slot);
+    *why += "; dropped";
+    return false;
+  }
+  state_->adopt_bank(v->slot, step);
+  forget_after(step);
+  return true;
+}
+
+void Snapshotter::forget_after(int64_t step) {
+  std::unique_lock lk(mu_);
+  for (int i = 0; i < SnapshotRegion::kSlots; ++i) {
+    std::optional<SlotView> v = region_->slot_view(i);
+    if (!v || v->step <= step || i == state_->live_bank()) continue;
+    if (pending_ && pending_->slot == i) pending_.reset();
+    cv_.wait(lk, [&] { return stop_ || inflight_slot_ != i; });
+    region_->begin_write(i);
+  }
 }
 
 bool Snapshotter::pinned(int slot) const {
@@ -50,6 +120,8 @@ bool Snapshotter::pinned(int slot) const {
 void Snapshotter::capture() {
   std::unique_lock lk(mu_);
   KEEL_CHECK(!stop_, "capture() after stop()");
+  // In the slots, the update committed the snapshot already (and queued its push).
+  if (in_slots_) return;
   auto t0 = Clock::now();
   cv_.wait(lk, [&] { return !capture_; });
   stats_.wait_idle_seconds += seconds_since(t0);

@@ -16,6 +16,8 @@
 #include <string>
 #include <thread>
 
+#include "model/state_banks.h"
+
 namespace keel {
 
 class BackupClient;
@@ -31,6 +33,9 @@ struct SnapshotterOptions {
   // each step at most this much (a capture waits for the push of its slot) until the
   // supervisor rebuilds with a new holder.
   std::chrono::milliseconds degraded_timeout{500};
+  // Keep the state in the region's slots where the backend allows (see Snapshotter); false
+  // copies it at every capture() as on a GPU.
+  bool state_in_slots = true;
 };
 
 struct SnapshotStats {
@@ -46,9 +51,15 @@ struct SnapshotStats {
   std::string last_push_error;       // empty if the last push succeeded
 };
 
-class Snapshotter {
+// On a backend that updates out of place (the CPU), the Snapshotter is also the state's
+// StateBanks: the TrainState lives in the region's two slots and the optimizer writes each
+// step into the other slot and commits it there (model/train_state.h), so capture() copies
+// nothing and only hands the committed slot to the push thread. On a GPU the state stays on
+// the device and capture() copies it as described above.
+class Snapshotter : public StateBanks {
  public:
-  // Borrows both; they must outlive the Snapshotter. The region must be writable.
+  // Borrows both; they must outlive the Snapshotter. The region must be writable. Attaches
+  // the state to the region's slots where the backend allows (see above).
   Snapshotter(TrainState* state, SnapshotRegion* region, SnapshotterOptions options = {});
   ~Snapshotter();  // stop()
   Snapshotter(const Snapshotter&) = delete;
@@ -68,8 +79,25 @@ class Snapshotter {
   void set_backup_holder(const std::string& addr);
 
   SnapshotStats stats() const;
-  // Joins both threads; a capture not yet copied is dropped. Idempotent.
+  // Joins both threads; a capture not yet copied is dropped; a state living in the slots is
+  // copied back into its own memory first (the region may go away next). Idempotent.
   void stop();
+
+  // The state lives in the region's slots (see above).
+  bool in_slots() const { return in_slots_; }
+  // Restores `step` from the own slot holding it by making that slot the live state,
+  // copying nothing; checks layout, size and checksum first. False with the reason if the
+  // slot is missing or refused (the state is then untouched). Only when in_slots().
+  bool adopt(int64_t step, std::string* why);
+  // Invalidates every slot holding a step after `step` (a history undone by a restore to
+  // `step`), so that no survey offers it again.
+  void forget_after(int64_t step);
+
+  // StateBanks (called by the TrainState on the training thread).
+  char* bank(int i) override;
+  int free_bank() const override;
+  void begin_write(int i) override;
+  void commit(int i, int64_t step, uint64_t checksum) override;
 
  private:
   struct Push {
@@ -98,6 +126,7 @@ class Snapshotter {
   std::unique_ptr<BackupClient> client_;  // push thread only
   bool client_degraded_ = false;          // client_ was made with the degraded timeouts
   std::thread copy_thread_, push_thread_;
+  bool in_slots_ = false;
 };
 
 }  // namespace keel

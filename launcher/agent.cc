@@ -24,6 +24,7 @@
 #include "launcher/stack_capture.h"
 #include "launcher/stack_report.h"
 #include "runtime/check.h"
+#include "runtime/cpu/blas_core.h"
 
 namespace keel {
 namespace {
@@ -148,6 +149,8 @@ int Agent::run(const volatile int* stop) {
           break;
         case control::Command::spawn: {
           std::map<std::string, std::string> env(c.env().begin(), c.env().end());
+          // This machine's best OpenBLAS core, so the worker need not re-exec to get it.
+          add_blas_core_env(&env);
           if (c.rank() < 0) {  // a warm standby, parked until it is given a rank
             const int index = -1 - c.rank();
             std::vector<std::string> argv(c.args().begin(), c.args().end());
@@ -198,19 +201,25 @@ int Agent::run(const volatile int* stop) {
           ev->set_kind(control::Event::snapshots);
           ev->set_slot(o_.slot);
           // Ranks this slot ran: their own snapshots, and the backups they hold for others.
+          // Slot headers only: a restore verifies the slot it loads, falls back to the next
+          // source and drops a damaged slot, so no pass over the payloads is made here.
           for (int r : hosted_) {
             control::SnapshotHolding* own = ev->add_holdings();
             own->set_owner_rank(r);
             own->set_own(true);
-            for (int64_t s : restorable_steps(o_.job, r, -1, /*verify=*/true)) own->add_steps(s);
-            const int owner = backup_owner(o_.topo, r);
+            for (int64_t s : restorable_steps(o_.job, r, -1)) own->add_steps(s);
+            const int owner = backup_owner(o_.topo, r, o_.replica_backups);
             if (owner >= 0) {
               control::SnapshotHolding* held = ev->add_holdings();
               held->set_owner_rank(owner);
               // Only the backup segment of holder r: restorable_steps(owner, r) would also
-              // read the owner's own segment, which lives on its slot, not here.
-              if (auto b = SnapshotRegion::open_existing(backup_segment_name(o_.job, r)))
-                for (int64_t s : verified_steps(*b, owner)) held->add_steps(s);
+              // read the owner's own segment, which lives on its slot, not here. A replica
+              // holds the owner's state in its own segment.
+              const std::string name = o_.replica_backups ? snapshot_segment_name(o_.job, r)
+                                                          : backup_segment_name(o_.job, r);
+              if (auto b = SnapshotRegion::open_existing(name))
+                for (int64_t s : b->valid_steps(o_.replica_backups ? -1 : owner))
+                  held->add_steps(s);
             }
           }
           client.send(e);

@@ -22,12 +22,13 @@ namespace keel {
 
 struct AgentOptions {
   int slot = 0;
-  int workers = 1;         // worker capacity of the slot
-  std::string host;        // the slot's reachable address, for the controller
-  std::string controller;  // the control plane's endpoint
-  std::string log_dir;     // each worker's stdout and stderr: log_dir/rank<R>.log
-  Topology topo{1, 1, 1};  // to know whose backups the slot holds
-  std::string job;         // names the job's shared memory
+  int workers = 1;               // worker capacity of the slot
+  std::string host;              // the slot's reachable address, for the controller
+  std::string controller;        // the control plane's endpoint
+  std::string log_dir;           // each worker's stdout and stderr: log_dir/rank<R>.log
+  Topology topo{1, 1, 1};        // to know whose backups the slot holds
+  bool replica_backups = false;  // DP replicas are each other's backups (replicas_hold_backups)
+  std::string job;               // names the job's shared memory
   std::chrono::milliseconds register_timeout{std::chrono::seconds(10)};
   // detect.controller_timeout_ms: silence from the controller, once it welcomed the agent,
   // after which the slot is stopped (0: never).

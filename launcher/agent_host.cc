@@ -340,7 +340,7 @@ void AgentHost::stop_all(int sig, std::chrono::milliseconds grace) {
   exits_.clear();
 }
 
-std::map<int, policy::Holdings> AgentHost::survey(const Topology& topo) {
+std::map<int, policy::Holdings> AgentHost::survey(const Topology& topo, bool) {
   (void)topo;
   survey_replies_.clear();
   control::Envelope m = make_envelope(0);

@@ -45,7 +45,7 @@ class AgentHost : public RankHost {
   void kill(int rank) override;
   std::optional<RankExit> poll_exit() override;
   void stop_all(int sig, std::chrono::milliseconds grace) override;
-  std::map<int, policy::Holdings> survey(const Topology& topo) override;
+  std::map<int, policy::Holdings> survey(const Topology& topo, bool replica_backups) override;
   void finish() override;
   int slot_of(int rank) const override { return rank_slot_[size_t(rank)]; }
   void fill_view(policy::ClusterView* view) const override;

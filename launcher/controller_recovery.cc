@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "ckpt/backup_placement.h"
 #include "ckpt/persistent_checkpoint.h"
 #include "launcher/controller_impl.h"
 #include "runtime/check.h"
@@ -171,7 +172,7 @@ bool Controller::Impl::recover(Detected d) {
 
   // 3. Decide.
   const policy::Options po = policy_options(/*with_checkpoint=*/true);
-  std::map<int, policy::Holdings> have = host->survey(topo);
+  std::map<int, policy::Holdings> have = host->survey(topo, replicas_hold_backups(topo, po.zero1));
   for (const auto& [r, a] : acks) have[r].live = a.steps_completed();
   const auto wait_start = Clock::now();
   policy::Plan plan;

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ckpt/backup_placement.h"
 #include "ckpt/persistent_checkpoint.h"
 #include "ckpt/snapshot_region.h"
 #include "launcher/agent.h"
@@ -117,6 +118,7 @@ int run_agent(const LaunchOptions& o, const config::JobConfig& cfg, int slot,
   a.controller = endpoint;
   a.log_dir = (fs::path(o.run_dir) / job / "logs").string();
   a.topo = Topology(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
+  a.replica_backups = replicas_hold_backups(a.topo, cfg.parallel().zero1());
   a.job = job;
   a.controller_timeout = std::chrono::milliseconds(cfg.detect().controller_timeout_ms());
   fs::create_directories(a.log_dir);

@@ -153,15 +153,19 @@ void LocalHost::stop_all(int sig, std::chrono::milliseconds grace) {
   }
 }
 
-std::map<int, policy::Holdings> LocalHost::survey(const Topology& topo) {
+std::map<int, policy::Holdings> LocalHost::survey(const Topology& topo, bool replica_backups) {
   std::map<int, policy::Holdings> out;
   for (int r = 0; r < topo.world_size(); ++r) {
-    // Checksums are verified: a corrupted slot must not become the restore point.
-    for (int64_t s : restorable_steps(job_, r, -1, /*verify=*/true)) out[r].own.insert(s);
-    const int holder = backup_holder(topo, r).holder;
-    if (holder < 0) continue;
-    if (auto b = SnapshotRegion::open_existing(backup_segment_name(job_, holder)))
-      for (int64_t s : verified_steps(*b, r)) out[r].backup.insert(s);
+    // Slot headers only: a restore verifies the slot it loads, falls back to the next
+    // source and drops a damaged slot, so no pass over the payloads is made here.
+    for (int64_t s : restorable_steps(job_, r, -1)) out[r].own.insert(s);
+    const BackupPlacement bp = backup_holder(topo, r, replica_backups);
+    if (bp.holder < 0) continue;
+    // A replica's own segment holds the same state (backup_placement.h).
+    const std::string name =
+        bp.replica ? snapshot_segment_name(job_, bp.holder) : backup_segment_name(job_, bp.holder);
+    if (auto b = SnapshotRegion::open_existing(name))
+      for (int64_t s : b->valid_steps(bp.replica ? -1 : r)) out[r].backup.insert(s);
   }
   return out;
 }

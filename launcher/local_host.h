@@ -21,7 +21,7 @@ class LocalHost : public RankHost {
   void kill(int rank) override;
   std::optional<RankExit> poll_exit() override;
   void stop_all(int sig, std::chrono::milliseconds grace) override;
-  std::map<int, policy::Holdings> survey(const Topology& topo) override;
+  std::map<int, policy::Holdings> survey(const Topology& topo, bool replica_backups) override;
   void finish() override;
   // Traces its children directly (it is their parent). Call it from the thread that calls
   // poll_exit: a concurrent waitpid(-1) would take the capture's ptrace stops.

@@ -57,8 +57,10 @@ class RankHost {
   // Sends `sig` to every rank, waits up to `grace`, then SIGKILLs what is left.
   virtual void stop_all(int sig, std::chrono::milliseconds grace) = 0;
   // For each rank, the steps it could restore from snapshots that still exist: its own
-  // snapshot (on the slot it runs on) and its backup holder's copy, checksums verified.
-  virtual std::map<int, policy::Holdings> survey(const Topology& topo) = 0;
+  // snapshot (on the slot it runs on) and its backup holder's copy (with `replica_backups`
+  // the holder's own snapshot, ckpt/backup_placement.h). Slot headers only: a restore
+  // verifies what it loads.
+  virtual std::map<int, policy::Holdings> survey(const Topology& topo, bool replica_backups) = 0;
   // Removes the job's shared memory (at the end of the job).
   virtual void finish() = 0;
 

@@ -86,6 +86,19 @@ void Worker::setup() {
                                                int(std::thread::hardware_concurrency()));
     peak_ = device_peak(*backend_, precision, machine_threads);
     if (cuda) peak_.flops_per_s *= o_.world_size;  // one card per rank
+    if (cuda) peak_.theoretical_flops_per_s *= o_.world_size;
+    // The GEMM path and both peaks, first of the job's lines: a slow path shows here.
+    if (!cuda && !o_.quiet && !env_.restarted && epoch_ == 0) {
+      const BlasPath blas = blas_path();
+      std::printf(
+          "keel: cpu %s, %s; BLAS %s, core %s (chosen by %s%s%s); peak %.0f GFLOP/s %s, "
+          "theoretical %.0f GFLOP/s (%s)\n",
+          cpu_features().describe().c_str(), cpu_features().isa().c_str(), blas.config.c_str(),
+          blas.core.c_str(), blas.chosen_by.c_str(), blas.best.empty() ? "" : "; best ",
+          blas.best.c_str(), peak_.flops_per_s / 1e9, peak_.source.c_str(),
+          peak_.theoretical_flops_per_s / 1e9, peak_.theoretical_source.c_str());
+      std::fflush(stdout);
+    }
   }
   // Under a supervisor faults may also arrive while the job runs (keel-ctl inject).
   if (!plan.schedule.fault().empty() || env_.supervised)
@@ -177,7 +190,9 @@ void Worker::build_epoch(int epoch, const membership::Rebuild* first) {
         reporter_->set_epoch(epoch_);
         reporter_->set_steps(state_->step());
       }
-      if (snapshotter_ && holder_ >= 0) snapshotter_->set_backup_holder(holder_address());
+      // A replica holds the same state already: nothing to push.
+      if (snapshotter_ && holder_ >= 0 && !replica_holder_)
+        snapshotter_->set_backup_holder(holder_address());
       if (!rb) {
         load_start_state();
         record_start_step();
@@ -275,13 +290,19 @@ void Worker::after_step(const StepStats& st) {
   if (leader_ && !o_.quiet &&
       ((s + 1) % std::max(1, cfg_.train().log_every()) == 0 || s + 1 == steps)) {
     const double tok_s = double(st.tokens) / st.wall_s;
-    const double mfu =
-        peak_.flops_per_s > 0 ? trainer_->model_flops_per_token() * tok_s / peak_.flops_per_s : 0;
+    const Mfu mfu = honest_mfu(trainer_->model_flops_per_token() * tok_s, peak_);
+    char mfu_text[16] = "  n/a";
+    if (mfu.valid) std::snprintf(mfu_text, sizeof(mfu_text), "%5.1f%%", 100 * mfu.value);
+    if (!mfu.valid && peak_.flops_per_s > 0 && !mfu_refused_) {
+      mfu_refused_ = true;  // once: name the stale peak and make the next start measure
+      std::fprintf(stderr, "keel: %s; its cache is dropped\n", mfu.why_not.c_str());
+      forget_peak(peak_);
+    }
     std::printf(
-        "step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | MFU %5.1f%% | "
+        "step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | MFU %s | "
         "compute %3.0f%% comm %3.0f%% bubble %3.0f%%\n",
         static_cast<long long>(s + 1), static_cast<long long>(steps), st.loss, st.lr, st.grad_norm,
-        tok_s, 100 * mfu, 100 * st.compute_s / st.wall_s, 100 * st.comm_s / st.wall_s,
+        tok_s, mfu_text, 100 * st.compute_s / st.wall_s, 100 * st.comm_s / st.wall_s,
         100 * st.bubble_s / st.wall_s);
     std::fflush(stdout);
   }
@@ -329,9 +350,7 @@ void Worker::record_step(const StepStats& st) {
     store_->set("live/ettr",
                 std::to_string(live_step_s_ / std::max(1e-9, unix_now() - env_.job_start)));
     store_->set("live/mfu",
-                std::to_string(peak_.flops_per_s > 0
-                                   ? trainer_->model_flops_per_token() * tok_s / peak_.flops_per_s
-                                   : 0));
+                std::to_string(honest_mfu(trainer_->model_flops_per_token() * tok_s, peak_).value));
   }
   if (first_step_in_epoch_) {
     first_step_in_epoch_ = false;
@@ -360,11 +379,14 @@ void Worker::finish() {
       write_llmc_checkpoint(o_.export_llmc_path, trainer_->dims(), full);
     if (!o_.report_path.empty()) write_report_json(o_.report_path, rep);
     if (!o_.loss_svg_path.empty()) write_loss_svg(o_.loss_svg_path, rep);
+    char mfu_text[16] = "n/a";
+    if (rep.mfu_unavailable().empty())
+      std::snprintf(mfu_text, sizeof(mfu_text), "%.1f%%", 100 * rep.mfu());
     if (!o_.quiet)
       std::printf(
-          "keel: done: %d steps, final loss %.6f, %.0f tok/s, MFU %.1f%% of %.3g FLOP/s "
+          "keel: done: %d steps, final loss %.6f, %.0f tok/s, MFU %s of %.3g FLOP/s "
           "(%s), params %s, ETTR %.3f, %d incident(s), %.1f s\n",
-          rep.steps_completed(), rep.final_loss(), rep.tokens_per_s(), 100 * rep.mfu(),
+          rep.steps_completed(), rep.final_loss(), rep.tokens_per_s(), mfu_text,
           rep.mfu_peak_flops(), rep.mfu_peak_source().c_str(), rep.param_checksum().c_str(),
           rep.ettr(), rep.incidents_size(), rep.wall_s());
   }
@@ -381,6 +403,17 @@ void Worker::fill_report(RunReport* rep) {
   rep->set_num_params(double(trainer_->global_param_count()));
   rep->set_mfu_peak_flops(peak_.flops_per_s);
   rep->set_mfu_peak_source(peak_.source);
+  rep->set_mfu_theoretical_peak_flops(peak_.theoretical_flops_per_s);
+  rep->set_mfu_theoretical_peak_source(peak_.theoretical_source);
+  if (backend_->kind() == DeviceKind::kCpu) {
+    const BlasPath blas = blas_path();
+    rep->set_blas(blas.config);
+    rep->set_blas_core(blas.core);
+    rep->set_blas_core_best(blas.best);
+    rep->set_blas_core_chosen_by(blas.chosen_by);
+    rep->set_cpu_model(cpu_features().describe());
+    rep->set_cpu_isa(cpu_features().isa());
+  }
   rep->set_recovery_mode(config::RecoveryConfig::Mode_Name(cfg_.recovery().mode()));
   const int64_t steps = cfg_.train().steps();
   const JobHistory h = read_job_history(*store_, cfg_, topo_.world_size(), val_ != nullptr, rep);
@@ -388,9 +421,14 @@ void Worker::fill_report(RunReport* rep) {
   rep->set_steps_completed(int(steps));
   if (rep->losses_size() > 0) rep->set_final_loss(rep->losses(rep->losses_size() - 1));
   rep->set_tokens_per_s(timed_s > 0 ? timed_tokens / timed_s : 0);
-  rep->set_mfu(peak_.flops_per_s > 0
-                   ? trainer_->model_flops_per_token() * rep->tokens_per_s() / peak_.flops_per_s
-                   : 0);
+  const Mfu mfu = honest_mfu(trainer_->model_flops_per_token() * rep->tokens_per_s(), peak_);
+  rep->set_mfu(mfu.value);
+  if (!mfu.valid && rep->tokens_per_s() > 0) rep->set_mfu_unavailable(mfu.why_not);
+  if (!mfu.valid && peak_.flops_per_s > 0 && rep->tokens_per_s() > 0 && !mfu_refused_) {
+    mfu_refused_ = true;
+    std::fprintf(stderr, "keel: %s; its cache is dropped\n", mfu.why_not.c_str());
+    forget_peak(peak_);
+  }
   rep->set_wall_s(unix_now() - env_.job_start);
   rep->set_ettr(rep->wall_s() > 0 ? kept_s / rep->wall_s() : 0);
   rep->set_productive_s(kept_s);
@@ -399,6 +437,14 @@ void Worker::fill_report(RunReport* rep) {
     rep->set_snapshot_blocked_s(ss.wait_idle_seconds);
     rep->set_snapshot_bytes(double(state_->bytes()));
     rep->set_backup_bytes_per_step(ss.copies > 0 ? double(ss.bytes_pushed) / double(ss.copies) : 0);
+    rep->set_snapshot_in_slots(snapshotter_->in_slots());
+    rep->set_backup_mode(holder_ < 0 ? "none" : replica_holder_ ? "replica" : "pushed");
+    double host = double(region_->mapped_bytes());
+    if (!snapshotter_->in_slots()) host += double(state_->bytes());  // the live state
+    if (auto held = SnapshotRegion::open_existing(backup_segment_name(env_.job, o_.rank)))
+      host += double(held->mapped_bytes());
+    rep->set_state_host_bytes(host);
+    rep->set_state_host_ratio(host / double(state_->bytes()));
   }
 }
 

@@ -48,6 +48,8 @@
 #include "proto/config_loader.h"
 #include "robust/fault_injector.h"
 #include "robust/fault_spec.h"
+#include "runtime/cpu/blas_core.h"
+#include "runtime/cpu/cpu_features.h"
 
 namespace keel::worker_detail {
 
@@ -198,6 +200,7 @@ class Worker {
   bool leader_ = false;
   int epoch_ = 0;
   Peak peak_;
+  bool mfu_refused_ = false;  // the stale peak was named (and its cache dropped) once
   std::unique_ptr<Backend> backend_;
   std::shared_ptr<Plugin> plugin_;
   std::unique_ptr<DataLoader> data_, val_;
@@ -219,6 +222,7 @@ class Worker {
   std::unique_ptr<Snapshotter> snapshotter_;
   std::unique_ptr<PersistentCheckpointer> checkpointer_;
   int holder_ = -1;
+  bool replica_holder_ = false;  // holder_ is a DP replica: its own snapshot is the backup
   int64_t nonfinite_retried_ = -1;
   report::Incident nan_incident_;
   bool first_step_in_epoch_ = true;

@@ -8,10 +8,16 @@ void Worker::open_snapshots() {
   if (!cfg_.checkpoint().snapshot_every_step()) return;
   region_ = SnapshotRegion::open_or_create(snapshot_segment_name(env_.job, o_.rank),
                                            state_->bytes(), state_->layout_fingerprint(), o_.rank);
-  holder_ = backup_holder(topo_, o_.rank).holder;
+  const BackupPlacement bp =
+      backup_holder(topo_, o_.rank, replicas_hold_backups(topo_, cfg_.parallel().zero1()));
+  holder_ = bp.holder;
+  replica_holder_ = bp.replica;
   if (holder_ >= 0) {
+    // Also for a replica holder: this rank's server then serves its own snapshot to the
+    // replica it backs up.
     BackupServerOptions bo;
     bo.host = listen_host_;
+    bo.serve_own_snapshot = replica_holder_;
     backup_server_ = std::make_unique<BackupServer>(env_.job, o_.rank, bo);
     store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
   }
@@ -79,7 +85,9 @@ void Worker::load_start_state() {
       ResumePoint p = find_resume_point(dir, checkpoint_layout(), &skipped);
       for (const auto& s : skipped)
         std::fprintf(stderr, "keel-worker: rank %d: skipped checkpoint %s\n", o_.rank, s.c_str());
+      StateRewrite rw(*state_);
       load_rank(p, o_.rank, *state_);
+      rw.commit();
       if (leader_ && !o_.quiet)
         std::printf("keel: resumed from %s (step %lld)\n", p.dir.c_str(),
                     static_cast<long long>(p.step));
@@ -88,7 +96,9 @@ void Worker::load_start_state() {
       if (!o_.resume_dir.empty()) throw;  // asked for by the user: it must be there
     }
   }
+  StateRewrite rw(*state_);
   trainer_->init_params();
+  rw.commit();
 }
 
 // The step the job's report starts at: where its first process started (a --resume
@@ -101,10 +111,12 @@ void Worker::record_start_step() {
 // A grown replica's ranks get the state (and its step) from their DP group's first rank,
 // which every survivor of the group holds equally.
 void Worker::receive_state_from_replica() {
+  StateRewrite rw(*state_);
   for (const StateSpan& sp : state_->spans()) groups_->dp->broadcast(sp.data, sp.bytes(), 0);
   int64_t step = state_->step();
   groups_->dp->broadcast(&step, sizeof(step), 0);
   state_->set_step(step);
+  rw.commit();
 }
 
 void Worker::restore(const membership::Rebuild& rb) {
@@ -118,7 +130,9 @@ void Worker::restore(const membership::Rebuild& rb) {
     if (p.step != S)
       throw Error(detail::concat("the controller restores the persistent checkpoint of step ", S,
                                  " but the newest complete one in ", dir, " is step ", p.step));
+    StateRewrite rw(*state_);
     load_rank(p, o_.rank, *state_);
+    rw.commit();
     source = "persistent";
     from = "the persistent checkpoint " + p.dir;
   } else if (S < 0) {
@@ -129,14 +143,31 @@ void Worker::restore(const membership::Rebuild& rb) {
     source = "memory";  // a step is a transaction: the state is still S
   } else {
     if (snapshotter_) snapshotter_->wait_idle();
-    std::string addr = holder_ >= 0 && region_ ? holder_address() : "";
-    RestoreResult r = restore_state(*state_, S, region_.get(), addr, o_.rank, holder_);
-    for (const auto& why : r.skipped)
-      std::fprintf(stderr, "keel-worker: rank %d: restore step %lld: %s\n", o_.rank,
-                   static_cast<long long>(S), why.c_str());
-    source = r.source.rfind("own", 0) == 0 ? "own_snapshot" : "backup";
-    from = r.source;
+    std::string why;
+    if (snapshotter_ && snapshotter_->in_slots() && snapshotter_->adopt(S, &why)) {
+      source = "own_snapshot";
+      from = "own slot (" + region_->name() + "), in place";
+    } else {
+      if (!why.empty())
+        std::fprintf(stderr, "keel-worker: rank %d: restore step %lld: own slot (%s): %s\n",
+                     o_.rank, static_cast<long long>(S), region_->name().c_str(), why.c_str());
+      std::string addr = holder_ >= 0 && region_ ? holder_address() : "";
+      // A state living in the slots was offered its own slot above; reading that slot again
+      // into the other one could overwrite it.
+      const bool in_slots = snapshotter_ && snapshotter_->in_slots();
+      StateRewrite rw(*state_);
+      RestoreResult r =
+          restore_state(*state_, S, in_slots ? nullptr : region_.get(), addr, o_.rank, holder_);
+      rw.commit(r.checksum);  // verified as it arrived: no second pass
+      for (const auto& w : r.skipped)
+        if (!in_slots || w.rfind("own slot:", 0) != 0)
+          std::fprintf(stderr, "keel-worker: rank %d: restore step %lld: %s\n", o_.rank,
+                       static_cast<long long>(S), w.c_str());
+      source = r.source.rfind("own", 0) == 0 ? "own_snapshot" : "backup";
+      from = r.source;
+    }
   }
+  if (snapshotter_ && S >= 0) snapshotter_->forget_after(S);
   if (recovery_) store_->set(recovery::restored_from_key(epoch_, o_.rank), source);
   if (!from.empty())
     std::fprintf(stderr, "keel-worker: rank %d: restored step %lld from %s\n", o_.rank,

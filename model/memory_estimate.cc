@@ -66,7 +66,8 @@ std::string MemoryEstimate::describe() const {
      << " (" << in_flight << " micro-batch" << (in_flight == 1 ? "" : "es")
      << " in flight), scratch " << format_bytes(scratch) << ", gradient buckets "
      << format_bytes(comm) << ", process " << format_bytes(process) << ", snapshot slots "
-     << format_bytes(snapshot) << " (2 own + 2 peer backup, shared memory)";
+     << format_bytes(snapshot) << " (2 own" << (backup_slots ? " + 2 peer backup" : "")
+     << ", shared memory)";
   return os.str();
 }
 
@@ -124,7 +125,12 @@ MemoryEstimate estimate_rank_memory(const config::JobConfig& job, int pp_rank) {
   e.scratch = scratch * kFloat;
   if (p.dp() > 1) e.comm = 2 * double(p.bucket_mb()) * 1024 * 1024;
   e.process = kProcessBytes;
-  if (cfg.checkpoint().snapshot_every_step()) e.snapshot = 4 * (e.params + e.moments);
+  if (cfg.checkpoint().snapshot_every_step()) {
+    // Backups are pushed unless DP replicas hold them (ckpt/backup_placement.h).
+    const bool alone = p.dp() * p.pp() * p.tp() == 1, replicas = !p.zero1() && p.dp() > 1;
+    e.backup_slots = alone || replicas ? 0 : 2;
+    e.snapshot = double(2 + e.backup_slots) * (e.params + e.moments);
+  }
   return e;
 }
 

@@ -27,11 +27,17 @@ struct MemoryEstimate {
   double comm = 0;         // data-parallel bucket buffers
   double process = 0;      // the process itself on the host: code, libraries, thread stacks
   double snapshot = 0;     // host shared memory: 2 own snapshot slots of parameters and
-                           // moments, and 2 slots of the peer backup this rank holds
+                           // moments, and 2 slots of the peer backup this rank holds where
+                           // backups are pushed (not when DP replicas hold them)
+  int backup_slots = 0;    // of those, the peer backup's (0 or 2)
   // Bytes on the rank's device (host memory on CPU).
   double device_bytes() const { return params + grads + moments + activations + scratch + comm; }
   // Bytes of host memory: on CPU everything, on CUDA the process and the snapshot slots.
-  double host_bytes(bool cuda) const { return (cuda ? 0 : device_bytes()) + process + snapshot; }
+  // On CPU with snapshots the live parameters and moments are one of the slots, not extra.
+  double host_bytes(bool cuda) const {
+    const double live_in_slots = snapshot > 0 ? params + moments : 0;
+    return (cuda ? 0 : device_bytes() - live_in_slots) + process + snapshot;
+  }
   // "parameters 1.2 GiB, gradients ..., snapshot slots 4.8 GiB".
   std::string describe() const;
 };

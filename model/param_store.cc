@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "runtime/block_digest.h"
 #include "runtime/check.h"
 #include "runtime/rng.h"
 
@@ -85,14 +86,42 @@ ParamStore::ParamStore(Backend* backend, std::vector<keel_param_desc> descs, int
     offset += (s.numel + 15) / 16 * 16;
     slots_.push_back(s);
   }
-  size_t unit = size_t(16) * size_t(std::max(1, align_to));
+  // Whole 64 KiB digest blocks per ZeRO-1 shard: then the parameters, the moments and every
+  // shard start on a block boundary, and the optimizer can checksum what it writes block by
+  // block (runtime/block_digest.h).
+  size_t unit = kDigestBlockFloats * size_t(std::max(1, align_to));
   padded_ = (offset + unit - 1) / unit * unit;
   params_ = static_cast<float*>(backend_->alloc(padded_ * sizeof(float)));
   grads_ = static_cast<float*>(backend_->alloc(padded_ * sizeof(float)));
 }
 
 ParamStore::~ParamStore() {
-  for (float* p : {params_, grads_, m_, v_}) backend_->free(p);
+  backend_->free(grads_);
+  if (owns_state_)
+    for (float* p : {params_, m_, v_}) backend_->free(p);
+}
+
+void ParamStore::use_state_buffers(float* params, float* m, float* v) {
+  if (owns_state_)
+    for (float* p : {params_, m_, v_}) backend_->free(p);
+  owns_state_ = false;
+  params_ = params;
+  m_ = m;
+  v_ = v;
+}
+
+void ParamStore::own_state_buffers(size_t moment_numel) {
+  if (owns_state_) return;
+  auto* p = static_cast<float*>(backend_->alloc(padded_ * sizeof(float)));
+  auto* m = static_cast<float*>(backend_->alloc(moment_numel * sizeof(float)));
+  auto* v = static_cast<float*>(backend_->alloc(moment_numel * sizeof(float)));
+  backend_->copy(p, params_, padded_ * sizeof(float));
+  backend_->copy(m, m_, moment_numel * sizeof(float));
+  backend_->copy(v, v_, moment_numel * sizeof(float));
+  params_ = p;
+  m_ = m;
+  v_ = v;
+  owns_state_ = true;
 }
 
 void ParamStore::allocate_moments(size_t numel) {

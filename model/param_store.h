@@ -49,6 +49,11 @@ class ParamStore {
   ParamStore& operator=(const ParamStore&) = delete;
 
   void allocate_moments(size_t numel);
+  // Points parameters and moments at memory the store does not own (a TrainState living in
+  // its snapshot slots), freeing its own; gradients stay. own_state_buffers() copies them
+  // back into memory of its own (`moment_numel` floats of each moment).
+  void use_state_buffers(float* params, float* m, float* v);
+  void own_state_buffers(size_t moment_numel);
 
   const std::vector<ParamSlot>& slots() const { return slots_; }
   size_t padded_numel() const { return padded_; }
@@ -75,6 +80,7 @@ class ParamStore {
   std::vector<ParamSlot> slots_;
   size_t padded_ = 0;
   float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
+  bool owns_state_ = true;  // params_, m_, v_ (grads_ always)
 };
 
 }  // namespace keel

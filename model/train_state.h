@@ -10,11 +10,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/param_store.h"
 #include "model/plugin.h"
+#include "model/state_banks.h"
 #include "runtime/backend.h"
 
 namespace keel {
@@ -47,16 +49,76 @@ class TrainState {
   std::vector<StateSpan> spans();
   size_t bytes() const;
 
+  // --- living in snapshot banks (model/state_banks.h) ---
+  // From the next update_begin() or rewrite_begin() on, the state lives in `banks`, which
+  // must outlive it or detach_banks(). Only for a backend that updates out of place.
+  void attach_banks(StateBanks* banks);
+  // Copies the state back into memory of its own and lets go of the banks.
+  void detach_banks();
+  bool attached() const { return banks_ != nullptr; }
+  // The bank the state lives in, or -1 (its own memory).
+  int live_bank() const { return live_; }
+
+  // Where an out-of-place update writes the next step: the other bank, already marked
+  // invalid. Without banks, nullopt: the caller updates in place.
+  struct Target {
+    int bank;
+    float *params, *m, *v;
+  };
+  std::optional<Target> update_begin();
+  // The target holds step `step` with `checksum`: it becomes the live state. A failure
+  // between update_begin() and here leaves the live state as it was.
+  void update_commit(const Target& t, int64_t step, uint64_t checksum);
+
+  // Bank `i` holds a snapshot of `step` that the caller has verified: the state now lives
+  // there (a restore from the own slot copies nothing).
+  void adopt_bank(int i, int64_t step);
+
+  // A whole-state write from outside the optimizer (a restore, a load, an init): between
+  // rewrite_begin() and rewrite_commit() spans() point at the other bank (marked invalid),
+  // so the live snapshot stays intact until the new state is complete; rewrite_commit()
+  // checksums it and makes it live at step(). rewrite_abort() goes back to the old one.
+  // Without banks all three only write in place.
+  void rewrite_begin();
+  // `checksum`: the state's block checksum if the caller already knows it (a restore that
+  // verified what it loaded); else it is computed here.
+  void rewrite_commit(std::optional<uint64_t> checksum = std::nullopt);
+  void rewrite_abort();
+
   // A digest of the layout (names, shapes, TP split, flags, buffer sizes): two states with
   // the same fingerprint have spans of the same sizes and meanings. A snapshot or checkpoint
   // of another layout or model is refused by comparing it.
   uint64_t layout_fingerprint() const;
 
  private:
+  void point_at(int bank);  // params_ uses bank `bank`'s memory
+
   Backend* backend_;
   ParamStore params_;
   size_t moment_floats_;
   int64_t step_ = 0;
+  StateBanks* banks_ = nullptr;
+  int live_ = -1;       // bank holding the live state; -1: params_ owns it
+  int rewriting_ = -2;  // during a rewrite: the live bank before it (-1: own memory)
+};
+
+// rewrite_begin() ... rewrite_commit() as a scope: leaving it by an exception aborts.
+class StateRewrite {
+ public:
+  explicit StateRewrite(TrainState& s) : s_(s) { s_.rewrite_begin(); }
+  ~StateRewrite() {
+    if (!done_) s_.rewrite_abort();
+  }
+  StateRewrite(const StateRewrite&) = delete;
+  StateRewrite& operator=(const StateRewrite&) = delete;
+  void commit(std::optional<uint64_t> checksum = std::nullopt) {
+    s_.rewrite_commit(checksum);
+    done_ = true;
+  }
+
+ private:
+  TrainState& s_;
+  bool done_ = false;
 };
 
 }  // namespace keel

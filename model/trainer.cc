@@ -1,5 +1,7 @@
 #include "model/trainer.h"
 
+#include "runtime/block_digest.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -8,6 +10,7 @@
 #include "model/job_layout.h"
 #include "model/llmc_checkpoint.h"
 #include "model/lr_schedule.h"
+#include "runtime/block_digest.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -100,8 +103,6 @@ Trainer::Trainer(const config::JobConfig& cfg, Backend* backend, std::shared_ptr
     dout_ = static_cast<float*>(backend_->alloc(hidden * sizeof(float)));
   }
   if (!first_) dinput_ = static_cast<float*>(backend_->alloc(hidden * sizeof(float)));
-  if (zero1())
-    undo_ = static_cast<float*>(backend_->alloc(3 * sync_->shard_numel() * sizeof(float)));
 }
 
 Trainer::~Trainer() {
@@ -265,6 +266,10 @@ StepStats Trainer::step() {
 keel_stage_args Trainer::stage_args(Slot& slot) {
   keel_stage_args args{};
   args.ops = ops_->ops();
+  // Refreshed every call: a state living in its snapshot banks moves to the other bank at
+  // every update (model/train_state.h).
+  ParamStore& ps = state_->params();
+  for (size_t i = 0; i < param_ptrs_.size(); ++i) param_ptrs_[i] = ps.param(int(i));
   args.params = param_ptrs_.data();
   args.grads = grad_ptrs_.data();
   args.B = cfg_.train().micro_batch_size();
@@ -341,6 +346,12 @@ void Trainer::optimizer_step(int64_t step, double lr, float clip_scale) {
   const size_t lo = z ? sync_->shard_begin() : 0;
   const size_t shard = z ? sync_->shard_numel() : ps.padded_numel();
   const size_t hi = lo + shard;
+  if (std::optional<TrainState::Target> t = state_->update_begin()) {
+    update_out_of_place(*t, step, p, lo, hi);
+    return;
+  }
+  if (z && !undo_)
+    undo_ = static_cast<float*>(backend_->alloc(3 * sync_->shard_numel() * sizeof(float)));
   if (z) {
     backend_->copy(undo_, ps.params() + lo, shard * sizeof(float));
     backend_->copy(undo_ + shard, ps.m(), shard * sizeof(float));
@@ -367,6 +378,46 @@ void Trainer::optimizer_step(int64_t step, double lr, float clip_scale) {
     throw;
   }
   backend_->copy(ps.params(), ps.grads(), ps.padded_numel() * sizeof(float));
+}
+
+// The step written into the state's other snapshot bank, hashed block by block as it is
+// written, and committed there: the update is the snapshot. A failure before the commit (a
+// CommError in the ZeRO-1 all-gather) leaves the live bank untouched, so no undo log is needed.
+void Trainer::update_out_of_place(const TrainState::Target& t, int64_t step, AdamWParams p,
+                                  size_t lo, size_t hi) {
+  const auto& o = cfg_.optim();
+  ParamStore& ps = state_->params();
+  const size_t P = ps.padded_numel(), M = hi - lo;
+  const size_t pb = P / kDigestBlockFloats, mb = M / kDigestBlockFloats;
+  hashes_.resize(pb + 2 * mb);
+  std::vector<AdamWSegment> segs;
+  for (const ParamSlot& s : ps.slots()) {
+    size_t b = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
+    if (b < e) segs.push_back({b, e, s.decays() ? o.weight_decay() : 0.0f});
+  }
+  AdamWUpdate u;
+  u.param = ps.params();
+  u.grad = ps.grads();
+  u.m = ps.m();
+  u.v = ps.v();
+  u.param_out = t.params;
+  u.m_out = t.m;
+  u.v_out = t.v;
+  u.begin = lo;
+  u.end = hi;
+  u.segments = segs.data();
+  u.num_segments = segs.size();
+  u.param_hashes = hashes_.data();
+  u.m_hashes = hashes_.data() + pb;
+  u.v_hashes = hashes_.data() + pb + mb;
+  backend_->adamw_update(u, p);
+  if (zero1()) {
+    // The other shards arrive straight in the target bank, then are hashed there.
+    sync_->all_gather_params(t.params);
+    backend_->hash_blocks(t.params, lo, hashes_.data());
+    backend_->hash_blocks(t.params + hi, P - hi, hashes_.data() + hi / kDigestBlockFloats);
+  }
+  state_->update_commit(t, step + 1, combine_block_hashes(hashes_.data(), hashes_.size()));
 }
 
 std::vector<std::string> Trainer::canonical_names() const {

@@ -114,6 +114,8 @@ class Trainer {
                   keel_stage_args* args);
   double local_grad_sumsq();
   void optimizer_step(int64_t step, double lr, float clip_scale);
+  void update_out_of_place(const TrainState::Target& t, int64_t step, AdamWParams p, size_t lo,
+                           size_t hi);
   void bind_groups();
   bool zero1() const;  // ZeRO-1 with more than one DP replica
 
@@ -141,7 +143,8 @@ class Trainer {
   std::vector<float*> param_ptrs_, grad_ptrs_;
   // ZeRO-1's undo log: this rank's shard of parameters and moments before the update, put
   // back if the all-gather that follows it fails.
-  float* undo_ = nullptr;
+  float* undo_ = nullptr;         // ZeRO-1 in place: this shard before the update
+  std::vector<uint64_t> hashes_;  // block hashes of an out-of-place update
   float *scratch_ = nullptr, *dout_ = nullptr, *dinput_ = nullptr, *output_ = nullptr;
   std::vector<int32_t> host_inputs_, host_targets_;  // staging for load_batch
   int tied_slot_ = -1;  // index of the tied embedding in this coordinate, if it has one

@@ -45,7 +45,8 @@ Plan wait(std::string why) {
 // backup is gone with its holder's lost or evicted slot.
 std::map<int, Holdings> usable(const std::map<int, Holdings>& have, const Topology& topo,
                                const ClusterView& v, const std::set<int>& restart,
-                               const std::set<int>& moved, const std::set<int>& gone_slots) {
+                               const std::set<int>& moved, const std::set<int>& gone_slots,
+                               bool replicas) {
   std::map<int, Holdings> out;
   for (int r = 0; r < topo.world_size(); ++r) {
     Holdings h;
@@ -53,17 +54,18 @@ std::map<int, Holdings> usable(const std::map<int, Holdings>& have, const Topolo
     if (it != have.end()) h = it->second;
     if (restart.count(r)) h.live.reset();
     if (moved.count(r) || gone_slots.count(v.slot_of(r))) h.own.clear();
-    const int holder = backup_holder(topo, r).holder;
+    const int holder = backup_holder(topo, r, replicas).holder;
     if (holder < 0 || gone_slots.count(v.slot_of(holder))) h.backup.clear();
     out[r] = std::move(h);
   }
   return out;
 }
 
-std::map<int, std::pair<int, int>> where(const Topology& topo, const ClusterView& v) {
+std::map<int, std::pair<int, int>> where(const Topology& topo, const ClusterView& v,
+                                         bool replicas) {
   std::map<int, std::pair<int, int>> w;
   for (int r = 0; r < topo.world_size(); ++r) {
-    const int holder = backup_holder(topo, r).holder;
+    const int holder = backup_holder(topo, r, replicas).holder;
     w[r] = {v.slot_of(r), holder >= 0 ? v.slot_of(holder) : -1};
   }
   return w;
@@ -72,7 +74,8 @@ std::map<int, std::pair<int, int>> where(const Topology& topo, const ClusterView
 void fill_restore(Plan* p, const std::map<int, Holdings>& h, const Topology& topo,
                   const ClusterView& v, const Options& o) {
   p->restore = restore_point(h, topo.world_size(), o.persistent_step,
-                             o.recovery.allow_restart_from_scratch(), where(topo, v));
+                             o.recovery.allow_restart_from_scratch(),
+                             where(topo, v, replicas_hold_backups(topo, o.zero1)));
   if (!p->restore.ok) {
     p->kind = Plan::Kind::kStop;
     p->why = p->restore.why;
@@ -114,7 +117,8 @@ Plan shrink(const std::set<int>& out_ranks, const ClusterView& v,
   p.retire_slots.assign(retired_slots.begin(), retired_slots.end());
   p.next_topo = next;
   // The step is chosen among the survivors, under their old ids.
-  std::map<int, Holdings> h = usable(have, topo, v, {}, {}, gone_slots);
+  std::map<int, Holdings> h =
+      usable(have, topo, v, {}, {}, gone_slots, replicas_hold_backups(topo, o.zero1));
   std::map<int, Holdings> kept;
   for (const auto& [old_id, new_id] : p.renumber) kept[new_id] = h[old_id];
   p.restore = restore_point(kept, next.world_size(), -1, false);
@@ -316,8 +320,9 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     // in_place (or hot_swap without slots to swap): a lost slot's ranks can only come back
     // on the same slot.
     if (o.detect.on_slot_loss() == config::DetectConfig::fail) {
-      const RestorePoint rp = restore_point(usable(have, topo, v, f.dead, {}, lost_slots),
-                                            topo.world_size(), o.persistent_step, false);
+      const RestorePoint rp = restore_point(
+          usable(have, topo, v, f.dead, {}, lost_slots, replicas_hold_backups(topo, o.zero1)),
+          topo.world_size(), o.persistent_step, false);
       return stop(
           detail::concat("slot ", join(lost_slots),
                          " lost; detect.on_slot_loss = fail. The newest step every "
@@ -375,7 +380,9 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
   p.restart = restart;
   std::set<int> gone_slots(evict.begin(), evict.end());
   gone_slots.insert(lost_slots.begin(), lost_slots.end());
-  fill_restore(&p, usable(have, topo, v, restart, moved, gone_slots), topo, v, o);
+  fill_restore(
+      &p, usable(have, topo, v, restart, moved, gone_slots, replicas_hold_backups(topo, o.zero1)),
+      topo, v, o);
   if (p.kind == Plan::Kind::kStop) return p;
 
   const std::string who = join(restart);

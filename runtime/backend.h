@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "runtime/check.h"
+
 namespace keel {
 
 enum class DeviceKind { kCpu, kCuda };
@@ -26,6 +28,36 @@ struct AdamWParams {
   float weight_decay = 0;  // already 0 for parameters that are not decayed
   float grad_scale = 1;    // gradients are multiplied by this first (clipping)
   int64_t t = 1;           // 1-based step, for bias correction
+};
+
+// Where a weight decay applies in an out-of-place update: elements [begin, end) of the flat
+// parameter buffer.
+struct AdamWSegment {
+  size_t begin = 0, end = 0;
+  float weight_decay = 0;
+};
+
+// One AdamW step from one copy of the state into another (a state double-buffered in its
+// snapshot slots, DESIGN.md Checkpoints), hashing each 64 KiB block it wrote
+// (runtime/block_digest.h) while the block is in cache. Parameters and gradients are indexed
+// by flat element; moments from `begin` (a ZeRO-1 shard starts there). Elements of [begin,
+// end) outside every segment (alignment padding) are copied unchanged.
+struct AdamWUpdate {
+  const float* param = nullptr;
+  const float* grad = nullptr;
+  const float* m = nullptr;
+  const float* v = nullptr;
+  float* param_out = nullptr;
+  float* m_out = nullptr;
+  float* v_out = nullptr;
+  size_t begin = 0, end = 0;               // begin a multiple of kDigestBlockFloats
+  const AdamWSegment* segments = nullptr;  // sorted, disjoint, inside [begin, end)
+  size_t num_segments = 0;
+  // Block hashes: param_out's block i (flat index / kDigestBlockFloats) goes to
+  // param_hashes[i]; the moments' blocks, counted from `begin`, to m_hashes and v_hashes.
+  uint64_t* param_hashes = nullptr;
+  uint64_t* m_hashes = nullptr;
+  uint64_t* v_hashes = nullptr;
 };
 
 class Backend {
@@ -54,6 +86,17 @@ class Backend {
   // One AdamW step on n contiguous parameters (PyTorch's AdamW with bias correction).
   virtual void adamw(float* param, const float* grad, float* m, float* v, size_t n,
                      const AdamWParams& p) = 0;
+  // Whether adamw_update and hash_blocks work on this backend's memory (the CPU's host
+  // memory); a state on a GPU is snapshotted by copying instead.
+  virtual bool updates_out_of_place() const { return false; }
+  // The same step as adamw() with `p.weight_decay` taken per segment (see AdamWUpdate).
+  virtual void adamw_update(const AdamWUpdate&, const AdamWParams&) {
+    throw Error("backend " + name() + " cannot update a state out of place");
+  }
+  // Hashes of the 64 KiB blocks of x[0, n) into out[0, ceil(n / kDigestBlockFloats)).
+  virtual void hash_blocks(const float*, size_t, uint64_t*) {
+    throw Error("backend " + name() + " cannot hash state blocks");
+  }
 
   // GPT kernels; semantics as keel_ops in model/plugin.h.
   virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,

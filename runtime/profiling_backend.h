@@ -55,6 +55,13 @@ class ProfilingBackend : public Backend {
              const AdamWParams& a) override {
     time("adamw", [&] { inner_->adamw(p, g, m, v, n, a); });
   }
+  bool updates_out_of_place() const override { return inner_->updates_out_of_place(); }
+  void adamw_update(const AdamWUpdate& u, const AdamWParams& a) override {
+    time("adamw", [&] { inner_->adamw_update(u, a); });
+  }
+  void hash_blocks(const float* x, size_t n, uint64_t* out) override {
+    time("hash_blocks", [&] { inner_->hash_blocks(x, n, out); });
+  }
   void embedding_forward(float* out, const int32_t* tok, const float* wte, const float* wpe, int B,
                          int T, int C, int vb, int ve) override {
     time("embedding_forward",

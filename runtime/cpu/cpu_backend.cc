@@ -59,6 +59,13 @@ class CpuBackend final : public Backend {
              const AdamWParams& p) override {
     cpu::adamw(nt_, param, grad, m, v, n, p);
   }
+  bool updates_out_of_place() const override { return true; }
+  void adamw_update(const AdamWUpdate& u, const AdamWParams& p) override {
+    cpu::adamw_update(nt_, u, p);
+  }
+  void hash_blocks(const float* x, size_t n, uint64_t* out) override {
+    cpu::hash_blocks(nt_, x, n, out);
+  }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                          int B, int T, int C, int vocab_begin, int vocab_end) override {

@@ -74,5 +74,24 @@ TEST(BackupPlacement, DefaultRuleCoordinates) {
   }
 }
 
+TEST(BackupPlacement, WithoutZeroOneTheNextReplicaHoldsTheBackup) {
+  Topology topo(2, 3, 4);
+  ASSERT_TRUE(replicas_hold_backups(topo, /*zero1=*/false));
+  EXPECT_FALSE(replicas_hold_backups(topo, /*zero1=*/true));
+  EXPECT_FALSE(replicas_hold_backups(Topology(2, 3, 1), false));  // no replica to hold it
+  std::set<int> holders;
+  for (int r = 0; r < topo.world_size(); ++r) {
+    BackupPlacement b = backup_holder(topo, r, /*replicas=*/true);
+    EXPECT_TRUE(b.replica);
+    EXPECT_HAS(b.rule, "replica");
+    Coord c = topo.coord(r);
+    EXPECT_EQ(topo.coord(b.holder), (Coord{(c.dp + 1) % 4, c.pp, c.tp}));
+    EXPECT_EQ(backup_owner(topo, b.holder, true), r);
+    holders.insert(b.holder);
+  }
+  EXPECT_EQ(static_cast<int>(holders.size()), topo.world_size());
+  EXPECT_FALSE(backup_holder(topo, 0).replica);
+}
+
 }  // namespace
 }  // namespace keel

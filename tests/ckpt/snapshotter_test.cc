@@ -1,5 +1,6 @@
-// The background snapshotter: capture/wait_idle, slot alternation, pushes to a live, dead
-// and stalled backup holder.
+// The snapshotter: copying (as on a GPU: capture/wait_idle, slot alternation, pushes to a live,
+// dead and stalled backup holder) and with the state living in its slots (the update is the
+// snapshot; adopt, rewrite, detach).
 #include "ckpt/snapshotter.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <thread>
 
 #include "ckpt/backup_service.h"
+#include "ckpt/checksum.h"
 #include "ckpt/snapshot_region.h"
 #include "ckpt_test_util.h"
 #include "parallel/socket_util.h"
@@ -30,6 +32,12 @@ class SnapshotterTest : public ::testing::Test {
   std::unique_ptr<SnapshotRegion> region = SnapshotRegion::open_or_create(
       snapshot_segment_name(guard.job(), 0), state->bytes(), state->layout_fingerprint(), 0);
 
+  static SnapshotterOptions copying() {
+    SnapshotterOptions o;
+    o.state_in_slots = false;
+    return o;
+  }
+
   // One training step as the worker's hooks see it: the update writes the state, then the
   // after-step hook captures.
   std::vector<char> step(Snapshotter& snap, int64_t s) {
@@ -42,7 +50,7 @@ class SnapshotterTest : public ::testing::Test {
 };
 
 TEST_F(SnapshotterTest, CaptureAlternatesSlots) {
-  Snapshotter snap(state.get(), region.get());
+  Snapshotter snap(state.get(), region.get(), copying());
   std::vector<std::vector<char>> expected;
   for (int64_t s = 1; s <= 4; ++s) {
     expected.push_back(step(snap, s));
@@ -71,7 +79,7 @@ TEST_F(SnapshotterTest, CaptureAlternatesSlots) {
 
 TEST_F(SnapshotterTest, CaptureAfterRestoreSupersedesStaleSnapshots) {
   BackupServer server(guard.job(), 1);
-  Snapshotter snap(state.get(), region.get());
+  Snapshotter snap(state.get(), region.get(), copying());
   snap.set_backup_holder(server.address());
   step(snap, 5);
   snap.wait_pushed();
@@ -100,7 +108,7 @@ TEST_F(SnapshotterTest, CaptureAfterRestoreSupersedesStaleSnapshots) {
 
 TEST_F(SnapshotterTest, PushesEachSnapshotToTheHolder) {
   BackupServer server(guard.job(), 1);
-  Snapshotter snap(state.get(), region.get());
+  Snapshotter snap(state.get(), region.get(), copying());
   snap.set_backup_holder(server.address());
   std::vector<char> last;
   for (int64_t s = 1; s <= 3; ++s) {
@@ -124,7 +132,7 @@ TEST_F(SnapshotterTest, DeadHolderIsCountedNotFatal) {
     detail::Fd l = detail::listen_tcp("127.0.0.1", 0, 1);
     port = detail::local_port(l.get());
   }
-  SnapshotterOptions opt;
+  SnapshotterOptions opt = copying();
   opt.connect_timeout = 1500ms;
   opt.degraded_timeout = 50ms;
   Snapshotter snap(state.get(), region.get(), opt);
@@ -157,7 +165,7 @@ TEST_F(SnapshotterTest, SlotInFlightIsNotOverwritten) {
   // A holder that accepts connections (the kernel does, from the backlog) but never answers:
   // each push stalls until its timeout.
   detail::Fd silent = detail::listen_tcp("127.0.0.1", 0, 8);
-  SnapshotterOptions opt;
+  SnapshotterOptions opt = copying();
   opt.push_timeout = 1000ms;
   opt.degraded_timeout = 100ms;
   Snapshotter snap(state.get(), region.get(), opt);
@@ -180,6 +188,112 @@ TEST_F(SnapshotterTest, SlotInFlightIsNotOverwritten) {
   snap.set_backup_holder("");  // drop what is pending so stop() is quick
   snap.stop();
   EXPECT_GE(snap.stats().pushes_failed, 1);
+}
+
+// An update as the Trainer makes it with the state in its slots: written into the other
+// bank, checksummed, committed.
+std::vector<char> update_in_slots(TrainState& state, int64_t s) {
+  std::optional<TrainState::Target> t = state.update_begin();
+  EXPECT_TRUE(t);
+  if (!t) return {};
+  auto* p = reinterpret_cast<char*>(t->params);
+  for (size_t i = 0; i < state.bytes(); ++i) p[i] = static_cast<char>((i * 131 + s * 7) % 251);
+  std::vector<char> bytes(p, p + state.bytes());
+  state.update_commit(*t, s, checksum(p, state.bytes()));
+  return bytes;
+}
+
+TEST_F(SnapshotterTest, InSlotsTheUpdateIsTheSnapshot) {
+  Snapshotter snap(state.get(), region.get());
+  ASSERT_TRUE(snap.in_slots());
+  fill(*state, 1);  // the start state, in the state's own memory until the first update
+  std::vector<std::vector<char>> expected;
+  for (int64_t s = 1; s <= 3; ++s) {
+    expected.push_back(update_in_slots(*state, s));
+    snap.capture();  // nothing left to copy
+    auto v = region->find(s);
+    ASSERT_TRUE(v);
+    // No copy: the live parameters are the slot's payload.
+    EXPECT_EQ(static_cast<const void*>(v->payload), static_cast<void*>(state->spans()[0].data));
+    EXPECT_EQ(state->live_bank(), v->slot);
+    EXPECT_EQ(dump(*state), expected.back());
+  }
+  EXPECT_EQ(region->valid_steps(), (std::vector<int64_t>{3, 2}));
+  auto b = make_state(backend.get());
+  std::string why;
+  ASSERT_TRUE(region->read(2, *b, &why)) << why;  // the checksum the update wrote holds
+  EXPECT_EQ(dump(*b), expected[1]);
+  EXPECT_EQ(snap.stats().copies, 3);
+  EXPECT_DOUBLE_EQ(snap.stats().copy_seconds, 0);
+  // stop() moves the state back into its own memory: it survives the region.
+  snap.stop();
+  EXPECT_EQ(state->live_bank(), -1);
+  region.reset();
+  EXPECT_EQ(dump(*state), expected[2]);
+}
+
+TEST_F(SnapshotterTest, InSlotsEachUpdateIsPushed) {
+  BackupServer server(guard.job(), 1);
+  Snapshotter snap(state.get(), region.get());
+  snap.set_backup_holder(server.address());
+  std::vector<char> last;
+  for (int64_t s = 1; s <= 3; ++s) {
+    last = update_in_slots(*state, s);
+    snap.wait_pushed();
+  }
+  EXPECT_EQ(snap.stats().pushes, 3);
+  auto b = make_state(backend.get());
+  std::string why;
+  ASSERT_TRUE(BackupClient(server.address(), 5s).fetch(0, 3, *b, &why)) << why;
+  EXPECT_EQ(dump(*b), last);
+}
+
+TEST_F(SnapshotterTest, InSlotsAdoptRestoresWithoutACopyAndForgetsTheUndoneStep) {
+  Snapshotter snap(state.get(), region.get());
+  update_in_slots(*state, 1);
+  auto two = update_in_slots(*state, 2);
+  update_in_slots(*state, 3);
+  std::string why;
+  ASSERT_TRUE(snap.adopt(2, &why)) << why;
+  EXPECT_EQ(state->step(), 2);
+  EXPECT_EQ(dump(*state), two);
+  EXPECT_EQ(region->valid_steps(), (std::vector<int64_t>{2}));  // step 3 was undone
+  EXPECT_FALSE(snap.adopt(3, &why));
+  EXPECT_NE(why.find("holds step 3"), std::string::npos) << why;
+  // A corrupted slot is refused and the state is left as it was.
+  update_in_slots(*state, 3);
+  ASSERT_TRUE(corrupt_snapshot_slot(region->name(), 2, 99));
+  auto three = dump(*state);
+  EXPECT_FALSE(snap.adopt(2, &why));
+  EXPECT_NE(why.find("checksum mismatch"), std::string::npos) << why;
+  EXPECT_EQ(state->step(), 3);
+  EXPECT_EQ(dump(*state), three);
+}
+
+TEST_F(SnapshotterTest, InSlotsRewriteKeepsTheLiveSnapshotUntilCommitted) {
+  Snapshotter snap(state.get(), region.get());
+  update_in_slots(*state, 1);
+  auto two = update_in_slots(*state, 2);
+  {
+    StateRewrite rw(*state);
+    fill(*state, 77);
+    EXPECT_EQ(region->valid_steps(), (std::vector<int64_t>{2}));  // the write target is out
+    // Leaving without commit() (an exception in a restore) goes back to step 2.
+  }
+  EXPECT_EQ(dump(*state), two);
+  EXPECT_EQ(state->step(), 2);
+  {
+    StateRewrite rw(*state);
+    fill(*state, 78);
+    state->set_step(7);
+    rw.commit();
+  }
+  auto seven = dump(*state);
+  EXPECT_EQ(region->valid_steps(), (std::vector<int64_t>{7, 2}));
+  auto b = make_state(backend.get());
+  std::string why;
+  ASSERT_TRUE(region->read(7, *b, &why)) << why;
+  EXPECT_EQ(dump(*b), seven);
 }
 
 }  // namespace

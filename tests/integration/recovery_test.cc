@@ -141,12 +141,38 @@ TEST(Recovery, CorruptSnapshotSlotFallsBackToAnotherCopy) {
   EXPECT_TRUE(contains(r.output, "rank 1: restored step")) << r.output;
 }
 
+// Without ZeRO-1 the backup of rank 4 = (t0, d0, p1) is the own snapshot of its replica
+// rank 6 = (t0, d1, p1): nothing is pushed, and the state lives in its two slots, so the
+// rank's snapshots take twice its state in host memory and no more.
 TEST(Recovery, LostSharedMemoryIsRestoredFromTheBackupHolder) {
   std::string dir = temp_dir("lose");
   JobRun r = run_job(dir, job_args(dir, "--fault lose_snapshot@step=5,rank=4"));
   expect_recovered(r, 4, "lose_snapshot");
   EXPECT_TRUE(contains(r.output, "rank 4: restored step")) << r.output;
-  EXPECT_TRUE(contains(r.output, "backup held by rank")) << r.output;
+  EXPECT_TRUE(contains(r.output, "backup held by rank 6")) << r.output;
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u);
+  EXPECT_TRUE(rank_source_is(inc[0], 4, "backup")) << inc[0];
+  EXPECT_EQ(json_string_field(r.report, "backup_mode"), "replica") << r.report;
+  EXPECT_EQ(json_number_field(r.report, "backup_bytes_per_step"), 0) << r.report;
+  EXPECT_TRUE(contains(r.report, "\"snapshot_in_slots\": true")) << r.report;
+  // Two slots and a page of header.
+  EXPECT_LT(json_number_field(r.report, "state_host_ratio"), 2.05) << r.report;
+}
+
+// With ZeRO-1 the replicas hold different moment shards, so each snapshot is pushed to the
+// holder (d+1, p+1, t): rank 4's is rank 2.
+TEST(Recovery, WithZeroOneTheBackupIsPushedAndRestoredFromTheHolder) {
+  std::string dir = temp_dir("lose-zero1");
+  JobRun r =
+      run_job(dir, job_args(dir, "--set parallel.zero1=true --fault lose_snapshot@step=5,rank=4"));
+  expect_recovered(r, 4, "lose_snapshot");
+  EXPECT_TRUE(contains(r.output, "backup held by rank 2")) << r.output;
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u);
+  EXPECT_TRUE(rank_source_is(inc[0], 4, "backup")) << inc[0];
+  EXPECT_EQ(json_string_field(r.report, "backup_mode"), "pushed") << r.report;
+  EXPECT_GT(json_number_field(r.report, "backup_bytes_per_step"), 0) << r.report;
 }
 
 TEST(Recovery, NanLossSkipsTheUpdateAndRetries) {

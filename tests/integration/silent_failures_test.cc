@@ -70,18 +70,20 @@ std::string env_of(pid_t pid, const std::string& key) {
   return "";
 }
 
-// A rank and the holder of its backup lost at the same step: no copy of rank 3's state is
-// left in memory (its own snapshot was on slot 1, its backup on slot 2), so the job restores
-// the newest persistent checkpoint, says so, and ends bitwise equal.
+// A rank and the holder of its backup lost at the same step: no copy of rank 7's state is
+// left in memory (its own snapshot was on slot 3; its backup is the own snapshot of its DP
+// replica, rank 5, on slot 2), so the job restores the newest persistent checkpoint, says
+// so, and ends bitwise equal.
 TEST(SilentFailures, RankAndItsHolderLostTogetherRestoreThePersistentCheckpoint) {
   constexpr int kSteps = 16;
   std::string dir = temp_dir("silent-holder");
-  // Rank 3 = (t1, d1, p0) on slot 1; its holder (d+1, p+1, t) = rank 5, on slot 2.
+  // Rank 7 = (t1, d1, p1) on slot 3; without ZeRO-1 its holder is its replica (d+1, p, t) =
+  // rank 5, on slot 2.
   JobRun r = run_launch_job(
       dir,
       launch_args(dir, 2, kSteps,
                   "--set checkpoint.persistent_every_steps=4 --set checkpoint.dir=" + dir +
-                      "/ck --fault slot_loss@step=10,rank=3 --fault slot_loss@step=10,rank=5"));
+                      "/ck --fault slot_loss@step=10,rank=7 --fault slot_loss@step=10,rank=5"));
   expect_equal_and_clean(r, kSteps);
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_GE(inc.size(), 1u) << r.report;
@@ -98,7 +100,7 @@ TEST(SilentFailures, LostTogetherWithoutACheckpointStopsNamingTheRank) {
   std::string dir = temp_dir("silent-holder-none");
   JobRun r = run_launch_job(
       dir,
-      launch_args(dir, 2, 16, "--fault slot_loss@step=10,rank=3 --fault slot_loss@step=10,rank=5"));
+      launch_args(dir, 2, 16, "--fault slot_loss@step=10,rank=7 --fault slot_loss@step=10,rank=5"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "no copy of the state of")) << r.output;
   EXPECT_TRUE(contains(r.output, "allow_restart_from_scratch")) << r.output;

@@ -178,7 +178,7 @@ class CannedHost : public RankHost {
   void kill(int) override {}
   std::optional<RankExit> poll_exit() override { return std::nullopt; }
   void stop_all(int, std::chrono::milliseconds) override {}
-  std::map<int, policy::Holdings> survey(const Topology&) override { return {}; }
+  std::map<int, policy::Holdings> survey(const Topology&, bool) override { return {}; }
   void finish() override {}
   std::map<int, control::RankStacks> capture_stacks(std::chrono::milliseconds) override {
     return stacks;

@@ -75,9 +75,14 @@ TEST(MemoryEstimateTest, PipelineAndZeroShapeTheEstimate) {
   config::JobConfig dp = job({"parallel.dp=4", "train.global_batch_size=16"});
   config::JobConfig z = job({"parallel.dp=4", "train.global_batch_size=16", "parallel.zero1=true"});
   EXPECT_DOUBLE_EQ(estimate_rank_memory(z, 0).moments * 4, estimate_rank_memory(dp, 0).moments);
-  // Snapshot slots: two own, two of a peer's backup, each parameters and moments.
+  // Snapshot slots of parameters and moments: two own, which on CPU hold the live state too;
+  // a DP replica holds the backup, so nothing more. With ZeRO-1 two slots of a pushed backup.
   MemoryEstimate e = estimate_rank_memory(dp, 0);
-  EXPECT_DOUBLE_EQ(e.snapshot, 4 * (e.params + e.moments));
+  EXPECT_DOUBLE_EQ(e.snapshot, 2 * (e.params + e.moments));
+  EXPECT_DOUBLE_EQ(e.host_bytes(false), e.device_bytes() + e.process + e.snapshot / 2);
+  MemoryEstimate ez = estimate_rank_memory(z, 0);
+  EXPECT_DOUBLE_EQ(ez.snapshot, 4 * (ez.params + ez.moments));
+  EXPECT_DOUBLE_EQ(ez.host_bytes(false), ez.device_bytes() + ez.process + 0.75 * ez.snapshot);
   config::JobConfig off = job({"checkpoint.snapshot_every_step=false"});
   EXPECT_EQ(estimate_rank_memory(off, 0).snapshot, 0);
 }

@@ -249,6 +249,7 @@ TEST(RecoveryPolicy, RankAndItsHolderLostTogetherRestoreThePersistentCheckpoint)
   // What the survey finds: nothing on the lost slots.
   for (int r : {2, 3, 4, 5}) h[r].own.clear();
   Options o = opts();
+  o.zero1 = true;  // replicas differ, so backups are pushed to (d+1, p+1, t)
   o.persistent_step = 20;
   Plan p = decide(f, v, h, o);
   ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
@@ -267,12 +268,14 @@ TEST(RecoveryPolicy, NothingLeftAndNoCheckpointStopsNamingTheLostRanks) {
   Failure f = slot_loss(v, {1, 2});
   std::map<int, Holdings> h = holdings(8, 30, f.dead);
   for (int r : {2, 3, 4, 5}) h[r].own.clear();
-  Plan p = decide(f, v, h, opts());
+  Options pushed = opts();
+  pushed.zero1 = true;
+  Plan p = decide(f, v, h, pushed);
   EXPECT_EQ(p.kind, Kind::kStop);
   EXPECT_NE(p.why.find("rank 3"), std::string::npos) << p.why;
   EXPECT_NE(p.why.find("allow_restart_from_scratch"), std::string::npos) << p.why;
 
-  Options o = opts();
+  Options o = pushed;
   o.recovery.set_allow_restart_from_scratch(true);
   Plan s = decide(f, v, h, o);
   ASSERT_EQ(s.kind, Kind::kRecover);
@@ -290,14 +293,47 @@ TEST(RecoveryPolicy, ABackupHeldOnAnEvictedSlotDoesNotCount) {
   f.dead = {3, 5};
   std::map<int, Holdings> h = holdings(8, 9, f.dead);
   h[3].own.clear();
-  Plan p = decide(f, v, h, opts());
+  Options pushed = opts();
+  pushed.zero1 = true;  // backups pushed to (d+1, p+1, t)
+  Plan p = decide(f, v, h, pushed);
   EXPECT_EQ(p.kind, Kind::kStop);
   EXPECT_NE(p.why.find("rank 3"), std::string::npos) << p.why;
   // With its own snapshot, rank 3 restores from it; rank 5 (moved) from its holder, rank 3.
-  Plan q = decide(f, v, holdings(8, 9, f.dead), opts());
+  Plan q = decide(f, v, holdings(8, 9, f.dead), pushed);
   ASSERT_EQ(q.kind, Kind::kRecover) << q.why;
   EXPECT_EQ(q.restore.sources.at(3), membership::own_snapshot);
   EXPECT_EQ(q.restore.sources.at(5), membership::backup);
+}
+
+// Without ZeRO-1 a rank's backup is its DP replica's own snapshot (nothing pushed): two lost
+// slots leave every rank a copy unless a rank and its replica were both on them.
+TEST(RecoveryPolicy, WithoutZeroOneTheReplicaHoldsTheBackup) {
+  ClusterView v = view_3d(2);
+  v.slots[1] = SlotInfo::lost;
+  v.slots[2] = SlotInfo::lost;
+  // Ranks 2, 3 (d1, p0) on slot 1 and 4, 5 (d0, p1) on slot 2; their replicas 0, 1 and 6, 7
+  // are on the slots that survive.
+  Failure f = slot_loss(v, {1, 2});
+  std::map<int, Holdings> h = holdings(8, 30, f.dead);
+  for (int r : {2, 3, 4, 5}) h[r].own.clear();
+  Plan p = decide(f, v, h, opts());
+  ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
+  EXPECT_EQ(p.restore.step, 30);
+  for (int r : {2, 3, 4, 5}) EXPECT_EQ(p.restore.sources.at(r), membership::backup) << r;
+
+  // Rank 7 (slot 3) and its replica rank 5 (slot 2) lost together: memory cannot cover it.
+  ClusterView w = view_3d(2);
+  w.slots[2] = SlotInfo::lost;
+  w.slots[3] = SlotInfo::lost;
+  Failure g = slot_loss(w, {2, 3});
+  std::map<int, Holdings> k = holdings(8, 30, g.dead);
+  for (int r : {4, 5, 6, 7}) k[r].own.clear();
+  Options o = opts();
+  o.persistent_step = 20;
+  Plan q = decide(g, w, k, o);
+  ASSERT_EQ(q.kind, Kind::kRecover) << q.why;
+  EXPECT_EQ(q.restore.step, 20);
+  EXPECT_EQ(q.restore.job_source, membership::persistent);
 }
 
 TEST(RecoveryPolicy, CommErrorWithoutCulpritReattemptsInPlace) {
