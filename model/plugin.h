@@ -126,7 +126,8 @@ typedef struct keel_ops {
    * [B,T,NH,HS]; att [B,NH,T,T] saves the softmax for backward. Overwrites out and att. */
   void (*attention_forward)(void* impl, float* out, float* att, const float* qkv, int B, int T,
                             int NH, int HS);
-  /* dqkv += ...; scratch holds at least B·NH·T·T floats. */
+  /* dqkv += ...; scratch holds at least B·NH·T·T floats, and what it holds on entry is
+   * ignored (overwritten before it is read). */
   void (*attention_backward)(void* impl, float* dqkv, float* scratch, const float* dout,
                              const float* qkv, const float* att, int B, int T, int NH, int HS);
 

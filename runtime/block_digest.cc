@@ -12,8 +12,15 @@
 
 namespace keel {
 
+namespace detail {
+uint64_t hash_block_avx512(const void* data, size_t bytes);  // block_digest_avx512.cc
+}
+
 uint64_t hash_block(const void* data, size_t bytes) {
-  return XXH3_64bits(data, bytes);
+  // libgcc's check covers the OS having enabled the 512-bit registers too.
+  static const bool avx512 =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return avx512 ? detail::hash_block_avx512(data, bytes) : XXH3_64bits(data, bytes);
 }
 
 uint64_t combine_block_hashes(const uint64_t* hashes, size_t count) {

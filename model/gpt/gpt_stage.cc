@@ -156,12 +156,10 @@ int backward(const keel_model_dims* dims, const keel_stage* stage, keel_stage_ar
     o.layernorm_backward(h, g.dres, dp[kLn2W], dp[kLn2B], g.dln, la.res2, p[kLn2W], la.ln2_mean,
                          la.ln2_rstd, N, C);
 
-    // Attention, the same pattern. The kernel's contract does not say whether it overwrites or
-    // accumulates into its scratch, so it gets it zeroed, as llm.c's does.
-    const size_t att_n = size_t(B) * s.NH_l * T * T;
+    // Attention, the same pattern. Its scratch needs no zeroing: the kernel's contract says it
+    // ignores what the scratch holds on entry (model/plugin.h).
     o.fill(h, g.datty, size_t(N) * s.C_l, 0.0f);
     o.fill(h, g.dqkv, size_t(N) * 3 * s.C_l, 0.0f);
-    o.fill(h, g.att_tmp, att_n, 0.0f);
     o.matmul_backward(h, g.datty, dp[kAttnProjW], dp[kAttnProjB], g.dres, la.atty, p[kAttnProjW], N,
                       s.C_l, C);
     o.attention_backward(h, g.dqkv, g.att_tmp, g.datty, la.qkv, la.att, B, T, s.NH_l, s.HS);
