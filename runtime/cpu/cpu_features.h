@@ -19,7 +19,8 @@ struct CpuFeatures {
   bool amx_tile = false, amx_bf16 = false;
   int cores = 1;             // physical cores online (SMT siblings share FMA units)
   double clock_hz = 0;       // 0 when unknown
-  std::string clock_source;  // "cpufreq max" or "/proc/cpuinfo cpu MHz" (a VM's nominal clock)
+  std::string clock_source;  // "cpufreq max", or the higher of "/proc/cpuinfo cpu MHz" (a VM's
+                             // nominal clock) and "measured, dependent adds"
 
   // e.g. "AMD EPYC (AuthenticAMD family 26 model 2)": the brand string alone may not say
   // which generation a VM runs on.
