@@ -1,9 +1,11 @@
 // keel-bench-cpu: training throughput and MFU of the GPT plugin on this machine's CPU, for
 // three model sizes, next to the measured SGEMM peak, with the share of step time per
 // kernel; then (--layouts) the time split and bytes moved of each parallel layout of the
-// tiny model on local processes. Prints a table; record results in bench/RESULTS.md.
+// tiny model on local processes. --speed prints the CPU-speed report instead (cpu_speed.h).
+// Prints a table; record results in bench/RESULTS.md.
 //
 //   keel-bench-cpu [--sizes tiny,small,medium] [--steps 5] [--threads N] [--layouts]
+//   keel-bench-cpu --speed [--threads 2]
 #include <unistd.h>
 
 #include <chrono>
@@ -16,6 +18,7 @@
 #include <thread>
 
 #include "bench/bench_util.h"
+#include "bench/cpu_speed.h"
 #include "model/data_loader.h"
 #include "model/job_layout.h"
 #include "model/token_shards.h"
@@ -138,10 +141,14 @@ int main(int argc, char** argv) {
   using namespace keel;
   std::string sizes = "tiny,small,medium";
   int steps = 5, threads = int(std::thread::hardware_concurrency());
-  bool layouts = false;
+  bool layouts = false, speed = false, sgemm_child = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--sizes" && i + 1 < argc)
+    if (a == "--speed")
+      speed = true;
+    else if (a == "--sgemm-child")
+      sgemm_child = true;
+    else if (a == "--sizes" && i + 1 < argc)
       sizes = argv[++i];
     else if (a == "--steps" && i + 1 < argc)
       steps = std::atoi(argv[++i]);
@@ -152,11 +159,13 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: keel-bench-cpu [--sizes tiny,small,medium] [--steps N] "
-                   "[--threads N] [--layouts]\n");
+                   "[--threads N] [--layouts] | --speed [--threads N]\n");
       return 2;
     }
   }
   try {
+    if (sgemm_child) return bench::sgemm_child(threads);
+    if (speed) return bench::cpu_speed_report(threads);
     std::string shards = random_shards(std::filesystem::temp_directory_path() / "keel-bench-data");
     PeakFlops peak = cpu_sgemm_peak(threads);
     std::printf("CPU backend, %d thread(s); peak %.2f GFLOP/s (%s)\n", threads,
