@@ -65,11 +65,13 @@ struct Failure {
   std::string rule;          // how it was found ("exit", "heartbeat", "liveness", ...)
 };
 
-// What one rank can restore (steps completed, checksums verified).
+// What one rank can restore (steps completed), from slot headers: a restore verifies the
+// slot it loads, tries the next source on a mismatch and drops the damaged slot.
 struct Holdings {
   std::optional<int64_t> live;  // a survivor that acknowledged the abort: its state's step
   std::set<int64_t> own;        // its own snapshot slots
-  std::set<int64_t> backup;     // the copy at its backup holder
+  std::set<int64_t> backup;     // the copy at its backup holder (a replica's own slots, or a
+                                // pushed backup: ckpt/backup_placement.h)
 };
 
 struct Options {
