@@ -308,8 +308,9 @@ int main(int argc, char** argv) {
                 r.path.c_str(), r.op.c_str(), r.t.best, double(r.bytes) / r.t.best / 1e9,
                 double(r.bytes) / r.t.first / 1e9, r.t.cpu / (double(r.bytes) / 1e9));
   std::printf(
-      "\nhost memory per rank (its own snapshot segment + the backup segment its holder "
-      "keeps for it; a DP pair holds each other's, so each rank carries both):\n");
+      "\nhost memory per rank with pushed backups (its own snapshot segment, which holds the "
+      "live state on CPU, + the backup segment it keeps for its peer; with replica backups "
+      "there is none, see keel-bench-recovery):\n");
   std::printf("%-16s %10s %14s %14s %10s\n", "state", "state MB", "own seg MB", "backup seg MB",
               "ratio");
   for (const MemRow& m : mem)
