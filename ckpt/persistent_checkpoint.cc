@@ -291,6 +291,7 @@ void PersistentCheckpointer::write_manifest(int64_t step, const std::string& my_
     rf->set_checksum(checksum);
     rf->set_layout_fingerprint(fp);
   }
+  if (!opts_.layout.lineage.empty()) m.set_lineage(opts_.layout.lineage);
   m.set_written_at(
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
   std::string bytes;
@@ -329,6 +330,9 @@ ResumePoint find_resume_point(const std::string& dir, const CheckpointLayout& ex
   for (const auto& [step, name] : list_steps(dir)) {
     ckpt::CheckpointManifest m;
     std::string why = verify_step(dir, name, step, &m);
+    if (why.empty() && !expected.lineage.empty() && m.lineage() != expected.lineage)
+      why = name + ": written by another run (lineage " + quoted(m.lineage()) + ", this job's " +
+            quoted(expected.lineage) + ")";
     if (!why.empty()) {
       reasons.push_back(why);
       if (skipped) skipped->push_back(why);

@@ -31,6 +31,10 @@ struct CheckpointLayout {
   bool zero1 = false;
   std::string plugin_name{};
   std::string plugin_version{};
+  // Written into each manifest; when looking for a checkpoint, only those of this lineage
+  // count (others are skipped and said so). Empty: none written, every one counts (a user's
+  // --resume names the checkpoint to take).
+  std::string lineage{};
   int world() const { return tp * pp * dp; }
 };
 

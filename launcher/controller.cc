@@ -40,6 +40,7 @@ std::map<std::string, std::string> Controller::Impl::rank_env(int rank, bool res
       {"KEEL_EPOCH", std::to_string(epoch)},
       {"KEEL_RESTARTED", restarted ? "1" : "0"},
       {"KEEL_JOB_START", start},
+      {"KEEL_LINEAGE", o.lineage},
   };
   if (!o.controller_endpoint.empty()) env["KEEL_CONTROLLER"] = o.controller_endpoint;
   if (topo.dp() != o.cfg.parallel().dp()) env["KEEL_DP"] = std::to_string(topo.dp());

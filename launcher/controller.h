@@ -32,6 +32,8 @@ class ControlServer;
 struct ControllerOptions {
   config::JobConfig cfg;
   std::string job;                  // names the job's shared memory and run directory
+  std::string lineage;              // of its persistent checkpoints (ckpt/persistent_checkpoint.h):
+                                    // the job, or the checkpoint it resumed from
   double job_start = 0;             // unix seconds (ETTR counts from here)
   std::string store_addr;           // host:port of the rendezvous store the ranks meet through
   std::string controller_endpoint;  // the control plane's endpoint ("" under --nproc)

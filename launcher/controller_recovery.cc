@@ -41,6 +41,7 @@ policy::Options Controller::Impl::policy_options(bool with_checkpoint) const {
     l.pp = topo.pp();
     l.dp = topo.dp();
     l.zero1 = o.cfg.parallel().zero1();
+    l.lineage = o.lineage;  // never a newer checkpoint another run left in the directory
     try {
       po.persistent_step = find_resume_point(ck.dir(), l).step;
     } catch (const InputError&) {

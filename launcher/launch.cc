@@ -181,6 +181,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     std::fflush(stdout);
   }
   const std::string job = make_job_id();
+  const std::string lineage = checkpoint_lineage(job, cfg, o.resume);
   const fs::path dir = fs::path(o.run_dir) / job;
   fs::create_directories(dir / "logs");
   std::ofstream(dir / "config.pbtxt") << config_to_text(cfg);
@@ -261,12 +262,14 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
       {"KEEL_SUPERVISED", "1"},
       {"KEEL_CONTROLLER", control.endpoint()},
       {"KEEL_JOB_START", start},
+      {"KEEL_LINEAGE", lineage},
       {"OMP_WAIT_POLICY", "PASSIVE"}};
   AgentHost agents(&control, store, world, W, nslots, o.standby, worker_argv, standby_env,
                    std::chrono::milliseconds(cfg.detect().slot_timeout_ms()));
   ControllerOptions co;
   co.cfg = cfg;
   co.job = job;
+  co.lineage = lineage;
   co.job_start = job_start;
   co.store_addr = store_addr;
   co.controller_endpoint = control.endpoint();

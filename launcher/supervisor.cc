@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <random>
 
+#include "ckpt/persistent_checkpoint.h"
 #include "launcher/control_plane.h"
 #include "launcher/controller.h"
 #include "launcher/local_host.h"
@@ -31,6 +32,23 @@ std::string make_job_id() {
   return buf;
 }
 
+// The lineage of a job's checkpoints: its own id, or when it resumes, that of the checkpoint
+// it resumes from, so that it may return there ("" for one written before lineages).
+std::string checkpoint_lineage(const std::string& job, const config::JobConfig& cfg,
+                               const std::string& resume_dir) {
+  if (resume_dir.empty()) return job;
+  CheckpointLayout layout;
+  layout.tp = cfg.parallel().tp();
+  layout.pp = cfg.parallel().pp();
+  layout.dp = cfg.parallel().dp();
+  layout.zero1 = cfg.parallel().zero1();
+  try {
+    return find_resume_point(resume_dir, layout).manifest.lineage();
+  } catch (const InputError&) {
+    return "";  // the ranks say what is wrong with it, each loading it
+  }
+}
+
 int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv) {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -41,6 +59,7 @@ int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv)
   ControllerOptions co;
   co.cfg = load_config(o.config_path, o.overrides);
   co.job = make_job_id();
+  co.lineage = checkpoint_lineage(co.job, co.cfg, o.resume_dir);
   co.job_start = recovery::unix_now();
   co.program = "keel-worker";
   co.stop_signal = &g_signal;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "launcher/worker_options.h"
+#include "proto/config.pb.h"
 
 namespace keel {
 
@@ -25,5 +26,10 @@ int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv)
 // A job id: "<pid>-<8 hex digits>", the PID being the process that cleans the job up (so a
 // later one can tell an ended job by its PID).
 std::string make_job_id();
+
+// The lineage of job `job`'s persistent checkpoints (ckpt/persistent_checkpoint.h): the job's
+// id, or when it resumes from `resume_dir`, the lineage of the checkpoint found there.
+std::string checkpoint_lineage(const std::string& job, const config::JobConfig& cfg,
+                               const std::string& resume_dir);
 
 }  // namespace keel

@@ -64,6 +64,7 @@ struct JobEnv {
   bool restarted = false;     // this process replaces a rank that died in epoch - 1
   double job_start = 0;       // unix time the job started (for ETTR)
   std::string resume_latest;  // restart_all: resume from the newest checkpoint here, if any
+  std::string lineage;        // of the job's persistent checkpoints (controller.h)
 
   static JobEnv read() {
     JobEnv e;
@@ -78,6 +79,8 @@ struct JobEnv {
     e.restarted = get("KEEL_RESTARTED") == "1";
     e.job_start = get("KEEL_JOB_START").empty() ? unix_now() : std::stod(get("KEEL_JOB_START"));
     e.resume_latest = get("KEEL_RESUME_LATEST");
+    // A rank started alone is its own job and its own lineage.
+    e.lineage = std::getenv("KEEL_LINEAGE") ? get("KEEL_LINEAGE") : e.job;
     return e;
   }
 };
@@ -142,6 +145,7 @@ class Worker {
     l.zero1 = cfg_.parallel().zero1();
     l.plugin_name = plugin_->name();
     l.plugin_version = plugin_->version();
+    l.lineage = env_.lineage;
     return l;
   }
 

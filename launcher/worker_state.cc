@@ -82,7 +82,9 @@ void Worker::load_start_state() {
   if (!dir.empty()) {
     std::vector<std::string> skipped;
     try {
-      ResumePoint p = find_resume_point(dir, checkpoint_layout(), &skipped);
+      CheckpointLayout layout = checkpoint_layout();
+      if (!o_.resume_dir.empty()) layout.lineage.clear();  // the user named it: any run's
+      ResumePoint p = find_resume_point(dir, layout, &skipped);
       for (const auto& s : skipped)
         std::fprintf(stderr, "keel-worker: rank %d: skipped checkpoint %s\n", o_.rank, s.c_str());
       StateRewrite rw(*state_);

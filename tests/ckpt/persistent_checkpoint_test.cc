@@ -63,16 +63,18 @@ bool holds(TrainState& s, int rank, int64_t step) {
   return s.step() == step;
 }
 
-CheckpointLayout two_ranks() {
+CheckpointLayout two_ranks(const std::string& lineage = "") {
   CheckpointLayout l;
   l.dp = 2;
   l.plugin_name = "test";
   l.plugin_version = "1";
+  l.lineage = lineage;
   return l;
 }
 
 // Ranks 0 and 1, each a thread with its own checkpointer, save every step of `steps`.
-void save_steps(const std::string& dir, const std::vector<int64_t>& steps, int keep = 3) {
+void save_steps(const std::string& dir, const std::vector<int64_t>& steps, int keep = 3,
+                const std::string& lineage = "") {
   auto store = std::make_shared<HashStore>();
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
@@ -81,7 +83,7 @@ void save_steps(const std::string& dir, const std::vector<int64_t>& steps, int k
       TrainState state(be.get(), model(), 0, 1, 1, false);
       PersistentCheckpointer ck({.dir = dir,
                                  .rank = r,
-                                 .layout = two_ranks(),
+                                 .layout = two_ranks(lineage),
                                  .keep = keep,
                                  .wait_timeout = std::chrono::seconds(20)},
                                 [&] { return store; });
@@ -190,6 +192,26 @@ TEST(PersistentCheckpoint, KeepsTheNewestAndDropsFailedSaves) {
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"step_000003", "step_000004"}));
   EXPECT_EQ(find_resume_point(dir, two_ranks()).step, 4);
+}
+
+// Two runs sharing a directory: each finds only its own lineage's checkpoints, so a job never
+// restores a newer checkpoint another run left there; an empty lineage (a user's --resume)
+// takes the newest of any.
+TEST(PersistentCheckpoint, OnlyTheJobsOwnLineageCounts) {
+  std::string dir = test::temp_dir("pckpt_lineage");
+  save_steps(dir, {4}, /*keep=*/0, "job-b");
+  save_steps(dir, {8, 12}, /*keep=*/0, "job-a");
+  std::vector<std::string> skipped;
+  ResumePoint p = find_resume_point(dir, two_ranks("job-b"), &skipped);
+  EXPECT_EQ(p.step, 4);
+  EXPECT_EQ(p.manifest.lineage(), "job-b");
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_HAS(skipped[0],
+             "step_000012: written by another run (lineage \"job-a\", this job's \"job-b\")");
+  EXPECT_EQ(find_resume_point(dir, two_ranks("job-a")).step, 12);
+  EXPECT_EQ(find_resume_point(dir, two_ranks()).step, 12);
+  EXPECT_HAS(input_error_of([&] { find_resume_point(dir, two_ranks("job-c")); }),
+             "written by another run");
 }
 
 TEST(PersistentCheckpoint, WriterErrorsSurfaceOnTheNextCall) {

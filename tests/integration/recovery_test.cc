@@ -208,6 +208,30 @@ TEST(Recovery, RestartAllFromThePersistentCheckpointIsEqualToo) {
   expect_clean(r);
 }
 
+// A checkpoint directory shared with an earlier run of another seed, which left newer
+// checkpoints (steps 8 and 12) there: restart_all restores this job's own step 4, never the
+// other run's state.
+TEST(Recovery, RestartAllIgnoresANewerCheckpointOfAnotherRun) {
+  std::string dir = temp_dir("restart-all-foreign");
+  const std::string ck = " --set checkpoint.persistent_every_steps=4 --set checkpoint.dir=" + dir +
+                         "/ck --set checkpoint.keep=0";
+  JobRun other = run_job(dir, job_args(dir, "--set train.seed=99" + ck));
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  ASSERT_TRUE(fs::exists(dir + "/ck/step_000012/manifest.pb"));
+  JobRun r = run_job(
+      dir, job_args(dir, "--set recovery.mode=restart_all --fault crash@step=6,rank=3" + ck));
+  const JobRun& base = fault_free();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_string_field(r.report, "param_checksum"),
+            json_string_field(base.report, "param_checksum"))
+      << r.output;
+  std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_number_field(inc[0], "restored_step"), 4) << inc[0];
+  EXPECT_EQ(json_string_field(inc[0], "restored_from"), "persistent") << inc[0];
+  expect_clean(r);
+}
+
 // A job stopped by SIGTERM (its ranks stop with it, nothing is left behind) and resumed
 // from its persistent checkpoints ends where the uninterrupted job ends; a truncated newest
 // checkpoint is skipped by name and the one before it used.
