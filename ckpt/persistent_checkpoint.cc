@@ -307,6 +307,13 @@ void PersistentCheckpointer::prune(int64_t newest_step) {
     bool has_manifest = fs::exists(path + "/" + kManifest);
     bool drop = false;
     if (has_manifest) {
+      // Another run's checkpoints in a shared directory are neither counted nor removed: the
+      // job's own newest would otherwise make way for them.
+      if (!opts_.layout.lineage.empty()) {
+        ckpt::CheckpointManifest m;
+        std::ifstream in(path + "/" + kManifest, std::ios::binary);
+        if (!in || !m.ParseFromIstream(&in) || m.lineage() != opts_.layout.lineage) continue;
+      }
       ++complete;
       drop = opts_.keep > 0 && complete > opts_.keep;
     } else {

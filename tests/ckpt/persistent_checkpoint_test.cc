@@ -212,6 +212,14 @@ TEST(PersistentCheckpoint, OnlyTheJobsOwnLineageCounts) {
   EXPECT_EQ(find_resume_point(dir, two_ranks()).step, 12);
   EXPECT_HAS(input_error_of([&] { find_resume_point(dir, two_ranks("job-c")); }),
              "written by another run");
+
+  // Retention counts and removes only the run's own: job-b keeping 1 drops none of job-a's
+  // newer checkpoints, nor its own step 4 for them.
+  save_steps(dir, {5}, /*keep=*/1, "job-b");
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step_000005", "step_000008", "step_000012"}));
 }
 
 TEST(PersistentCheckpoint, WriterErrorsSurfaceOnTheNextCall) {
