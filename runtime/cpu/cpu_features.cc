@@ -98,13 +98,14 @@ double measured_clock_hz() {
   return best;
 }
 
-void read_clock(CpuFeatures* f) {
+CpuClock read_clock() {
+  CpuClock clk;
   std::ifstream max("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq");
   double khz = 0;
   if (max >> khz && khz > 0) {
-    f->clock_hz = khz * 1e3;
-    f->clock_source = "cpufreq max";
-    return;
+    clk.hz = khz * 1e3;
+    clk.source = "cpufreq max";
+    return clk;
   }
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -113,17 +114,18 @@ void read_clock(CpuFeatures* f) {
     const size_t colon = line.find(':');
     const double mhz = colon == std::string::npos ? 0 : std::atof(line.c_str() + colon + 1);
     if (mhz > 0) {
-      f->clock_hz = mhz * 1e6;
-      f->clock_source = "/proc/cpuinfo cpu MHz";
+      clk.hz = mhz * 1e6;
+      clk.source = "/proc/cpuinfo cpu MHz";
     }
     break;
   }
   // No cpufreq (a VM): the clock measured, where it is above the nominal one.
   const double measured = measured_clock_hz();
-  if (measured > f->clock_hz) {
-    f->clock_hz = measured;
-    f->clock_source = "measured, dependent adds";
+  if (measured > clk.hz) {
+    clk.hz = measured;
+    clk.source = "measured, dependent adds";
   }
+  return clk;
 }
 
 CpuFeatures detect() {
@@ -165,7 +167,6 @@ CpuFeatures detect() {
   f.amx_bf16 = f.amx_tile && bit(l7.d, 22);
 
   f.cores = physical_cores();
-  read_clock(&f);
   return f;
 }
 
@@ -204,12 +205,17 @@ int CpuFeatures::fp32_flops_per_cycle() const {
 
 double CpuFeatures::theoretical_peak_flops(int threads) const {
   const int n = threads > 0 ? std::min(threads, cores) : cores;
-  return double(n) * clock_hz * fp32_flops_per_cycle();
+  return double(n) * cpu_clock().hz * fp32_flops_per_cycle();
 }
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
   return f;
+}
+
+const CpuClock& cpu_clock() {
+  static const CpuClock c = read_clock();
+  return c;
 }
 
 }  // namespace keel

@@ -17,10 +17,7 @@ struct CpuFeatures {
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_bf16 = false;
   bool amx_tile = false, amx_bf16 = false;
-  int cores = 1;             // physical cores online (SMT siblings share FMA units)
-  double clock_hz = 0;       // 0 when unknown
-  std::string clock_source;  // "cpufreq max", or the higher of "/proc/cpuinfo cpu MHz" (a VM's
-                             // nominal clock) and "measured, dependent adds"
+  int cores = 1;  // physical cores online (SMT siblings share FMA units)
 
   // e.g. "AMD EPYC (AuthenticAMD family 26 model 2)": the brand string alone may not say
   // which generation a VM runs on.
@@ -34,13 +31,21 @@ struct CpuFeatures {
   // AVX2+FMA with two units 32; AVX without FMA 16; SSE 8. An estimate: some Xeons have one
   // AVX-512 FMA unit.
   int fp32_flops_per_cycle() const;
-  // min(threads, cores) × clock × fp32_flops_per_cycle(); 0 when the clock is unknown. An
-  // estimate: turbo clocks are often higher than the one the kernel reports (in a VM
-  // /proc/cpuinfo shows the nominal clock), so a measured rate may exceed it.
+  // min(threads, cores) × cpu_clock() × fp32_flops_per_cycle(); 0 when the clock is unknown.
+  // An estimate: a core may boost above the clock it ran at when measured.
   double theoretical_peak_flops(int threads) const;
 };
 
 // Detects the features once per process; cheap to call again.
 const CpuFeatures& cpu_features();
+
+struct CpuClock {
+  double hz = 0;       // 0 when unknown
+  std::string source;  // "cpufreq max", or the higher of "/proc/cpuinfo cpu MHz" (a VM's
+                       // nominal clock) and "measured, dependent adds"
+};
+// The core clock, found at the first call (a measurement of ~30 ms where the machine has no
+// cpufreq), so that only a process that shows a theoretical peak pays for it.
+const CpuClock& cpu_clock();
 
 }  // namespace keel

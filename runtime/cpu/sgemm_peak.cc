@@ -25,10 +25,6 @@
 
 namespace keel {
 
-std::string cpu_model_name() {
-  return cpu_features().model_name;
-}
-
 namespace {
 
 // numpy's reference shape (peers/sgemm_peak.py): an MFU against this peak is comparable with
@@ -143,8 +139,8 @@ std::string sgemm_peak_cache_name(const std::string& key, int threads) {
 
 std::string sgemm_peak_cache_key(int threads) {
   const BlasPath blas = blas_path();
-  return sgemm_peak_cache_key(cpu_model_name(), cpu_features().isa(), blas.config, blas.core,
-                              threads);
+  return sgemm_peak_cache_key(cpu_features().model_name, cpu_features().isa(), blas.config,
+                              blas.core, threads);
 }
 
 void forget_sgemm_peak(const PeakFlops& peak) {
@@ -172,8 +168,8 @@ PeakFlops cpu_sgemm_peak(int threads) {
     const int cores = std::min(threads, cpu.cores);
     std::ostringstream t;
     t.precision(3);
-    t << "estimate: " << cores << (cores == 1 ? " core x " : " cores x ") << cpu.clock_hz / 1e9
-      << " GHz (" << cpu.clock_source << ") x " << cpu.fp32_flops_per_cycle() << " FLOP/cycle ("
+    t << "estimate: " << cores << (cores == 1 ? " core x " : " cores x ") << cpu_clock().hz / 1e9
+      << " GHz (" << cpu_clock().source << ") x " << cpu.fp32_flops_per_cycle() << " FLOP/cycle ("
       << cpu.isa() << ")";
     peak.theoretical_source = t.str();
   } else {

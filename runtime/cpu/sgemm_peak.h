@@ -44,7 +44,4 @@ std::string sgemm_peak_cache_key(int threads);
 // measures again. Harmless if there is none.
 void forget_sgemm_peak(const PeakFlops& peak);
 
-// The CPU model as CPUID's brand string names it ("unknown CPU" if it does not).
-std::string cpu_model_name();
-
 }  // namespace keel
