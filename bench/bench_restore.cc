@@ -22,7 +22,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -36,6 +35,7 @@
 #include "integration/netns.h"
 #include "model/train_state.h"
 #include "runtime/backend.h"
+#include "runtime/cpu/cpu_features.h"
 
 namespace keel {
 namespace {
@@ -107,20 +107,6 @@ size_t segment_bytes(const std::string& name) {
   struct stat st {};
   if (::stat(("/dev/shm" + name).c_str(), &st) != 0) return 0;
   return static_cast<size_t>(st.st_size);
-}
-
-// "AMD EPYC (family 26 model 2)": the model name alone is often just the brand on a VM.
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string name = "unknown CPU", family, model;
-  for (std::string line; std::getline(in, line) && !line.empty();) {
-    const size_t colon = line.find(": ");
-    const std::string value = colon == std::string::npos ? "" : line.substr(colon + 2);
-    if (line.rfind("model name", 0) == 0) name = value;
-    if (line.rfind("cpu family", 0) == 0) family = value;
-    if (line.rfind("model\t", 0) == 0) model = value;
-  }
-  return name + " (family " + family + " model " + model + ")";
 }
 
 // CPU seconds of every thread of this process (the server's and the client's).
@@ -266,7 +252,7 @@ int main(int argc, char** argv) {
   if (netns) lab = std::make_unique<test::NetnsLab>(2);
 
   std::printf("== restore one rank from its backup holder: %s, %ld cores, best of %d\n",
-              cpu_model().c_str(), ::sysconf(_SC_NPROCESSORS_ONLN), repeats);
+              cpu_features().describe().c_str(), ::sysconf(_SC_NPROCESSORS_ONLN), repeats);
   std::fflush(stdout);
   const std::string job = "benchrestore" + std::to_string(::getpid());
   auto backend = make_cpu_backend(1);

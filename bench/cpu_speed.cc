@@ -108,8 +108,7 @@ int sgemm_child(int threads) {
 
 int cpu_speed_report(int threads) {
   const CpuFeatures& cpu = cpu_features();
-  std::printf("== CPU speed: %s (%s family %d model %d), %s, %d thread(s)\n",
-              cpu.model_name.c_str(), cpu.vendor.c_str(), cpu.family, cpu.model, cpu.isa().c_str(),
+  std::printf("== CPU speed: %s, %s, %d thread(s)\n", cpu.describe().c_str(), cpu.isa().c_str(),
               threads);
 
   // 1. SGEMM 2048³ by OpenBLAS core type, each in a process of its own.
