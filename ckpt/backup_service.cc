@@ -130,6 +130,18 @@ std::string io_text(IoResult r, const std::string& err) {
   return err.empty() ? "connection closed" : err;
 }
 
+// Reads a reply, its header into `h` and its message into `msg`; returns "" or what failed.
+std::string recv_reply(int fd, std::chrono::milliseconds timeout, ReplyHeader* h,
+                       std::string* msg) {
+  std::string err;
+  IoResult r = detail::recv_all(fd, h, sizeof(*h), Clock::now() + timeout, &err);
+  if (r != IoResult::kOk) return io_text(r, err);
+  if (h->magic != kReplyMagic || h->msg_len > kMaxMessage) return "garbled reply";
+  msg->assign(h->msg_len, '\0');
+  r = detail::recv_all(fd, msg->data(), msg->size(), Clock::now() + timeout, &err);
+  return r == IoResult::kOk ? "" : io_text(r, err);
+}
+
 std::string steps_text(const std::vector<int64_t>& steps) {
   std::string s;
   for (int64_t x : steps) s += (s.empty() ? "" : ", ") + std::to_string(x);
@@ -277,8 +289,14 @@ bool BackupServer::Impl::handle_push(int fd, const RequestHeader& rq) {
   if (rq.bytes > kMaxPayload || rq.step < 0) return false;
   ChecksumStream sum;
   std::string err;
+  if (!region) {
+    // The first push: nothing held to protect, so it goes straight into a new segment.
+    if (::shm_unlink(segment.c_str()) != 0)
+      KEEL_CHECK(errno == ENOENT, "shm_unlink ", segment, ": ", std::strerror(errno));
+    region = SnapshotRegion::open_or_create(segment, rq.bytes, rq.fingerprint, rq.owner);
+  }
   const bool same_layout =
-      region && region->capacity() == rq.bytes && region->fingerprint() == rq.fingerprint;
+      region->capacity() == rq.bytes && region->fingerprint() == rq.fingerprint;
   int slot = -1;
   std::unique_ptr<char[]> staging;
   if (same_layout) {
@@ -286,16 +304,6 @@ bool BackupServer::Impl::handle_push(int fd, const RequestHeader& rq) {
     // other slot (the newest backup) untouched.
     // Backups of steps >= this one predate a restore of the owner to an older step.
     region->invalidate_from(rq.step, rq.owner);
-    slot = region->free_slot();
-    region->begin_write(slot);
-    if (recv_chunked(fd, region->payload(slot), rq.bytes, opt.io_timeout, &sum, &err) !=
-        IoResult::kOk)
-      return false;
-  } else if (!region) {
-    // The first push: nothing held to protect, so it goes straight into a new segment.
-    if (::shm_unlink(segment.c_str()) != 0)
-      KEEL_CHECK(errno == ENOENT, "shm_unlink ", segment, ": ", std::strerror(errno));
-    region = SnapshotRegion::open_or_create(segment, rq.bytes, rq.fingerprint, rq.owner);
     slot = region->free_slot();
     region->begin_write(slot);
     if (recv_chunked(fd, region->payload(slot), rq.bytes, opt.io_timeout, &sum, &err) !=
@@ -433,14 +441,11 @@ void BackupClient::push_raw(int owner_rank, int64_t step, uint64_t fingerprint, 
   std::string err;
   IoResult r = detail::send_all(fd_.get(), &rq, sizeof(rq), Clock::now() + timeout_, &err);
   if (r == IoResult::kOk) r = send_chunked(fd_.get(), payload, bytes, timeout_, &err);
-  if (r != IoResult::kOk) fail("push of step " + std::to_string(step) + ": " + io_text(r, err));
+  const std::string what = "push of step " + std::to_string(step) + ": ";
+  if (r != IoResult::kOk) fail(what + io_text(r, err));
   ReplyHeader h{};
-  r = detail::recv_all(fd_.get(), &h, sizeof(h), Clock::now() + timeout_, &err);
-  if (r != IoResult::kOk) fail("push of step " + std::to_string(step) + ": " + io_text(r, err));
-  if (h.magic != kReplyMagic || h.msg_len > kMaxMessage) fail("garbled reply");
-  std::string msg(h.msg_len, '\0');
-  r = detail::recv_all(fd_.get(), msg.data(), msg.size(), Clock::now() + timeout_, &err);
-  if (r != IoResult::kOk) fail("push of step " + std::to_string(step) + ": " + io_text(r, err));
+  std::string msg;
+  if (std::string e = recv_reply(fd_.get(), timeout_, &h, &msg); !e.empty()) fail(what + e);
   // A refusal leaves the connection in step (the server read the whole payload).
   if (h.status != kOk) throw BackupError(detail::concat("backup holder ", addr_, ": ", msg));
 }
@@ -463,14 +468,10 @@ bool BackupClient::fetch(int owner_rank, int64_t step, TrainState& state, std::s
   std::string err;
   const std::string what = "fetch of step " + std::to_string(step) + ": ";
   IoResult r = detail::send_all(fd_.get(), &rq, sizeof(rq), Clock::now() + timeout_, &err);
+  if (r != IoResult::kOk) fail(what + io_text(r, err));
   ReplyHeader h{};
-  if (r == IoResult::kOk)
-    r = detail::recv_all(fd_.get(), &h, sizeof(h), Clock::now() + timeout_, &err);
-  if (r != IoResult::kOk) fail(what + io_text(r, err));
-  if (h.magic != kReplyMagic || h.msg_len > kMaxMessage) fail("garbled reply");
-  std::string msg(h.msg_len, '\0');
-  r = detail::recv_all(fd_.get(), msg.data(), msg.size(), Clock::now() + timeout_, &err);
-  if (r != IoResult::kOk) fail(what + io_text(r, err));
+  std::string msg;
+  if (std::string e = recv_reply(fd_.get(), timeout_, &h, &msg); !e.empty()) fail(what + e);
   if (h.status != kOk) {
     *why = msg;
     return false;
@@ -492,13 +493,8 @@ bool BackupClient::fetch(int owner_rank, int64_t step, TrainState& state, std::s
     // The holder's slot or the wire: the holder checks its slot (and drops it if damaged).
     rq.op = kVerify;
     r = detail::send_all(fd_.get(), &rq, sizeof(rq), Clock::now() + timeout_, &err);
-    if (r == IoResult::kOk)
-      r = detail::recv_all(fd_.get(), &h, sizeof(h), Clock::now() + timeout_, &err);
     if (r != IoResult::kOk) fail(what + io_text(r, err));
-    if (h.magic != kReplyMagic || h.msg_len > kMaxMessage) fail("garbled reply");
-    msg.assign(h.msg_len, '\0');
-    r = detail::recv_all(fd_.get(), msg.data(), msg.size(), Clock::now() + timeout_, &err);
-    if (r != IoResult::kOk) fail(what + io_text(r, err));
+    if (std::string e = recv_reply(fd_.get(), timeout_, &h, &msg); !e.empty()) fail(what + e);
     *why = h.status == kRefused
                ? msg
                : detail::concat("backup of rank ", owner_rank, " step ", step, " from ", addr_,
