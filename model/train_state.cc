@@ -34,22 +34,28 @@ size_t TrainState::bytes() const {
   return (params_.padded_numel() + 2 * moment_floats_) * sizeof(float);
 }
 
-void TrainState::point_at(int bank) {
+TrainState::Target TrainState::target(int bank) {
   auto* base = reinterpret_cast<float*>(banks_->bank(bank));
-  params_.use_state_buffers(base, base + params_.padded_numel(),
-                            base + params_.padded_numel() + moment_floats_);
+  return {bank, base, base + params_.padded_numel(),
+          base + params_.padded_numel() + moment_floats_};
+}
+
+void TrainState::point_at(int bank) {
+  const Target t = target(bank);
+  params_.use_state_buffers(t.params, t.m, t.v);
+  live_ = bank;
 }
 
 void TrainState::attach_banks(StateBanks* banks) {
   KEEL_CHECK(backend_->updates_out_of_place(), "backend ", backend_->name(),
              " cannot keep its state in snapshot banks");
-  KEEL_CHECK(rewriting_ == -2, "attach_banks during a rewrite");
+  KEEL_CHECK(rewrite_from_ < 0, "attach_banks during a rewrite");
   if (banks_ && banks != banks_) detach_banks();
   banks_ = banks;
 }
 
 void TrainState::detach_banks() {
-  KEEL_CHECK(rewriting_ == -2, "detach_banks during a rewrite");
+  KEEL_CHECK(rewrite_from_ < 0, "detach_banks during a rewrite");
   if (live_ >= 0) params_.own_state_buffers(moment_floats_);
   banks_ = nullptr;
   live_ = -1;
@@ -57,40 +63,35 @@ void TrainState::detach_banks() {
 
 std::optional<TrainState::Target> TrainState::update_begin() {
   if (!banks_) return std::nullopt;
-  KEEL_CHECK(rewriting_ == -2, "update during a rewrite");
+  KEEL_CHECK(rewrite_from_ < 0, "update during a rewrite");
   const int t = live_ >= 0 ? 1 - live_ : banks_->free_bank();
   banks_->begin_write(t);
-  auto* base = reinterpret_cast<float*>(banks_->bank(t));
-  return Target{t, base, base + params_.padded_numel(),
-                base + params_.padded_numel() + moment_floats_};
+  return target(t);
 }
 
 void TrainState::update_commit(const Target& t, int64_t step, uint64_t checksum) {
   banks_->commit(t.bank, step, checksum);
   point_at(t.bank);
-  live_ = t.bank;
   step_ = step;
 }
 
 void TrainState::adopt_bank(int i, int64_t step) {
-  KEEL_CHECK(banks_ && rewriting_ == -2 && (i == 0 || i == 1), "cannot adopt bank ", i);
+  KEEL_CHECK(banks_ && rewrite_from_ < 0 && (i == 0 || i == 1), "cannot adopt bank ", i);
   point_at(i);
-  live_ = i;
   step_ = step;
 }
 
 void TrainState::rewrite_begin() {
-  KEEL_CHECK(rewriting_ == -2, "nested state rewrite");
+  KEEL_CHECK(rewrite_from_ < 0, "nested state rewrite");
   if (!banks_ || live_ < 0) return;  // in place, in the state's own memory
   const int t = 1 - live_;
   banks_->begin_write(t);
-  rewriting_ = live_;
+  rewrite_from_ = live_;
   point_at(t);
-  live_ = t;
 }
 
 void TrainState::rewrite_commit(std::optional<uint64_t> checksum) {
-  if (rewriting_ == -2) return;
+  if (rewrite_from_ < 0) return;
   if (!checksum) {
     // The bank is the spans back to back, each a whole number of digest blocks.
     const size_t floats = bytes() / sizeof(float);
@@ -99,14 +100,13 @@ void TrainState::rewrite_commit(std::optional<uint64_t> checksum) {
     checksum = combine_block_hashes(hashes.data(), hashes.size());
   }
   banks_->commit(live_, step_, *checksum);
-  rewriting_ = -2;
+  rewrite_from_ = -1;
 }
 
 void TrainState::rewrite_abort() {
-  if (rewriting_ == -2) return;
-  point_at(rewriting_);
-  live_ = rewriting_;
-  rewriting_ = -2;
+  if (rewrite_from_ < 0) return;
+  point_at(rewrite_from_);
+  rewrite_from_ = -1;
 }
 
 uint64_t TrainState::layout_fingerprint() const {

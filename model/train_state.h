@@ -91,15 +91,16 @@ class TrainState {
   uint64_t layout_fingerprint() const;
 
  private:
-  void point_at(int bank);  // params_ uses bank `bank`'s memory
+  Target target(int bank);  // bank `bank`'s spans
+  void point_at(int bank);  // the state lives in bank `bank` from now on
 
   Backend* backend_;
   ParamStore params_;
   size_t moment_floats_;
   int64_t step_ = 0;
   StateBanks* banks_ = nullptr;
-  int live_ = -1;       // bank holding the live state; -1: params_ owns it
-  int rewriting_ = -2;  // during a rewrite: the live bank before it (-1: own memory)
+  int live_ = -1;          // bank holding the live state; -1: params_ owns it
+  int rewrite_from_ = -1;  // during a rewrite into the other bank: the bank live before it
 };
 
 // rewrite_begin() ... rewrite_commit() as a scope: leaving it by an exception aborts.
