@@ -59,14 +59,18 @@ int Snapshotter::free_bank() const {
   return region_->free_slot();
 }
 
-void Snapshotter::begin_write(int i) {
-  std::unique_lock lk(mu_);
+void Snapshotter::invalidate(std::unique_lock<std::mutex>& lk, int i) {
   // A push not yet started of the slot's older step is superseded by the one to come.
   if (pending_ && pending_->slot == i) pending_.reset();
-  auto t0 = Clock::now();
   cv_.wait(lk, [&] { return stop_ || inflight_slot_ != i; });
-  stats_.wait_idle_seconds += seconds_since(t0);
   region_->begin_write(i);
+}
+
+void Snapshotter::begin_write(int i) {
+  std::unique_lock lk(mu_);
+  auto t0 = Clock::now();
+  invalidate(lk, i);
+  stats_.wait_idle_seconds += seconds_since(t0);
 }
 
 void Snapshotter::commit(int i, int64_t step, uint64_t checksum) {
@@ -106,10 +110,7 @@ void Snapshotter::forget_after(int64_t step) {
   std::unique_lock lk(mu_);
   for (int i = 0; i < SnapshotRegion::kSlots; ++i) {
     std::optional<SlotView> v = region_->slot_view(i);
-    if (!v || v->step <= step || i == state_->live_bank()) continue;
-    if (pending_ && pending_->slot == i) pending_.reset();
-    cv_.wait(lk, [&] { return stop_ || inflight_slot_ != i; });
-    region_->begin_write(i);
+    if (v && v->step > step && i != state_->live_bank()) invalidate(lk, i);
   }
 }
 

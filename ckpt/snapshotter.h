@@ -107,6 +107,8 @@ class Snapshotter : public StateBanks {
   void copy_loop();
   void push_loop();
   bool pinned(int slot) const;  // mu_ held
+  // Marks slot `i` invalid once no push reads it (dropping one not yet started); mu_ held.
+  void invalidate(std::unique_lock<std::mutex>& lk, int i);
 
   TrainState* state_;
   SnapshotRegion* region_;
