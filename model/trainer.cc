@@ -1,7 +1,5 @@
 #include "model/trainer.h"
 
-#include "runtime/block_digest.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
