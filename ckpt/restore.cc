@@ -77,6 +77,13 @@ std::vector<int64_t> verified_steps(const SnapshotRegion& region, int owner) {
   return out;
 }
 
+std::vector<int64_t> held_steps(const std::string& job, int owner, int holder, bool replica) {
+  const std::string name =
+      replica ? snapshot_segment_name(job, holder) : backup_segment_name(job, holder);
+  auto region = SnapshotRegion::open_existing(name);
+  return region ? region->valid_steps(replica ? -1 : owner) : std::vector<int64_t>{};
+}
+
 std::vector<int64_t> restorable_steps(const std::string& job, int rank, int holder, bool verify) {
   std::vector<int64_t> out;
   auto take = [&](const SnapshotRegion& region, int owner) {

@@ -49,6 +49,10 @@ RestoreResult restore_state(TrainState& state, int64_t step, SnapshotRegion* own
 // it each slot's checksum is checked too, a pass over its bytes.
 std::vector<int64_t> restorable_steps(const std::string& job, int rank, int holder,
                                       bool verify = false);
+// The steps of `owner`'s state that rank `holder` of `job` keeps, newest first (slot headers
+// only): in its backup segment, or with `replica` (ckpt/backup_placement.h) in its own
+// snapshot segment, which holds the same state.
+std::vector<int64_t> held_steps(const std::string& job, int owner, int holder, bool replica);
 // The steps of `owner` (-1: the region's own) that `region` holds and whose checksums
 // verify, newest first (a pass over every slot).
 std::vector<int64_t> verified_steps(const SnapshotRegion& region, int owner = -1);

@@ -212,14 +212,9 @@ int Agent::run(const volatile int* stop) {
             if (owner >= 0) {
               control::SnapshotHolding* held = ev->add_holdings();
               held->set_owner_rank(owner);
-              // Only the backup segment of holder r: restorable_steps(owner, r) would also
-              // read the owner's own segment, which lives on its slot, not here. A replica
-              // holds the owner's state in its own segment.
-              const std::string name = o_.replica_backups ? snapshot_segment_name(o_.job, r)
-                                                          : backup_segment_name(o_.job, r);
-              if (auto b = SnapshotRegion::open_existing(name))
-                for (int64_t s : b->valid_steps(o_.replica_backups ? -1 : owner))
-                  held->add_steps(s);
+              // Only what holder r keeps: restorable_steps(owner, r) would also read the
+              // owner's own segment, which lives on its slot, not here.
+              for (int64_t s : held_steps(o_.job, owner, r, o_.replica_backups)) held->add_steps(s);
             }
           }
           client.send(e);

@@ -161,11 +161,7 @@ std::map<int, policy::Holdings> LocalHost::survey(const Topology& topo, bool rep
     for (int64_t s : restorable_steps(job_, r, -1)) out[r].own.insert(s);
     const BackupPlacement bp = backup_holder(topo, r, replica_backups);
     if (bp.holder < 0) continue;
-    // A replica's own segment holds the same state (backup_placement.h).
-    const std::string name =
-        bp.replica ? snapshot_segment_name(job_, bp.holder) : backup_segment_name(job_, bp.holder);
-    if (auto b = SnapshotRegion::open_existing(name))
-      for (int64_t s : b->valid_steps(bp.replica ? -1 : r)) out[r].backup.insert(s);
+    for (int64_t s : held_steps(job_, r, bp.holder, bp.replica)) out[r].backup.insert(s);
   }
   return out;
 }
