@@ -2,15 +2,10 @@
 
 #include <cstdio>
 
-#include "runtime/cpu/sgemm_peak.h"
-
 namespace keel {
 
 Peak device_peak(Backend& backend, Precision precision, int threads) {
-  if (backend.kind() == DeviceKind::kCpu) {
-    PeakFlops p = cpu_sgemm_peak(threads);
-    return {p.flops_per_s, p.source, p.theoretical_flops_per_s, p.theoretical_source, p.cache_file};
-  }
+  if (backend.kind() == DeviceKind::kCpu) return cpu_sgemm_peak(threads);
   // Dense (no sparsity) tensor-core rates from NVIDIA's datasheets; fp32 is the non-tensor
   // FP32 rate, since keel's fp32 mode does not allow TF32.
   struct Card {
@@ -57,9 +52,7 @@ Mfu honest_mfu(double model_flops_per_s, const Peak& peak) {
 }
 
 void forget_peak(const Peak& peak) {
-  PeakFlops p;
-  p.cache_file = peak.cache_file;
-  forget_sgemm_peak(p);
+  forget_sgemm_peak(peak);
 }
 
 }  // namespace keel

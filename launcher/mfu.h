@@ -7,17 +7,12 @@
 #include <string>
 
 #include "runtime/backend.h"
+#include "runtime/cpu/sgemm_peak.h"
 
 namespace keel {
 
-struct Peak {
-  double flops_per_s = 0;
-  std::string source;
-  // CPU: cores × clock × FLOP/cycle (an estimate); GPU: the datasheet rate again.
-  double theoretical_flops_per_s = 0;
-  std::string theoretical_source;
-  std::string cache_file;  // CPU: where the measured rate is cached ("" if nowhere)
-};
+// The CPU's PeakFlops; a GPU's has the datasheet rate as its theoretical one too and no cache.
+using Peak = PeakFlops;
 
 // CPU: measured SGEMM peak with `threads` threads. CUDA: datasheet rate of the backend's
 // card (by name; unknown cards report 0 and say so).
