@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "ckpt/backup_placement.h"
@@ -164,6 +165,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
           "a partition fault needs each slot on its own network interface, named by KEEL_IFNAME "
           "(e.g. machines as network namespaces)");
   }
+  std::optional<ResumePoint> resumed;
   if (!o.resume.empty()) {
     // Checked here, so that a missing or unusable checkpoint is said once, before any slot
     // starts; every worker then loads the same step (nothing writes checkpoints meanwhile).
@@ -173,15 +175,15 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     layout.dp = topo.dp();
     layout.zero1 = cfg.parallel().zero1();
     std::vector<std::string> skipped;
-    const ResumePoint p = find_resume_point(o.resume, layout, &skipped);
+    resumed = find_resume_point(o.resume, layout, &skipped);
     for (const auto& s : skipped)
       std::fprintf(stderr, "keel-launch: skipped checkpoint %s\n", s.c_str());
     std::printf("keel-launch: resuming from checkpoint step %lld (%s)\n",
-                static_cast<long long>(p.step), p.dir.c_str());
+                static_cast<long long>(resumed->step), resumed->dir.c_str());
     std::fflush(stdout);
   }
   const std::string job = make_job_id();
-  const std::string lineage = checkpoint_lineage(job, cfg, o.resume);
+  const std::string lineage = checkpoint_lineage(job, resumed ? &*resumed : nullptr);
   const fs::path dir = fs::path(o.run_dir) / job;
   fs::create_directories(dir / "logs");
   std::ofstream(dir / "config.pbtxt") << config_to_text(cfg);

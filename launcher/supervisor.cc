@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 #include <random>
 
 #include "ckpt/persistent_checkpoint.h"
@@ -32,21 +33,8 @@ std::string make_job_id() {
   return buf;
 }
 
-// The lineage of a job's checkpoints: its own id, or when it resumes, that of the checkpoint
-// it resumes from, so that it may return there ("" for one written before lineages).
-std::string checkpoint_lineage(const std::string& job, const config::JobConfig& cfg,
-                               const std::string& resume_dir) {
-  if (resume_dir.empty()) return job;
-  CheckpointLayout layout;
-  layout.tp = cfg.parallel().tp();
-  layout.pp = cfg.parallel().pp();
-  layout.dp = cfg.parallel().dp();
-  layout.zero1 = cfg.parallel().zero1();
-  try {
-    return find_resume_point(resume_dir, layout).manifest.lineage();
-  } catch (const InputError&) {
-    return "";  // the ranks say what is wrong with it, each loading it
-  }
+std::string checkpoint_lineage(const std::string& job, const ResumePoint* resumed) {
+  return resumed ? resumed->manifest.lineage() : job;
 }
 
 int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv) {
@@ -59,7 +47,20 @@ int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv)
   ControllerOptions co;
   co.cfg = load_config(o.config_path, o.overrides);
   co.job = make_job_id();
-  co.lineage = checkpoint_lineage(co.job, co.cfg, o.resume_dir);
+  std::optional<ResumePoint> resumed;
+  if (!o.resume_dir.empty()) {
+    CheckpointLayout layout;
+    layout.tp = co.cfg.parallel().tp();
+    layout.pp = co.cfg.parallel().pp();
+    layout.dp = co.cfg.parallel().dp();
+    layout.zero1 = co.cfg.parallel().zero1();
+    try {
+      resumed = find_resume_point(o.resume_dir, layout);
+    } catch (const InputError&) {
+      // The ranks say what is wrong with it, each loading it.
+    }
+  }
+  co.lineage = checkpoint_lineage(co.job, resumed ? &*resumed : nullptr);
   co.job_start = recovery::unix_now();
   co.program = "keel-worker";
   co.stop_signal = &g_signal;

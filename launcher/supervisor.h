@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/persistent_checkpoint.h"
 #include "launcher/worker_options.h"
-#include "proto/config.pb.h"
 
 namespace keel {
 
@@ -28,8 +28,8 @@ int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv)
 std::string make_job_id();
 
 // The lineage of job `job`'s persistent checkpoints (ckpt/persistent_checkpoint.h): the job's
-// id, or when it resumes from `resume_dir`, the lineage of the checkpoint found there.
-std::string checkpoint_lineage(const std::string& job, const config::JobConfig& cfg,
-                               const std::string& resume_dir);
+// id, or when it resumes from `resumed`, that checkpoint's lineage, so that it may return
+// there ("" for one written before lineages).
+std::string checkpoint_lineage(const std::string& job, const ResumePoint* resumed);
 
 }  // namespace keel
