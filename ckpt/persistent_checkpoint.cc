@@ -121,9 +121,10 @@ std::string quoted(const std::string& s) {
   return "\"" + s + "\"";
 }
 
-// Checks one step directory; returns why it is unusable, or "" if every file is whole.
+// Checks one step directory; returns why it is unusable, or "" if every file is whole. One of
+// another run than `lineage` (if not empty) is refused before its files are read.
 std::string verify_step(const std::string& dir, const std::string& name, int64_t step,
-                        ckpt::CheckpointManifest* manifest) {
+                        const std::string& lineage, ckpt::CheckpointManifest* manifest) {
   const std::string step_dir = dir + "/" + name;
   const std::string manifest_path = step_dir + "/" + kManifest;
   if (!fs::exists(manifest_path)) return name + ": no manifest (incomplete)";
@@ -137,6 +138,9 @@ std::string verify_step(const std::string& dir, const std::string& name, int64_t
     return detail::concat(name, "/", kManifest, ": format_version = ", manifest->format_version(),
                           " (this keel reads ", kFormatVersion, ")");
   }
+  if (!lineage.empty() && manifest->lineage() != lineage)
+    return name + ": written by another run (lineage " + quoted(manifest->lineage()) +
+           ", this job's " + quoted(lineage) + ")";
   if (manifest->step() != step) {
     return detail::concat(name, "/", kManifest, ": step = ", manifest->step(),
                           " does not match the directory name");
@@ -336,10 +340,7 @@ ResumePoint find_resume_point(const std::string& dir, const CheckpointLayout& ex
   std::vector<std::string> reasons;
   for (const auto& [step, name] : list_steps(dir)) {
     ckpt::CheckpointManifest m;
-    std::string why = verify_step(dir, name, step, &m);
-    if (why.empty() && !expected.lineage.empty() && m.lineage() != expected.lineage)
-      why = name + ": written by another run (lineage " + quoted(m.lineage()) + ", this job's " +
-            quoted(expected.lineage) + ")";
+    std::string why = verify_step(dir, name, step, expected.lineage, &m);
     if (!why.empty()) {
       reasons.push_back(why);
       if (skipped) skipped->push_back(why);
