@@ -22,7 +22,7 @@ namespace {
 
 constexpr uint64_t kMagic = 0x31504e5346454b4bULL;  // "KKEFSNP1"
 // 2: payload checksums are block checksums (ckpt/checksum.h).
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;  // 3: a third slot, for the verified snapshot
 // Payloads start on page boundaries so device-to-host copies and checksums run aligned.
 constexpr size_t kPage = 4096;
 
@@ -72,7 +72,7 @@ struct SnapshotRegion::Header {
     uint64_t checksum;
     uint64_t fingerprint;
     int32_t owner_rank;
-    int32_t reserved;
+    int32_t verified;  // the SDC checks passed on this state (the verified slot)
     int64_t written_at;
   };
   // Written last at creation: a segment whose creator died before finishing reads as absent.
@@ -90,8 +90,11 @@ namespace {
 size_t payload_offset() {
   return kPage;
 }  // the header fits one page (static_assert below)
+size_t slot_stride(size_t capacity) {
+  return round_up(std::max<size_t>(capacity, 1), kPage);
+}
 size_t segment_bytes(size_t capacity) {
-  return payload_offset() + SnapshotRegion::kSlots * round_up(std::max<size_t>(capacity, 1), kPage);
+  return payload_offset() + SnapshotRegion::kSlots * slot_stride(capacity);
 }
 }  // namespace
 
@@ -147,6 +150,9 @@ SnapshotRegion::Header* SnapshotRegion::header() const {
   return static_cast<Header*>(base_);
 }
 
+size_t SnapshotRegion::verified_slot_bytes() const {
+  return slot_stride(capacity());
+}
 size_t SnapshotRegion::capacity() const {
   return header()->capacity;
 }
@@ -199,7 +205,8 @@ std::unique_ptr<SnapshotRegion> SnapshotRegion::open_or_create(const std::string
   KEEL_CHECK_ERRNO(::ftruncate(fd, static_cast<off_t>(total)));
   void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   KEEL_CHECK(base != MAP_FAILED, "mmap ", name, ": ", std::strerror(errno));
-  populate(base, total);
+  // The verified slot is left unfaulted: it costs memory only once a check fills it.
+  populate(base, payload_offset() + kRotatingSlots * slot_stride(capacity));
   std::unique_ptr<SnapshotRegion> r(new SnapshotRegion(name, base, total, true));
   Header* h = r->header();
   h->version = kVersion;
@@ -254,6 +261,7 @@ std::optional<SlotView> SnapshotRegion::slot_view(int slot) const {
   v.fingerprint = s.fingerprint;
   v.owner_rank = s.owner_rank;
   v.written_at = s.written_at;
+  v.verified = s.verified != 0;
   if (v.bytes > capacity()) return std::nullopt;  // a damaged header never points past the slot
   return v;
 }
@@ -289,11 +297,11 @@ bool SnapshotRegion::verify(const SlotView& v, std::string* why) {
 int SnapshotRegion::free_slot() const {
   int newest = -1;
   int64_t newest_step = -1;
-  for (int i = 0; i < kSlots; ++i) {
+  for (int i = 0; i < kRotatingSlots; ++i) {
     auto v = slot_view(i);
     if (v && v->step > newest_step) newest = i, newest_step = v->step;
   }
-  return newest < 0 ? 0 : (newest + 1) % kSlots;
+  return newest < 0 ? 0 : (newest + 1) % kRotatingSlots;
 }
 
 int SnapshotRegion::invalidate_from(int64_t step, int owner) {
@@ -325,7 +333,7 @@ char* SnapshotRegion::payload(int slot) {
 }
 
 void SnapshotRegion::commit(int slot, int64_t step, size_t bytes, uint64_t sum,
-                            uint64_t fingerprint, int owner_rank) {
+                            uint64_t fingerprint, int owner_rank, bool verified) {
   KEEL_CHECK(writable_, "snapshot segment ", name_, " is open read-only");
   KEEL_CHECK(slot >= 0 && slot < kSlots && step >= 0 && bytes <= capacity(), "bad commit of slot ",
              slot, " step ", step, " bytes ", bytes, " into ", name_);
@@ -334,11 +342,12 @@ void SnapshotRegion::commit(int slot, int64_t step, size_t bytes, uint64_t sum,
   s.checksum = sum;
   s.fingerprint = fingerprint;
   s.owner_rank = owner_rank;
+  s.verified = verified ? 1 : 0;
   s.written_at = static_cast<int64_t>(std::time(nullptr));
   s.step.store(step, std::memory_order_release);
 }
 
-int SnapshotRegion::write(TrainState& state, int64_t step, int slot) {
+int SnapshotRegion::write(TrainState& state, int64_t step, int slot, bool verified) {
   KEEL_CHECK(state.bytes() <= capacity(), "state of ", state.bytes(), " bytes does not fit ", name_,
              " (", capacity(), ")");
   if (slot < 0) slot = free_slot();
@@ -359,7 +368,7 @@ int SnapshotRegion::write(TrainState& state, int64_t step, int slot) {
       off += n;
     }
   }
-  commit(slot, step, off, sum.digest(), state.layout_fingerprint(), owner_rank());
+  commit(slot, step, off, sum.digest(), state.layout_fingerprint(), owner_rank(), verified);
   return slot;
 }
 

@@ -1,8 +1,11 @@
-// One rank's in-memory snapshots: a POSIX shared-memory segment with TWO slots, so a crash
-// in the middle of writing one slot always leaves the other (the newest complete snapshot)
-// intact. The segment outlives the process that wrote it: a worker restarted in place
-// reopens it and restores, and the supervisor reads which steps it holds. The supervisor
-// unlinks every segment of a job when the job ends (unlink_job_segments).
+// One rank's in-memory snapshots: a POSIX shared-memory segment with TWO rotating slots, so a
+// crash in the middle of writing one slot always leaves the other (the newest complete
+// snapshot) intact, and a third, the verified slot, that keeps the newest state the silent
+// data corruption checks passed on (robust/sdc_check.h) until the next check passes: a
+// rollback after a corruption lands there. Its pages are touched only when it is written. The
+// segment outlives the process that wrote it: a worker restarted in place reopens it and restores,
+// and the supervisor reads which steps it holds. The supervisor unlinks every segment of a job when
+// the job ends (unlink_job_segments).
 //
 // The same format holds a peer's snapshots in a backup segment (ckpt/backup_service.h).
 //
@@ -54,11 +57,14 @@ struct SlotView {
   uint64_t fingerprint = 0;
   int owner_rank = -1;
   int64_t written_at = 0;  // unix seconds
+  bool verified = false;   // the SDC checks passed on this state
 };
 
 class SnapshotRegion {
  public:
-  static constexpr int kSlots = 2;
+  static constexpr int kSlots = 3;
+  static constexpr int kRotatingSlots = 2;  // slots 0 and 1: every step's snapshot
+  static constexpr int kVerifiedSlot = 2;
 
   // Opens the writer's segment `name`, creating it for payloads of up to `capacity` bytes of
   // layout `fingerprint` if it does not exist. An existing segment keeps its valid slots (a
@@ -77,8 +83,10 @@ class SnapshotRegion {
   SnapshotRegion& operator=(const SnapshotRegion&) = delete;
 
   const std::string& name() const { return name_; }
-  // Bytes of the whole segment (header and both slots): its share of host memory.
+  // Bytes of the whole segment (header and all slots), mapped; the verified slot is resident
+  // only once written (verified_slot_bytes()).
   size_t mapped_bytes() const { return mapped_; }
+  size_t verified_slot_bytes() const;
   size_t capacity() const;
   uint64_t fingerprint() const;
   int owner_rank() const;
@@ -89,13 +97,13 @@ class SnapshotRegion {
   std::vector<int64_t> valid_steps(int owner = -1) const;
   // The committed slot holding `step` (for `owner` if >= 0), if any.
   std::optional<SlotView> find(int64_t step, int owner = -1) const;
-  // Slot `slot` (0 or 1) if it is committed.
+  // Slot `slot` (0 .. kSlots-1) if it is committed.
   std::optional<SlotView> slot_view(int slot) const;
   // Recomputes the payload checksum of a committed slot; false with the reason on mismatch.
   static bool verify(const SlotView& v, std::string* why);
 
   // --- writing (a writable region, one writer at a time) ---
-  // The slot the next write must use: the one not holding the newest valid snapshot.
+  // The slot the next write must use: the rotating one not holding the newest valid snapshot.
   int free_slot() const;
   // Invalidates every slot holding a step >= `step` (written for `owner` if >= 0): after a
   // restore to an older step those snapshots describe a history that was undone, and a new
@@ -106,10 +114,10 @@ class SnapshotRegion {
   char* payload(int slot);
   // Publishes the slot: header fields first, step last (release).
   void commit(int slot, int64_t step, size_t bytes, uint64_t checksum, uint64_t fingerprint,
-              int owner_rank);
+              int owner_rank, bool verified = false);
   // The whole protocol for a TrainState: copies its spans (backend copy_to_host) into `slot`
-  // (-1: free_slot()) as snapshot `step`. Returns the slot written.
-  int write(TrainState& state, int64_t step, int slot = -1);
+  // (-1: free_slot()) as snapshot `step`, marked `verified` if asked. Returns the slot written.
+  int write(TrainState& state, int64_t step, int slot = -1, bool verified = false);
 
   // Loads snapshot `step` into `state` after checking layout fingerprint, size and checksum.
   // Returns false with the reason ("no slot holds step 12 (valid: 11, 10)", "slot checksum

@@ -92,6 +92,11 @@ class Snapshotter : public StateBanks {
   // Invalidates every slot holding a step after `step` (a history undone by a restore to
   // `step`), so that no survey offers it again.
   void forget_after(int64_t step);
+  // The SDC checks passed on the state of `step` (the live state, committed in a slot): it is
+  // copied into the region's verified slot, which keeps it until the next call, so that a
+  // corruption found later rolls back to it (ckpt/snapshot_region.h). Call on the training
+  // thread, with no copy in flight (after wait_idle()). Returns the seconds it took.
+  double keep_verified(int64_t step);
 
   // StateBanks (called by the TrainState on the training thread).
   char* bank(int i) override;

@@ -84,11 +84,16 @@ void Controller::Impl::print_progress(const control::WorkerProgress& p) {
     return;
   last_printed = p.step();
   const double tokens = double(o.cfg.train().global_batch_size()) * double(o.cfg.model().seq_len());
-  std::printf("step %5lld/%d | loss %.6f | %8.0f tok/s | compute %3.0f%% comm %3.0f%% | epoch %d\n",
-              static_cast<long long>(p.step()), o.cfg.train().steps(), p.loss(),
-              p.step_s() > 0 ? tokens / p.step_s() : 0.0,
-              p.step_s() > 0 ? 100 * p.compute_s() / p.step_s() : 0.0,
-              p.step_s() > 0 ? 100 * p.comm_s() / p.step_s() : 0.0, epoch);
+  // When the newest SDC check ran and passed, so that a reader sees the checks keep up.
+  char sdc[32] = "";
+  if (p.sdc_passed_step() > 0)
+    std::snprintf(sdc, sizeof(sdc), " | sdc ok @%lld", static_cast<long long>(p.sdc_passed_step()));
+  std::printf(
+      "step %5lld/%d | loss %.6f | %8.0f tok/s | compute %3.0f%% comm %3.0f%% | epoch %d%s\n",
+      static_cast<long long>(p.step()), o.cfg.train().steps(), p.loss(),
+      p.step_s() > 0 ? tokens / p.step_s() : 0.0,
+      p.step_s() > 0 ? 100 * p.compute_s() / p.step_s() : 0.0,
+      p.step_s() > 0 ? 100 * p.comm_s() / p.step_s() : 0.0, epoch, sdc);
   std::fflush(stdout);
 }
 

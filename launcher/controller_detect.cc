@@ -35,6 +35,7 @@ Controller::Impl::Detected Controller::Impl::from_exit(const RankExit& ex) {
 
 std::optional<Controller::Impl::Detected> Controller::Impl::comm_error() {
   if (store->add(recovery::errors_key(epoch), 0) <= 0) return std::nullopt;
+  if (auto d = sdc()) return d;
   Detected d;
   d.inc.set_detected_at(unix_now());
   d.inc.set_rank(-1);
@@ -44,6 +45,28 @@ std::optional<Controller::Impl::Detected> Controller::Impl::comm_error() {
   d.inc.set_rule("comm_error");
   d.failure.kind = policy::FailureKind::kCommError;
   d.failure.rule = "comm_error";
+  return d;
+}
+
+std::optional<Controller::Impl::Detected> Controller::Impl::sdc() {
+  std::string verdict;
+  try {
+    verdict = store->get(recovery::sdc_verdict_key(epoch), std::chrono::milliseconds(1));
+  } catch (const CommTimeout&) {
+    return std::nullopt;  // the ranks' error is not an SDC verdict
+  }
+  Detected d;
+  if (!d.inc.ParseFromString(verdict)) return std::nullopt;
+  d.inc.set_detected_at(unix_now());
+  d.inc.set_slot(d.inc.rank() >= 0 ? host->slot_of(d.inc.rank()) : -1);
+  d.failure.kind = policy::FailureKind::kSdc;
+  d.failure.culprit = d.inc.rank();
+  d.failure.rule = d.inc.rule();
+  d.failure.restore_at_most = d.inc.verified_step();
+  for (const InjectionRecord& in : FaultInjector::read_injections(*store))
+    if (in.kind == "sdc" && in.rank == d.inc.rank()) d.inc.set_injected_at(in.time);
+  std::fprintf(stderr, "%s: silent data corruption: %s\n", o.program.c_str(),
+               d.inc.detail().c_str());
   return d;
 }
 

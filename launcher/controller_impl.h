@@ -74,6 +74,8 @@ struct Controller::Impl {
   };
   Detected from_exit(const RankExit& ex);
   std::optional<Detected> comm_error();
+  // The verdict of a failed SDC check, if the ranks' failure was one (robust/sdc_check.h).
+  std::optional<Detected> sdc();
   std::optional<Detected> hang();
   // Silence alone cannot tell a dead machine from a cut network; an injected fault on the
   // slot can.

@@ -71,7 +71,9 @@ JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int worl
     if (best >= 0) {
       used[size_t(best)] = true;
       inc.set_injected_at(injections[size_t(best)].time);
-      if (inc.rank() < 0) inc.set_rank(injections[size_t(best)].rank);
+      // An SDC that no check could pin on a rank stays unattributed: the report says what
+      // the job knew, not what the test injected.
+      if (inc.rank() < 0 && inc.kind() != "sdc") inc.set_rank(injections[size_t(best)].rank);
       if (inc.kind() == "comm_error" || inc.kind() == "exit" || inc.kind() == "crash")
         inc.set_kind(injections[size_t(best)].kind);
     }

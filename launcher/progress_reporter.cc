@@ -54,6 +54,11 @@ void ProgressReporter::set_epoch(int epoch) {
   dirty_ = true;
 }
 
+void ProgressReporter::sdc_passed(int64_t step) {
+  std::lock_guard<std::mutex> l(mu_);
+  p_.set_sdc_passed_step(step);
+}
+
 void ProgressReporter::set_rank(int rank) {
   std::lock_guard<std::mutex> l(mu_);
   p_.set_rank(rank);

@@ -34,6 +34,8 @@ class ProgressReporter {
   void set_epoch(int epoch);
   void set_steps(int64_t steps_completed);
   void set_rank(int rank);
+  // An SDC check passed in step `step` (1-based): the progress line says so.
+  void sdc_passed(int64_t step);
 
  private:
   void loop();

@@ -64,6 +64,16 @@ inline std::string step_key(int64_t step) {
 inline std::string eval_key(int64_t step) {
   return "eval/" + std::to_string(step);
 }
+// Silent data corruption (robust/sdc_check.h): the verdict of a check that failed in epoch E
+// (report::Incident, serialised, written by every rank alike before it reports the failure),
+// the newest step the checks verified (rank 0, after every passing check), the count of
+// checks run, and the injected sdc faults that no check could see ("sdc/missed/<n>").
+inline std::string sdc_verdict_key(int epoch) {
+  return "sdc/verdict/" + std::to_string(epoch);
+}
+inline const char* kSdcVerified = "sdc/verified";
+inline const char* kSdcChecks = "sdc/checks";
+inline const char* kSdcCheckSeconds = "sdc/check_seconds";
 
 // Exit codes of a rank that the supervisor must not answer with a restart: the same input
 // or the same numbers would fail again.

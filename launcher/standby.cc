@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "robust/golden_check.h"
 #include "robust/self_check.h"
 #include "runtime/check.h"
 
@@ -30,19 +31,25 @@ StandbyIdentity standby_identity(const std::string& listen_host) {
   return id;
 }
 
-StandbyAssignment park_as_standby(Backend& backend,
+StandbyAssignment park_as_standby(Backend& backend, std::shared_ptr<Plugin> plugin,
+                                  Precision precision,
                                   const std::function<std::shared_ptr<Store>()>& connect,
                                   const StandbyIdentity& id) {
   std::shared_ptr<Store> store = connect();
-  const SelfCheckResult gemm = gemm_self_check(backend);
+  const SelfCheckResult gemm = gemm_self_check(backend, precision);
+  std::unique_ptr<Backend> one_thread;
+  if (backend.kind() == DeviceKind::kCpu) one_thread = make_cpu_backend(1);
+  const GoldenCheckResult golden = golden_check(one_thread ? *one_thread : backend,
+                                                std::move(plugin), {}, std::nullopt, precision);
+  one_thread.reset();
   const SelfCheckResult coll = collective_self_check(
       connect(), id.group, id.group_rank, id.group_size, id.host, std::chrono::seconds(30));
-  const bool ok = gemm.ok && coll.ok;
-  store->set(standby_ready_key(id.slot, id.index, id.gen),
-             (ok ? "ok " : "failed ") + gemm.message + "; " + coll.message);
+  const bool ok = gemm.ok && golden.ok && coll.ok;
+  const std::string checks = gemm.message + "; " + golden.message + "; " + coll.message;
+  store->set(standby_ready_key(id.slot, id.index, id.gen), (ok ? "ok " : "failed ") + checks);
   if (!ok)
     throw Error(detail::concat("standby ", id.index, " of slot ", id.slot,
-                               " failed its self-check: ", gemm.message, "; ", coll.message));
+                               " failed its self-check: ", checks));
   // Parked: a promotion may come hours later, or never (the job ends and the agent stops us).
   while (true) {
     try {

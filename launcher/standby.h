@@ -1,6 +1,7 @@
 // A warm standby worker (keel-launch --standby): it starts like any worker (backend, plugin,
-// data), checks itself (robust/self_check.h), says so in the job's store, and parks until
-// the controller promotes it to a rank that a lost or evicted slot vacated. Then it joins
+// data), checks itself (robust/self_check.h: GEMM and all-reduce; robust/golden_check.h: the
+// golden mini-GPT, bitwise against the repo's digest), says so in the job's store, and parks
+// until the controller promotes it to a rank that a lost or evicted slot vacated. Then it joins
 // that rank's epoch like a restarted rank and restores its state from the backup holder.
 //
 // Store keys (the controller's side is launcher/agent_host.cc):
@@ -14,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "model/plugin_loader.h"
 #include "parallel/store.h"
 #include "runtime/backend.h"
 
@@ -44,8 +46,12 @@ inline std::string standby_assign_key(int slot, int index, int gen) {
 }
 
 // Runs the self-checks, publishes the result and waits for a promotion. A standby that
-// fails its checks throws keel::Error (the worker exits; the slot is not used).
-StandbyAssignment park_as_standby(Backend& backend,
+// fails its checks throws keel::Error (the worker exits; the slot is not used). The golden
+// check trains `plugin` on `backend` (`precision`: its GEMM precision, which picks the repo
+// digest), or on CPU on a one-thread backend of its own, whose result does not depend on the
+// machine's core count. A key the repo has no digest for passes, and the message says so.
+StandbyAssignment park_as_standby(Backend& backend, std::shared_ptr<Plugin> plugin,
+                                  Precision precision,
                                   const std::function<std::shared_ptr<Store>()>& connect,
                                   const StandbyIdentity& id);
 

@@ -12,6 +12,7 @@ int Worker::run() {
   hooks.before_step.push_back([this](int64_t s) {
     if (injector_) injector_->before_step(s);
   });
+  hooks.before_step.push_back([this](int64_t s) { sdc_before_step(s); });
   hooks.after_step.push_back([this](const StepStats& st) { after_step(st); });
   hooks.on_error = [this](int64_t s, const std::exception& e) { return on_error(s, e); };
   run_step_loop([this]() -> Trainer& { return *trainer_; }, cfg_.train().steps(), hooks);
@@ -35,6 +36,8 @@ void Worker::setup() {
   for (const auto& f : o_.faults) add_fault_flag(&plan, f);
   if (!o_.inject_path.empty()) add_fault_file(&plan, o_.inject_path);
   validate_fault_plan(plan, configured_world, cfg_.train().steps());
+  sdc_injected_ = FaultInjector::has_sdc(plan.schedule);
+  sdc_every_ = cfg_.sdc().check_every_steps();
   for (const auto& f : plan.schedule.fault())
     if ((f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition) &&
         !std::getenv("KEEL_SLOT"))
@@ -66,8 +69,9 @@ void Worker::setup() {
   // A warm standby (keel-launch --standby) has loaded everything that does not depend on
   // a rank; it checks itself and waits here until the controller hands it one.
   if (std::getenv("KEEL_STANDBY")) {
-    const StandbyAssignment a = park_as_standby(
-        *backend_, connect_, standby_identity(listen_host_.empty() ? "127.0.0.1" : listen_host_));
+    const StandbyAssignment a =
+        park_as_standby(*backend_, plugin_, precision, connect_,
+                        standby_identity(listen_host_.empty() ? "127.0.0.1" : listen_host_));
     o_.rank = a.rank;
     env_.epoch = a.epoch;
     env_.restarted = true;
@@ -196,6 +200,7 @@ void Worker::build_epoch(int epoch, const membership::Rebuild* first) {
       if (!rb) {
         load_start_state();
         record_start_step();
+        sdc_start();
       } else if (!grow) {
         restore(*rb);
       }
@@ -216,9 +221,18 @@ void Worker::make_trainer() {
   trainer_ = std::make_unique<Trainer>(cfg_, backend_.get(), plugin_, topo_, o_.rank, state_.get(),
                                        groups_.get(), data_.get());
   TrainerHooks th;
-  if (snapshotter_) th.before_update = [this](int64_t) { snapshotter_->wait_idle(); };
+  th.before_update = [this](int64_t s) {
+    if (snapshotter_) snapshotter_->wait_idle();
+    sdc_before_update(s);
+  };
   if (injector_)
     th.local_metrics = [this](int64_t s, float* m) { injector_->on_local_metrics(s, m); };
+  // Only a job with an sdc fault pays for the hook (it reads a step's first gradient before
+  // any of it is reduced), and on every rank alike.
+  if (injector_ && sdc_injected_)
+    th.computed = [this](int64_t s, TensorClass cls, float* d, size_t n, bool re) {
+      injector_->on_computed(s, cls, d, n, re);
+    };
   trainer_->set_hooks(th);
 }
 
@@ -283,6 +297,7 @@ bool Worker::on_error(int64_t s, const std::exception& e) {
 void Worker::after_step(const StepStats& st) {
   const int64_t s = st.step, steps = cfg_.train().steps();
   if (snapshotter_) snapshotter_->capture();
+  steps_wall_s_ += st.wall_s;
   if (reporter_) reporter_->step_done(s + 1, st.loss, st.wall_s, st.compute_s, st.comm_s);
   const int every = cfg_.checkpoint().persistent_every_steps();
   if (checkpointer_ && (s + 1) % every == 0) checkpointer_->save_async(*state_);
@@ -298,12 +313,18 @@ void Worker::after_step(const StepStats& st) {
       std::fprintf(stderr, "keel: %s; its cache is dropped\n", mfu.why_not.c_str());
       forget_peak(peak_);
     }
+    // When the newest SDC check ran and passed (its verified step), so a reader sees the
+    // checks keep up.
+    char sdc_text[32] = "";
+    if (sdc_every_ > 0 && sdc_last_passed_ > 0)
+      std::snprintf(sdc_text, sizeof(sdc_text), " | sdc ok @%lld",
+                    static_cast<long long>(sdc_last_passed_ + 1));
     std::printf(
         "step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | MFU %s | "
-        "compute %3.0f%% comm %3.0f%% bubble %3.0f%%\n",
+        "compute %3.0f%% comm %3.0f%% bubble %3.0f%%%s\n",
         static_cast<long long>(s + 1), static_cast<long long>(steps), st.loss, st.lr, st.grad_norm,
         tok_s, mfu_text, 100 * st.compute_s / st.wall_s, 100 * st.comm_s / st.wall_s,
-        100 * st.bubble_s / st.wall_s);
+        100 * st.bubble_s / st.wall_s, sdc_text);
     std::fflush(stdout);
   }
   const int eval_every = cfg_.train().eval_every();
@@ -432,6 +453,12 @@ void Worker::fill_report(RunReport* rep) {
   rep->set_wall_s(unix_now() - env_.job_start);
   rep->set_ettr(rep->wall_s() > 0 ? kept_s / rep->wall_s() : 0);
   rep->set_productive_s(kept_s);
+  rep->set_sdc_check_every_steps(sdc_every_);
+  rep->set_sdc_checks(int(store_->add(recovery::kSdcChecks, 0)));
+  rep->set_sdc_check_seconds(sdc_seconds_);
+  rep->set_sdc_check_share(steps_wall_s_ > 0 ? sdc_seconds_ / steps_wall_s_ : 0);
+  rep->set_sdc_coverage(sdc_coverage());
+  for (const std::string& m : sdc_missed(*rep)) rep->add_sdc_missed(m);
   if (snapshotter_) {
     const SnapshotStats ss = snapshotter_->stats();
     rep->set_snapshot_blocked_s(ss.wait_idle_seconds);
@@ -440,7 +467,8 @@ void Worker::fill_report(RunReport* rep) {
     rep->set_snapshot_in_slots(snapshotter_->in_slots());
     rep->set_backup_mode(holder_ < 0 ? "none" : replica_holder_ ? "replica" : "pushed");
     double host = double(region_->mapped_bytes());
-    if (!snapshotter_->in_slots()) host += double(state_->bytes());  // the live state
+    if (sdc_every_ <= 0) host -= double(region_->verified_slot_bytes());  // never touched
+    if (!snapshotter_->in_slots()) host += double(state_->bytes());       // the live state
     if (auto held = SnapshotRegion::open_existing(backup_segment_name(env_.job, o_.rank)))
       host += double(held->mapped_bytes());
     rep->set_state_host_bytes(host);

@@ -48,6 +48,7 @@
 #include "proto/config_loader.h"
 #include "robust/fault_injector.h"
 #include "robust/fault_spec.h"
+#include "robust/sdc_check.h"
 #include "runtime/cpu/blas_core.h"
 #include "runtime/cpu/cpu_features.h"
 
@@ -197,6 +198,22 @@ class Worker {
   void finish();
   void fill_report(RunReport* rep);
 
+  // Silent data corruption checks (worker_sdc.cc; the decisions are robust/sdc_check.h's).
+  // At a check step: before it, this replica recomputes another's first micro-batch; before
+  // its update (the state still the step's start), every rank's digests are gathered and
+  // judged, third opinions asked for, and either the state is kept as verified or every rank
+  // throws SdcFound with the verdict in the store.
+  void sdc_before_step(int64_t s);
+  void sdc_before_update(int64_t s);
+  // The job's start state is its first verified one.
+  void sdc_start();
+  // One line: what the checks compare on this layout and what they cannot see.
+  std::string sdc_coverage() const;
+  // The verdict left for the controller; then SdcFound.
+  [[noreturn]] void sdc_found(int64_t s, const sdc::Verdict& v);
+  // Injected sdc faults no check caught, and why (the report's sdc_missed).
+  std::vector<std::string> sdc_missed(const RunReport& rep) const;
+
   WorkerOptions o_;
   JobEnv env_;
   config::JobConfig cfg_;
@@ -232,6 +249,14 @@ class Worker {
   bool first_step_in_epoch_ = true;
   double live_step_s_ = 0;        // rank 0: time in steps so far (for keel-ctl status)
   double live_published_at_ = 0;  // when it last published them (unix seconds)
+  int sdc_every_ = 0;             // sdc.check_every_steps
+  bool sdc_injected_ = false;     // the fault plan holds an sdc fault (the computed hook)
+  bool sdc_armed_ = false;        // this step is a check step and its recompute is done
+  MicroBatchDigest sdc_recomputed_;
+  int64_t sdc_last_passed_ = -1;             // the step of the newest check this rank saw pass
+  double sdc_seconds_ = 0;                   // this rank's time in checks
+  double steps_wall_s_ = 0;                  // this rank's time in steps (for the checks' share)
+  std::unique_ptr<Backend> golden_backend_;  // one thread: a golden digest is reproducible
 };
 
 }  // namespace keel::worker_detail

@@ -11,9 +11,10 @@ namespace keel {
 class StateBanks {
  public:
   virtual ~StateBanks() = default;
-  // Start of bank `i` (0 or 1): the state's spans back to back, in TrainState::spans() order.
+  // Start of bank `i` (0 or 1; a bank beyond them is only ever adopted, see
+  // TrainState::adopt_bank): the state's spans back to back, in TrainState::spans() order.
   virtual char* bank(int i) = 0;
-  // The bank not holding the newest valid snapshot: the one to overwrite first.
+  // Of banks 0 and 1, the one not holding the newest valid snapshot: to overwrite first.
   virtual int free_bank() const = 0;
   // Bank `i` stops being a valid snapshot because it is about to be overwritten. May wait
   // (bounded) for a reader of it, such as a backup push, to finish.

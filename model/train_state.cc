@@ -1,5 +1,6 @@
 #include "model/train_state.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "runtime/block_digest.h"
@@ -64,9 +65,39 @@ void TrainState::detach_banks() {
 std::optional<TrainState::Target> TrainState::update_begin() {
   if (!banks_) return std::nullopt;
   KEEL_CHECK(rewrite_from_ < 0, "update during a rewrite");
-  const int t = live_ >= 0 ? 1 - live_ : banks_->free_bank();
+  const int t = other_bank();
   banks_->begin_write(t);
   return target(t);
+}
+
+TrainState::Digests TrainState::digests() {
+  Digests d;
+  std::vector<uint64_t> all, host_hashes;
+  std::vector<char> staging;
+  for (const StateSpan& sp : spans()) {
+    // Every span is a whole number of digest blocks (ParamStore pads them), so the spans'
+    // block hashes in order are the whole state's.
+    std::vector<uint64_t> h(digest_block_count(sp.bytes()));
+    if (backend_->updates_out_of_place()) {
+      backend_->hash_blocks(sp.data, sp.floats, h.data());
+    } else {
+      staging.resize(sp.bytes());
+      backend_->copy_to_host(staging.data(), sp.data, sp.bytes());
+      for (size_t b = 0; b < h.size(); ++b)
+        h[b] = hash_block(staging.data() + b * kDigestBlockBytes,
+                          std::min(kDigestBlockBytes, sp.bytes() - b * kDigestBlockBytes));
+    }
+    d.spans.push_back(combine_block_hashes(h.data(), h.size()));
+    all.insert(all.end(), h.begin(), h.end());
+  }
+  d.checksum = combine_block_hashes(all.data(), all.size());
+  return d;
+}
+
+int TrainState::other_bank() const {
+  // Banks 0 and 1 alternate; a state adopted from a bank beyond them (the verified snapshot)
+  // leaves it at its next write, so that bank keeps what it holds.
+  return live_ == 0 || live_ == 1 ? 1 - live_ : banks_->free_bank();
 }
 
 void TrainState::update_commit(const Target& t, int64_t step, uint64_t checksum) {
@@ -76,7 +107,7 @@ void TrainState::update_commit(const Target& t, int64_t step, uint64_t checksum)
 }
 
 void TrainState::adopt_bank(int i, int64_t step) {
-  KEEL_CHECK(banks_ && rewrite_from_ < 0 && (i == 0 || i == 1), "cannot adopt bank ", i);
+  KEEL_CHECK(banks_ && rewrite_from_ < 0 && i >= 0, "cannot adopt bank ", i);
   point_at(i);
   step_ = step;
 }
@@ -84,7 +115,7 @@ void TrainState::adopt_bank(int i, int64_t step) {
 void TrainState::rewrite_begin() {
   KEEL_CHECK(rewrite_from_ < 0, "nested state rewrite");
   if (!banks_ || live_ < 0) return;  // in place, in the state's own memory
-  const int t = 1 - live_;
+  const int t = other_bank();
   banks_->begin_write(t);
   rewrite_from_ = live_;
   point_at(t);

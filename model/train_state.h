@@ -49,6 +49,15 @@ class TrainState {
   std::vector<StateSpan> spans();
   size_t bytes() const;
 
+  // Digests of the state's bytes as they are now (runtime/block_digest.h): each span's, and
+  // the block checksum of all of them that a snapshot commit records, so that memory that
+  // changed at rest shows against the slot (the SDC check).
+  struct Digests {
+    std::vector<uint64_t> spans;  // spans() order
+    uint64_t checksum = 0;
+  };
+  Digests digests();
+
   // --- living in snapshot banks (model/state_banks.h) ---
   // From the next update_begin() or rewrite_begin() on, the state lives in `banks`, which
   // must outlive it or detach_banks(). Only for a backend that updates out of place.
@@ -71,7 +80,8 @@ class TrainState {
   void update_commit(const Target& t, int64_t step, uint64_t checksum);
 
   // Bank `i` holds a snapshot of `step` that the caller has verified: the state now lives
-  // there (a restore from the own slot copies nothing).
+  // there (a restore from the own slot copies nothing). A bank beyond 0 and 1 (the verified
+  // snapshot) is left at the next write and never written.
   void adopt_bank(int i, int64_t step);
 
   // A whole-state write from outside the optimizer (a restore, a load, an init): between
@@ -92,6 +102,7 @@ class TrainState {
 
  private:
   Target target(int bank);  // bank `bank`'s spans
+  int other_bank() const;   // where the next update or rewrite writes
   void point_at(int bank);  // the state lives in bank `bank` from now on
 
   Backend* backend_;

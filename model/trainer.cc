@@ -8,6 +8,7 @@
 #include "model/job_layout.h"
 #include "model/llmc_checkpoint.h"
 #include "model/lr_schedule.h"
+#include "model/trainer_slot.h"
 #include "runtime/block_digest.h"
 #include "runtime/check.h"
 
@@ -24,20 +25,6 @@ double since(Clock::time_point t) {
 constexpr uint32_t kPipeTag = 0x1F1B;
 
 }  // namespace
-
-struct Trainer::Slot {
-  Backend* backend;
-  int32_t* tokens = nullptr;   // device
-  int32_t* targets = nullptr;  // device
-  float* input = nullptr;      // [B,T,C], from the previous stage
-  float* activations = nullptr;
-  explicit Slot(Backend* b) : backend(b) {}
-  ~Slot() {
-    for (void* p : {static_cast<void*>(tokens), static_cast<void*>(targets),
-                    static_cast<void*>(input), static_cast<void*>(activations)})
-      backend->free(p);
-  }
-};
 
 std::unique_ptr<TrainState> make_train_state(const config::JobConfig& cfg, Backend* backend,
                                              const Plugin& plugin, const Topology& topo, int rank) {
@@ -79,6 +66,7 @@ Trainer::Trainer(const config::JobConfig& cfg, Backend* backend, std::shared_ptr
     const bool tied = s.desc.tied_to[0] != '\0';
     if (tied) tied_slot_ = int(i);
     segments_.push_back({s.offset, s.numel, tied});
+    used_floats_ = std::max(used_floats_, s.offset + s.numel);
   }
   bind_groups();
 
@@ -104,7 +92,7 @@ Trainer::Trainer(const config::JobConfig& cfg, Backend* backend, std::shared_ptr
 }
 
 Trainer::~Trainer() {
-  for (float* p : {scratch_, dout_, dinput_, output_, undo_}) backend_->free(p);
+  for (float* p : {scratch_, dout_, dinput_, output_, undo_, check_grads_}) backend_->free(p);
 }
 
 bool Trainer::zero1() const {
@@ -138,11 +126,11 @@ void Trainer::init_params() {
   state_->set_step(0);
 }
 
-void Trainer::load_batch(const DataLoader& data, int64_t step, int m, Slot& slot) {
+void Trainer::load_batch(const DataLoader& data, int64_t step, int m, Slot& slot, int replica) {
   if (!first_ && !last_) return;
   const int B = cfg_.train().micro_batch_size(), T = dims_.seq_len;
   const int G = cfg_.train().global_batch_size();
-  const int first_sample = coord_.dp * (G / topo_.dp()) + m * B;
+  const int first_sample = (replica < 0 ? coord_.dp : replica) * (G / topo_.dp()) + m * B;
   host_inputs_.resize(size_t(B) * T);
   host_targets_.resize(size_t(B) * T);
   data.read(step, G, first_sample, B, host_inputs_.data(), host_targets_.data());
@@ -163,6 +151,11 @@ StepStats Trainer::step() {
   StepStats st;
   st.step = step;
   st.tokens = int64_t(cfg_.train().global_batch_size()) * T;
+  // The first micro-batch's gradient is read (by a check or a fault) before any of it is
+  // reduced: with a single micro-batch its buckets then start only after its backward.
+  const bool watch_first = record_first_ || bool(hooks_.computed);
+  const bool late_arm = watch_first && micro_batches_ == 1;
+  first_digest_ = {};
 
   params.zero_grads();
   const float loss_scale = 1.0f / float(int64_t(cfg_.train().global_batch_size()) * T);
@@ -181,8 +174,13 @@ StepStats Trainer::step() {
       if (a.recv_input && !have_input) pp->recv(slot.input, hidden_bytes, prev, kPipeTag);
       have_input = false;
       load_batch(*data_, step, a.micro_batch, slot);
+      if (watch_first && a.micro_batch == 0 && last_ && !first_)
+        computed_first(step, TensorClass::kActivation, slot.input, hidden_bytes / sizeof(float));
       args.output = output_;
       run_plugin(plugin_->table().forward, &args);
+      if (watch_first && a.micro_batch == 0 && (!last_ || first_))
+        computed_first(step, TensorClass::kActivation, last_ ? slot.activations : output_,
+                       hidden_bytes / sizeof(float));
       if (last_) loss_sum += args.loss_sum;
       if (a.send_output) {
         if (a.fused_with_next) {
@@ -195,10 +193,16 @@ StepStats Trainer::step() {
     } else {
       if (a.recv_grad && !have_dout) pp->recv(dout_, hidden_bytes, next, kPipeTag);
       have_dout = false;
-      if (a.micro_batch == micro_batches_ - 1) sync_->arm();
+      if (a.micro_batch == micro_batches_ - 1 && !late_arm) sync_->arm();
       args.dout = dout_;
       args.dinput = dinput_;
       run_plugin(plugin_->table().backward, &args);
+      if (watch_first && a.micro_batch == 0)
+        computed_first(step, TensorClass::kGrad, params.grads(), used_floats_);
+      if (late_arm) {
+        sync_->arm();
+        for (size_t k = 0; k < segments_.size(); ++k) sync_->mark_ready(int(k));
+      }
       if (a.send_grad) {
         if (a.fused_with_next) {
           Slot& next_slot = *slots_[schedule_[i + 1].micro_batch % n_slots];
@@ -238,6 +242,12 @@ StepStats Trainer::step() {
   optimizer_step(step, st.lr, clip_scale);
   backend_->synchronize();
   state_->set_step(step + 1);
+  record_first_ = false;
+  if (hooks_.computed) {
+    const std::vector<StateSpan> spans = state_->spans();
+    hooks_.computed(step, TensorClass::kParam, spans[0].data, used_floats_, false);
+    hooks_.computed(step, TensorClass::kOptimizer, spans[1].data, spans[1].floats, false);
+  }
 
   st.wall_s = since(t_start);
   auto delta = [](const CommStats& a, const CommStats& b) {

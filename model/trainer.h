@@ -56,13 +56,38 @@ class NonFiniteStep : public Error {
   int64_t step_;
 };
 
-// Where robust/ and ckpt/ attach inside a step. Both optional.
+// What a silent data corruption check compares and an sdc fault corrupts (DESIGN.md,
+// Determinism): a micro-batch's gradient, a stage-boundary activation, the parameters and the
+// optimizer moments after an update.
+enum class TensorClass { kGrad, kActivation, kParam, kOptimizer };
+// "grad", "activation", "param", "optimizer".
+const char* tensor_class_name(TensorClass c);
+
+// Where robust/ and ckpt/ attach inside a step. All optional.
 struct TrainerHooks {
   // Right before the optimizer mutates the TrainState: a snapshot copy of the previous step
   // still in flight must finish here (it overlapped this step's forward and backward).
   std::function<void(int64_t step)> before_update;
   // This rank's local {loss_sum, grad_sumsq} before they are all-reduced (fault injection).
   std::function<void(int64_t step, float* metrics)> local_metrics;
+  // A tensor this rank just computed, before anything reads it (fault injection: a defective
+  // unit). kGrad: the gradient buffer after the step's first backward; kActivation: the stage's
+  // boundary activation of the step's first micro-batch (its output; on the last stage the
+  // input it received; on a single stage the first B·T·C floats of its saved activations, the
+  // GPT's embedding); kParam, kOptimizer: the parameters and the moments after the update.
+  // `recompute`: the same tensor of a micro-batch recomputed for a check (check_step()).
+  std::function<void(int64_t step, TensorClass cls, float* data, size_t n, bool recompute)>
+      computed;
+};
+
+// What one micro-batch computed on this rank, as digests (runtime/block_digest.h), for the
+// silent data corruption check: a DP replica holds the same parameter shard, reads the same
+// data and runs the same kernels, so recomputing another replica's micro-batch must give
+// equal digests bit for bit (DESIGN.md, Determinism).
+struct MicroBatchDigest {
+  uint64_t grad = 0;        // this rank's gradient of the micro-batch alone
+  uint64_t activation = 0;  // its stage-boundary activation (TrainerHooks::computed)
+  bool operator==(const MicroBatchDigest&) const = default;
 };
 
 class Trainer {
@@ -87,6 +112,18 @@ class Trainer {
   // NonFiniteStep with the state as it was before the call.
   StepStats step();
 
+  // The next step() records the digests of its first micro-batch (first_micro_batch()).
+  void record_first_micro_batch() { record_first_ = true; }
+  const MicroBatchDigest& first_micro_batch() const { return first_digest_; }
+
+  // Recomputes micro-batch 0 of DP replica `replica`'s slice of step state().step() on this
+  // rank's pipeline, into scratch gradients: the state, the step's gradients and the data
+  // order are untouched, so it may run between steps or in the before_update hook. Every rank
+  // of this DP replica calls it at the same point with the same `replica` (it moves
+  // activations over the PP communicator and the plugin's TP ops communicate). The
+  // `computed` hook sees its tensors with recompute = true. Throws CommError.
+  MicroBatchDigest recompute_first_micro_batch(int replica);
+
   // Mean token loss over global batches [0, batches) of `val` (forward only, through the
   // pipeline; parameters and optimizer state untouched). Identical on every rank.
   double evaluate(const DataLoader& val, int batches);
@@ -108,7 +145,12 @@ class Trainer {
 
  private:
   struct Slot;  // per in-flight micro-batch buffers
-  void load_batch(const DataLoader& data, int64_t step, int micro_batch, Slot& slot);
+  void load_batch(const DataLoader& data, int64_t step, int micro_batch, Slot& slot,
+                  int replica = -1);  // -1: this rank's DP replica
+  // A digest of `n` floats of the backend's memory.
+  uint64_t digest(const float* data, size_t n);
+  // The step's first micro-batch computed `cls` in `data`: the fault hook, then the digest.
+  void computed_first(int64_t step, TensorClass cls, float* data, size_t n);
   keel_stage_args stage_args(Slot& slot);
   void run_plugin(int (*fn)(const keel_model_dims*, const keel_stage*, keel_stage_args*),
                   keel_stage_args* args);
@@ -147,7 +189,14 @@ class Trainer {
   std::vector<uint64_t> hashes_;  // block hashes of an out-of-place update
   float *scratch_ = nullptr, *dout_ = nullptr, *dinput_ = nullptr, *output_ = nullptr;
   std::vector<int32_t> host_inputs_, host_targets_;  // staging for load_batch
-  int tied_slot_ = -1;  // index of the tied embedding in this coordinate, if it has one
+  int tied_slot_ = -1;      // index of the tied embedding in this coordinate, if it has one
+  size_t used_floats_ = 0;  // parameters without the padding
+  // The SDC check (trainer_check.cc).
+  bool record_first_ = false;
+  MicroBatchDigest first_digest_;
+  float* check_grads_ = nullptr;  // a recomputed micro-batch's gradients
+  std::vector<float*> check_grad_ptrs_;
+  std::vector<uint8_t> host_digest_;  // staging for a digest of device memory
 };
 
 // Lays out `rank`'s TrainState for this config and plugin (parameters of its coordinate;

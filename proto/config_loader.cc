@@ -239,6 +239,9 @@ void fill_derived_defaults(config::JobConfig* cfg) {
     // llm.c pads 50257 to 50304 so that the head's matmul tiles evenly.
     m->set_padded_vocab_size((m->vocab_size() + 127) / 128 * 128);
   }
+  if (!cfg->sdc().has_check_every_steps())
+    cfg->mutable_sdc()->set_check_every_steps(cfg->deterministic() ? kDefaultSdcCheckEverySteps
+                                                                   : 0);
 }
 
 config::JobConfig parse_config_text(const std::string& text, const std::string& name_for_errors,
@@ -342,6 +345,10 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
   auto ref = [](const std::string& path, auto value) { return path + " = " + show(value); };
 
   v.require(!m.plugin().empty(), "model.plugin", m.plugin(), "must name a plugin .so");
+  const int sdc_every = cfg.sdc().check_every_steps();
+  v.require(sdc_every >= 0, "sdc.check_every_steps", sdc_every, "must be >= 0 (0: off)");
+  v.require(sdc_every <= 0 || cfg.deterministic(), "sdc.check_every_steps", sdc_every,
+            "needs deterministic: true (a recomputation is compared bit for bit)");
   bool dims_ok = true;
   for (auto [path, value] : {std::pair{"model.num_layers", m.num_layers()},
                              {"model.hidden_size", m.hidden_size()},

@@ -40,7 +40,12 @@ config::JobConfig parse_config_text(const std::string& text, const std::string& 
 // clears it). On error *cfg is unchanged. Returns the paths of the fields it assigned.
 std::vector<std::string> apply_override(config::JobConfig* cfg, const std::string& assignment);
 
-// Replaces the 0 ("derive me") values of model.ffn_hidden_size and model.padded_vocab_size.
+// The SDC check period when the config leaves it unset in deterministic mode: its measured cost
+// at this period is in bench/RESULTS.md (issue 15).
+inline constexpr int kDefaultSdcCheckEverySteps = 50;
+
+// Replaces the 0 ("derive me") values of model.ffn_hidden_size and model.padded_vocab_size,
+// and an unset sdc.check_every_steps (kDefaultSdcCheckEverySteps in deterministic mode).
 void fill_derived_defaults(config::JobConfig* cfg);
 
 // Checks every constraint keel relies on (positive dims, divisibility by the parallel sizes,

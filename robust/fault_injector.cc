@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <thread>
@@ -109,6 +110,13 @@ void FaultInjector::before_step(int64_t step) {
         record(f, step);
         slow_.push_back(i);
         break;
+      case faults::Fault::sdc:
+        // The defective unit stays with the process that claimed it (as a slow one does): a
+        // replacement of the rank computes right.
+        if (!claim(i)) break;
+        record(f, step);
+        sdc_.push_back({i, false});
+        break;
       case faults::Fault::nan:
         break;  // on_local_metrics
       case faults::Fault::slot_loss:
@@ -162,6 +170,34 @@ void FaultInjector::on_local_metrics(int64_t step, float* metrics) {
     if (!claim(i)) continue;
     record(f, step);
     metrics[0] = std::numeric_limits<float>::quiet_NaN();
+  }
+}
+
+bool FaultInjector::has_sdc(const faults::FaultSchedule& schedule) {
+  for (const auto& f : schedule.fault())
+    if (f.kind() == faults::Fault::sdc) return true;
+  return false;
+}
+
+void FaultInjector::on_computed(int64_t step, TensorClass cls, float* data, size_t n,
+                                bool recompute) {
+  static constexpr TensorClass kOf[] = {TensorClass::kGrad, TensorClass::kActivation,
+                                        TensorClass::kParam, TensorClass::kOptimizer};
+  for (Sdc& s : sdc_) {
+    const faults::Fault& f = schedule_.fault(s.index);
+    if (kOf[f.target()] != cls || n == 0 || (f.once() && (s.flipped || recompute))) continue;
+    // One bit of one value, the same for a step's computation and its recomputations (a
+    // defective unit is wrong the same way each time): a mantissa bit, so the value stays
+    // finite and plausible and nothing downstream notices.
+    uint64_t h = uint64_t(step) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    const size_t at = size_t(h % n);
+    uint32_t bits;
+    static_assert(sizeof(bits) == sizeof(float));
+    std::memcpy(&bits, data + at, sizeof(bits));
+    bits ^= 1u << 20;
+    std::memcpy(data + at, &bits, sizeof(bits));
+    s.flipped = true;
   }
 }
 

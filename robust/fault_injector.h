@@ -2,7 +2,8 @@
 //   before_step(S)           crash, exit, slow, freeze, spin, and arming a hang or
 //                            hang_in_collective for step S;
 //   wrap(groups, activity)   after every (re)build of the rank's communicators;
-//   on_local_metrics(S, m)   nan, on this rank's local loss before the global all-reduce.
+//   on_local_metrics(S, m)   nan, on this rank's local loss before the global all-reduce;
+//   on_computed(...)         sdc, on the tensors the Trainer computed (TrainerHooks::computed).
 //
 // Each fault fires at most once per job, although a crashed rank is restarted and replays
 // its steps: a fault fires only in the process that wins `store.add("fault/<i>/fired", 1)
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "model/trainer.h"
 #include "parallel/process_groups.h"
 #include "parallel/store.h"
 #include "parallel/traced_communicator.h"
@@ -82,6 +84,14 @@ class FaultInjector {
   // contribution) becomes NaN, so after the global all-reduce every rank sees a NaN loss.
   void on_local_metrics(int64_t step, float* metrics);
 
+  // For an sdc fault this process claimed (at its step, in before_step): flips one bit of one
+  // value of `data` when `cls` is the fault's target — every step and every recomputation
+  // from then on, or with `once` only the first computation. `data` is host memory (the CPU
+  // backend); a GPU backend is not corrupted (future work).
+  void on_computed(int64_t step, TensorClass cls, float* data, size_t n, bool recompute);
+  // Whether `schedule` holds an sdc fault (every rank then installs the computed hook).
+  static bool has_sdc(const faults::FaultSchedule& schedule);
+
   // The injections recorded so far, in firing order.
   static std::vector<InjectionRecord> read_injections(Store& store);
 
@@ -99,6 +109,11 @@ class FaultInjector {
   std::shared_ptr<HangSwitch> hang_ = std::make_shared<HangSwitch>();
   bool wrapped_ = false;
   std::vector<int> slow_;  // indices of slow faults this process claimed
+  struct Sdc {
+    int index;
+    bool flipped;
+  };
+  std::vector<Sdc> sdc_;  // sdc faults this process claimed
   SnapshotActions snapshot_;
   SlotActions slot_;
   int64_t runtime_seen_ = 0;

@@ -53,7 +53,7 @@ faults::Fault parse_fault_flag(const std::string& value) {
   faults::Fault f;
   size_t at = value.find('@');
   if (at == std::string::npos)
-    fail("expected KIND@step=S,rank=R[,code=C][,delay_ms=D][,message=TEXT]");
+    fail("expected KIND@step=S,rank=R[,code=C][,delay_ms=D][,target=T][,once][,message=TEXT]");
   std::string kind = value.substr(0, at);
   faults::Fault::Kind k = faults::Fault::crash;
   if (!faults::Fault::Kind_Parse(kind, &k)) {
@@ -66,9 +66,14 @@ faults::Fault parse_fault_flag(const std::string& value) {
     size_t eq = value.find('=', pos);
     size_t comma = value.find(',', pos);
     std::string key = value.substr(pos, std::min(eq, comma) - pos);
-    if (eq == std::string::npos || (comma != std::string::npos && comma < eq)) {
-      fail("expected key=value, got '" + key + "'");
+    const bool bare = eq == std::string::npos || (comma != std::string::npos && comma < eq);
+    if (bare && key == "once") {
+      f.set_once(true);
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+      continue;
     }
+    if (bare) fail("expected key=value, got '" + key + "'");
     if (key == "message") {
       // The rest of the value, commas included: a message is free text.
       f.set_message(value.substr(eq + 1));
@@ -77,8 +82,17 @@ faults::Fault parse_fault_flag(const std::string& value) {
     std::string text =
         value.substr(eq + 1, comma == std::string::npos ? std::string::npos : comma - eq - 1);
     int64_t number = 0;
+    if (key == "target") {
+      faults::Fault::Target t = faults::Fault::grad;
+      if (!faults::Fault::Target_Parse(text, &t))
+        fail("target = '" + text + "': not one of grad, activation, param, optimizer");
+      f.set_target(t);
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+      continue;
+    }
     if (key != "step" && key != "rank" && key != "code" && key != "delay_ms") {
-      fail("unknown key '" + key + "' (step, rank, code, delay_ms, message)");
+      fail("unknown key '" + key + "' (step, rank, code, delay_ms, target, once, message)");
     }
     if (!parse_int(text, &number)) fail(key + " = '" + text + "': not an integer");
     bool fits_int = number >= INT32_MIN && number <= INT32_MAX;
@@ -183,6 +197,12 @@ void validate_fault_plan(const FaultPlan& plan, int world_size, int64_t steps) {
     } else {
       require(!f.has_delay_ms(), o, "delay_ms", std::to_string(f.delay_ms()),
               "only a slow fault takes delay_ms (this one is " + kind + ")");
+    }
+    if (f.kind() != faults::Fault::sdc) {
+      require(!f.has_target(), o, "target", faults::Fault::Target_Name(f.target()),
+              "only an sdc fault takes a target (this one is " + kind + ")");
+      require(!f.has_once(), o, "once", f.once() ? "true" : "false",
+              "only an sdc fault takes once (this one is " + kind + ")");
     }
     if (f.kind() == faults::Fault::exit) {
       require(f.exit_code() >= 1 && f.exit_code() <= 255, o, "exit_code",

@@ -32,7 +32,8 @@ struct FaultPlan {
   std::vector<FaultOrigin> origins;  // one per schedule.fault()
 };
 
-// Parses one --fault value: KIND@step=S,rank=R[,code=C][,delay_ms=D][,message=TEXT].
+// Parses one --fault value:
+//   KIND@step=S,rank=R[,code=C][,delay_ms=D][,target=T][,once][,message=TEXT].
 // message takes the rest of the value (it may hold commas), so it comes last. Checks the
 // syntax only; validate_fault_plan checks the values against the job.
 faults::Fault parse_fault_flag(const std::string& value);

@@ -152,6 +152,8 @@ const char* failure_kind_name(FailureKind k) {
       return "partition";
     case FailureKind::kCommError:
       return "comm_error";
+    case FailureKind::kSdc:
+      return "sdc";
   }
   return "?";
 }
@@ -238,8 +240,28 @@ int64_t abort_deadline_ms(const config::RecoveryConfig& rc, double median_step_s
   return std::max<int64_t>(rc.abort_timeout_ms(), int64_t(std::ceil(by_steps)));
 }
 
-Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings>& have,
-            const Options& o) {
+// Holdings and options without any step after `at_most` (an SDC rollback: later states may
+// be corrupt).
+std::map<int, Holdings> no_later_than(std::map<int, Holdings> have, int64_t at_most) {
+  for (auto& [r, h] : have) {
+    if (h.live && *h.live > at_most) h.live.reset();
+    std::erase_if(h.own, [&](int64_t s) { return s > at_most; });
+    std::erase_if(h.backup, [&](int64_t s) { return s > at_most; });
+  }
+  return have;
+}
+
+Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings>& have_all,
+            const Options& o_all) {
+  if (f.restore_at_most) {
+    Options capped = o_all;
+    if (capped.persistent_step > *f.restore_at_most) capped.persistent_step = -1;
+    Failure g = f;
+    g.restore_at_most.reset();
+    return decide(g, v, no_later_than(have_all, *f.restore_at_most), capped);
+  }
+  const std::map<int, Holdings>& have = have_all;
+  const Options& o = o_all;
   const Topology& topo = v.topo;
   const auto mode = o.recovery.mode();
   // Slots silent now, whether or not the failure was first seen as their loss.
@@ -299,7 +321,8 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     evict = lost_slots;
     // A hung machine is not trusted again until it has checked itself; slot 0 hosts the
     // controller and is never evicted.
-    if (f.kind == FailureKind::kHang && f.culprit >= 0 && v.slot_of(f.culprit) > 0)
+    if ((f.kind == FailureKind::kHang || f.kind == FailureKind::kSdc) && f.culprit >= 0 &&
+        v.slot_of(f.culprit) > 0)
       evict.insert(v.slot_of(f.culprit));
     const auto scope = o.recovery.evict();
     int widen = f.culprit;
@@ -338,6 +361,12 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
   Plan p;
   std::set<int> restart = f.dead;
   std::set<int> moved;
+  // A rank that computes wrong is not kept running where no slot can be evicted for it: a new
+  // process takes its rank (a transient fault goes away with the old one).
+  if (f.kind == FailureKind::kSdc && f.culprit >= 0 && evict.empty()) {
+    restart.insert(f.culprit);
+    p.kill.insert(f.culprit);
+  }
   for (int s : evict)
     for (int r : v.ranks_on(s)) {
       moved.insert(r);
@@ -389,7 +418,9 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
   if (!p.promote.empty()) {
     p.rung = "evict";
     p.why = f.kind == FailureKind::kHang ? "a hung slot is not trusted until it checked itself"
-                                         : "the slot is out; a warm standby takes its ranks";
+            : f.kind == FailureKind::kSdc
+                ? "a slot that computes wrong silently is not trusted until it checked itself"
+                : "the slot is out; a warm standby takes its ranks";
     std::set<int> ev(p.evict.begin(), p.evict.end()), sb;
     for (const auto& [s, k] : p.promote) sb.insert(k);
     p.action = "evict slot " + join(ev) + "; standby slot " + join(sb) + " takes " +
@@ -399,11 +430,17 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     p.why = "a clear culprit on a live slot: restart it, the others rebuild";
     p.action =
         "restart " + std::string(restart.size() > 1 ? "ranks " : "rank ") + who + " in place";
+  } else if (f.kind == FailureKind::kSdc) {
+    p.rung = "rollback";
+    p.why = "corruption with no clear culprit: every rank goes back to verified state";
+    p.action = "roll back in place (no clear culprit)";
   } else {
     p.rung = "reattempt";
     p.why = "no culprit: every rank rebuilds its communicators and goes on";
     p.action = "reattempt in place (no culprit)";
   }
+  if (f.kind == FailureKind::kSdc && p.restore.job_source == membership::memory)
+    p.action += detail::concat("; roll back to verified step ", p.restore.step);
   if (p.restore.job_source == membership::persistent)
     p.action += detail::concat("; restore the persistent checkpoint of step ", p.restore.step);
   if (p.restore.job_source == membership::scratch) p.action += "; start over from step 0";

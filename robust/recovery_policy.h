@@ -15,6 +15,10 @@
 //                                            machine is not trusted); without slots:
 //                                            restarted in place;
 //   communication error, no culprit          reattempt in place: every rank rebuilds;
+//   silent data corruption (sdc)             the culprit's slot is evicted like a hung one
+//                                            (without slots its rank restarts); everyone
+//                                            rolls back to the newest verified step; with
+//                                            no culprit named, only the rollback;
 //   no standby ready                         recovery.on_no_standby: fail, wait, shrink_dp.
 // in_place never evicts (a lost slot: detect.on_slot_loss fail | wait). restart_all stops every
 // rank and restarts all of them from the newest persistent checkpoint, placing a lost slot's
@@ -53,7 +57,7 @@ struct ClusterView {
   std::vector<int> ranks_on(int slot) const;
 };
 
-enum class FailureKind { kCrash, kExit, kHang, kSlotLoss, kPartition, kCommError };
+enum class FailureKind { kCrash, kExit, kHang, kSlotLoss, kPartition, kCommError, kSdc };
 const char* failure_kind_name(FailureKind k);
 
 // What went wrong, as detection saw it.
@@ -63,6 +67,10 @@ struct Failure {
   std::set<int> dead;        // ranks whose processes are gone or must be killed
   std::set<int> lost_slots;  // slots that went silent (their ranks are in `dead`)
   std::string rule;          // how it was found ("exit", "heartbeat", "liveness", ...)
+  // kSdc: the newest step the SDC checks verified. Every state after it may be corrupt, so
+  // the restore goes no further than this (memory or a persistent checkpoint); -1 with no
+  // verified step, unbounded for other failures.
+  std::optional<int64_t> restore_at_most;
 };
 
 // What one rank can restore (steps completed), from slot headers: a restore verifies the

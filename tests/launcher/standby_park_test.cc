@@ -1,0 +1,46 @@
+// park_as_standby: a standby runs its self-checks, the golden mini-GPT among them, publishes
+// the result under its ready key, and returns the promotion it finds in the store.
+#include <gtest/gtest.h>
+
+#include "launcher/standby.h"
+#include "parallel/hash_store.h"
+#include "robust/golden_check.h"
+#include "tests/test_paths.h"
+
+namespace keel {
+namespace {
+
+TEST(StandbyPark, PublishesGemmGoldenAndAllReduceResultsThenTakesItsPromotion) {
+  auto store = std::make_shared<HashStore>();
+  auto connect = [store]() -> std::shared_ptr<Store> { return store; };
+  StandbyIdentity id;
+  id.slot = 4;
+  id.index = 1;
+  id.gen = 2;
+  // Promoted before it parks: it must still check itself first, then find the assignment.
+  store->set(standby_assign_key(id.slot, id.index, id.gen), "7 3 8");
+  auto backend = make_cpu_backend(2);
+  auto plugin = Plugin::load(test::bin_dir() + "/libkeel_gpt.so");
+
+  const StandbyAssignment a = park_as_standby(*backend, plugin, Precision::kFp32, connect, id);
+  EXPECT_EQ(a.rank, 7);
+  EXPECT_EQ(a.epoch, 3);
+  EXPECT_EQ(a.world, 8);
+
+  const std::string ready =
+      store->get(standby_ready_key(id.slot, id.index, id.gen), std::chrono::seconds(1));
+  EXPECT_EQ(ready.rfind("ok ", 0), 0u) << ready;
+  EXPECT_NE(ready.find("GEMM"), std::string::npos) << ready;
+  EXPECT_NE(ready.find("all-reduce"), std::string::npos) << ready;
+  // The golden run is on one thread whatever the worker's backend has, so its digest is the
+  // repo's for this BLAS core.
+  const std::string key = golden_key(*backend);
+  EXPECT_NE(ready.find("golden mini-GPT (3 steps): digest"), std::string::npos) << ready;
+  if (golden_reference(key))
+    EXPECT_NE(ready.find("matches the repo's for " + key), std::string::npos) << ready;
+  else
+    EXPECT_NE(ready.find("no repo digest for " + key), std::string::npos) << ready;
+}
+
+}  // namespace
+}  // namespace keel
