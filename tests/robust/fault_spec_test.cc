@@ -84,12 +84,12 @@ TEST(FaultSpec, FlagErrorsNameTheFlagKeyAndValue) {
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crush@step=3,rank=1"); }),
             "--fault 'crush@step=3,rank=1': unknown kind 'crush' (crash, exit, hang, slow, nan, "
             "corrupt_snapshot, lose_snapshot, slot_loss, partition, freeze, hang_in_collective, "
-            "spin)");
+            "spin, sdc)");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=x,rank=1"); }),
             "--fault 'crash@step=x,rank=1': step = 'x': not an integer");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=1,rnk=1"); }),
             "--fault 'crash@step=1,rnk=1': unknown key 'rnk' (step, rank, code, delay_ms, "
-            "message)");
+            "target, once, message)");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@rank=1"); }),
             "--fault 'crash@rank=1': missing step=S");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=1"); }),
@@ -100,6 +100,30 @@ TEST(FaultSpec, FlagErrorsNameTheFlagKeyAndValue) {
             "--fault 'crash@step=1,rank': expected key=value, got 'rank'");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=1,rank=99999999999"); }),
             "--fault 'crash@step=1,rank=99999999999': rank = 99999999999: out of range");
+}
+
+TEST(FaultSpec, SdcTakesATargetAndOnceAndNoOtherKindDoes) {
+  faults::Fault f = parse_fault_flag("sdc@step=40,rank=5");
+  EXPECT_EQ(f.kind(), faults::Fault::sdc);
+  EXPECT_EQ(f.target(), faults::Fault::grad);
+  EXPECT_FALSE(f.once());
+  f = parse_fault_flag("sdc@step=4,rank=1,target=optimizer,once");
+  EXPECT_EQ(f.target(), faults::Fault::optimizer);
+  EXPECT_TRUE(f.once());
+  f = parse_fault_flag("sdc@once,step=4,rank=1,target=activation");
+  EXPECT_TRUE(f.once());
+  EXPECT_EQ(f.target(), faults::Fault::activation);
+  EXPECT_EQ(input_error_of([] { parse_fault_flag("sdc@step=4,rank=1,target=weights"); }),
+            "--fault 'sdc@step=4,rank=1,target=weights': target = 'weights': not one of grad, "
+            "activation, param, optimizer");
+  FaultPlan plan;
+  add_fault_flag(&plan, "crash@step=1,rank=0,once");
+  add_fault_flag(&plan, "slow@step=1,rank=0,delay_ms=5,target=param");
+  EXPECT_EQ(input_error_of([&] { validate_fault_plan(plan, 2, 10); }),
+            "--fault 'crash@step=1,rank=0,once': once = true: only an sdc fault takes once (this "
+            "one is crash)\n"
+            "--fault 'slow@step=1,rank=0,delay_ms=5,target=param': target = param: only an sdc "
+            "fault takes a target (this one is slow)");
 }
 
 TEST(FaultSpec, ScheduleSyntaxErrorHasLineAndColumn) {

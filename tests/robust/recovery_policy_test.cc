@@ -139,6 +139,70 @@ TEST(RecoveryPolicy, HangOnTheControllersSlotIsRestartedInPlace) {
   EXPECT_EQ(p.restart, std::set<int>{1});
 }
 
+// Silent data corruption: the named rank's slot goes (it is alive and acknowledged the abort,
+// so its ranks are stopped), and nobody restores a step after the verified one: not its
+// live state, not a newer snapshot, not a newer persistent checkpoint.
+TEST(RecoveryPolicy, SdcEvictsTheCulpritsSlotAndRollsBackToTheVerifiedStep) {
+  ClusterView v = view_3d(1);
+  Failure f;
+  f.kind = FailureKind::kSdc;
+  f.culprit = 5;
+  f.restore_at_most = 20;
+  std::map<int, Holdings> h = holdings(8, 30);
+  for (auto& [r, x] : h) x.own.insert(20);  // the verified slot
+  h[4].backup.insert(20);                   // ranks 4, 5 move: their replicas' verified slots
+  h[5].backup.insert(20);
+  Options o = opts();
+  o.persistent_step = 25;  // newer than the verified step: may be corrupt too
+  Plan p = decide(f, v, h, o);
+  ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
+  EXPECT_EQ(p.rung, "evict");
+  EXPECT_EQ(p.evict, std::vector<int>{2});
+  EXPECT_EQ(p.promote.at(2), 4);
+  EXPECT_EQ(p.kill, (std::set<int>{4, 5}));
+  EXPECT_EQ(p.restore.step, 20);
+  EXPECT_EQ(p.restore.job_source, membership::memory);
+  EXPECT_EQ(p.restore.sources.at(5), membership::backup);
+  EXPECT_EQ(p.restore.sources.at(0), membership::own_snapshot);
+  EXPECT_NE(p.action.find("roll back to verified step 20"), std::string::npos) << p.action;
+
+  // No clear culprit: the same rollback, in place.
+  f.culprit = -1;
+  p = decide(f, v, h, o);
+  ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
+  EXPECT_EQ(p.rung, "rollback");
+  EXPECT_TRUE(p.evict.empty());
+  EXPECT_TRUE(p.kill.empty());
+  EXPECT_EQ(p.restore.step, 20);
+
+  // Nothing verified survives in memory: an older persistent checkpoint, never a newer one.
+  for (auto& [r, x] : h) x.own.erase(20), x.backup.erase(20);
+  o.persistent_step = 15;
+  f.culprit = 5;
+  p = decide(f, v, h, o);
+  ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
+  EXPECT_EQ(p.restore.step, 15);
+  EXPECT_EQ(p.restore.job_source, membership::persistent);
+}
+
+// Without slots to evict, the culprit's rank is stopped and started again.
+TEST(RecoveryPolicy, SdcWithoutSlotsRestartsTheCulprit) {
+  ClusterView v;
+  v.topo = Topology(1, 1, 2);
+  v.configured_dp = 2;
+  Failure f;
+  f.kind = FailureKind::kSdc;
+  f.culprit = 1;
+  f.restore_at_most = 8;
+  std::map<int, Holdings> h = holdings(2, 10);
+  for (auto& [r, x] : h) x.own.insert(8);
+  Plan p = decide(f, v, h, opts());
+  ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
+  EXPECT_EQ(p.restart, std::set<int>{1});
+  EXPECT_EQ(p.kill, std::set<int>{1});
+  EXPECT_EQ(p.restore.step, 8);
+}
+
 TEST(RecoveryPolicy, PpGroupEvictionTakesEverySlotOfThePipeline) {
   ClusterView v = view_3d(2);
   v.slots[1] = SlotInfo::lost;
