@@ -52,11 +52,15 @@ constexpr size_t kStaging = size_t{16} << 20;
 constexpr uint64_t kMaxPayload = uint64_t{1} << 40;
 constexpr uint32_t kMaxMessage = 1 << 16;
 
+// RequestHeader::flags of a push: the payload is the owner's verified snapshot (SDC checks),
+// kept in the holder's verified slot beside the two newest backups.
+constexpr uint32_t kPushVerified = 1;
+
 struct RequestHeader {
   uint32_t magic;
   uint32_t op;
   int32_t owner;
-  uint32_t reserved;
+  uint32_t flags;
   int64_t step;
   uint64_t fingerprint;
   uint64_t bytes;
@@ -287,6 +291,7 @@ bool BackupServer::Impl::handle(int fd) {
 
 bool BackupServer::Impl::handle_push(int fd, const RequestHeader& rq) {
   if (rq.bytes > kMaxPayload || rq.step < 0) return false;
+  const bool verified = rq.flags & kPushVerified;
   ChecksumStream sum;
   std::string err;
   if (!region) {
@@ -302,9 +307,14 @@ bool BackupServer::Impl::handle_push(int fd, const RequestHeader& rq) {
   if (same_layout) {
     // Received straight into the slot: a connection lost midway leaves it invalid, and the
     // other slot (the newest backup) untouched.
-    // Backups of steps >= this one predate a restore of the owner to an older step.
-    region->invalidate_from(rq.step, rq.owner);
-    slot = region->free_slot();
+    // Backups of steps >= this one predate a restore of the owner to an older step (a
+    // verified snapshot is older than the newest backups by design: it replaces only itself).
+    if (verified) {
+      slot = SnapshotRegion::kVerifiedSlot;
+    } else {
+      region->invalidate_from(rq.step, rq.owner);
+      slot = region->free_slot();
+    }
     region->begin_write(slot);
     if (recv_chunked(fd, region->payload(slot), rq.bytes, opt.io_timeout, &sum, &err) !=
         IoResult::kOk)
@@ -333,11 +343,11 @@ bool BackupServer::Impl::handle_push(int fd, const RequestHeader& rq) {
     if (::shm_unlink(segment.c_str()) != 0)
       KEEL_CHECK(errno == ENOENT, "shm_unlink ", segment, ": ", std::strerror(errno));
     region = SnapshotRegion::open_or_create(segment, rq.bytes, rq.fingerprint, rq.owner);
-    slot = region->free_slot();
+    slot = verified ? SnapshotRegion::kVerifiedSlot : region->free_slot();
     region->begin_write(slot);
     std::memcpy(region->payload(slot), staging.get(), rq.bytes);
   }
-  region->commit(slot, rq.step, rq.bytes, got, rq.fingerprint, rq.owner);
+  region->commit(slot, rq.step, rq.bytes, got, rq.fingerprint, rq.owner, verified);
   ++committed;
   return reply(fd, kOk, "");
 }
@@ -435,9 +445,10 @@ void BackupClient::connect() {
 }
 
 void BackupClient::push_raw(int owner_rank, int64_t step, uint64_t fingerprint, const void* payload,
-                            size_t bytes, uint64_t sum) {
+                            size_t bytes, uint64_t sum, bool verified) {
   connect();
-  RequestHeader rq{kRequestMagic, kPush, owner_rank, 0, step, fingerprint, bytes, sum};
+  RequestHeader rq{kRequestMagic, kPush,       owner_rank, verified ? kPushVerified : 0u,
+                   step,          fingerprint, bytes,      sum};
   std::string err;
   IoResult r = detail::send_all(fd_.get(), &rq, sizeof(rq), Clock::now() + timeout_, &err);
   if (r == IoResult::kOk) r = send_chunked(fd_.get(), payload, bytes, timeout_, &err);
@@ -450,12 +461,13 @@ void BackupClient::push_raw(int owner_rank, int64_t step, uint64_t fingerprint, 
   if (h.status != kOk) throw BackupError(detail::concat("backup holder ", addr_, ": ", msg));
 }
 
-size_t BackupClient::push(const SnapshotRegion& region, int64_t step) {
-  auto v = region.find(step);
-  if (!v)
-    throw BackupError(detail::concat("cannot push step ", step, ": no committed slot of ",
-                                     region.name(), " holds it"));
-  push_raw(v->owner_rank, v->step, v->fingerprint, v->payload, v->bytes, v->checksum);
+size_t BackupClient::push(const SnapshotRegion& region, int64_t step, bool verified) {
+  auto v = verified ? region.slot_view(SnapshotRegion::kVerifiedSlot) : region.find(step);
+  if (!v || v->step != step)
+    throw BackupError(detail::concat("cannot push step ", step, ": no committed ",
+                                     verified ? "verified " : "", "slot of ", region.name(),
+                                     " holds it"));
+  push_raw(v->owner_rank, v->step, v->fingerprint, v->payload, v->bytes, v->checksum, verified);
   return v->bytes;
 }
 

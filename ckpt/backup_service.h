@@ -79,13 +79,14 @@ class BackupClient {
   const std::string& address() const { return addr_; }
 
   // Sends the committed slot of `region` holding `step` (owner, fingerprint and checksum from
-  // its header). Returns the payload bytes sent. Throws BackupError if the slot is not held
-  // or the transfer fails or the server refuses it.
-  size_t push(const SnapshotRegion& region, int64_t step);
+  // its header); with `verified` its verified slot, which the holder keeps in its own
+  // verified slot beside the newest backups. Returns the payload bytes sent. Throws
+  // BackupError if the slot is not held or the transfer fails or the server refuses it.
+  size_t push(const SnapshotRegion& region, int64_t step, bool verified = false);
   // Sends an arbitrary payload with the given claimed checksum (tests use a wrong one to
   // play a payload corrupted in flight). The server commits it only if the checksum matches.
   void push_raw(int owner_rank, int64_t step, uint64_t fingerprint, const void* payload,
-                size_t bytes, uint64_t checksum);
+                size_t bytes, uint64_t checksum, bool verified = false);
   // Loads the backup of `owner_rank` at `step` into `state`, verifying layout fingerprint,
   // size and checksum. The holder sends its slot as it is; the payload goes straight into
   // the state's memory (device memory through a bounded host buffer), checksummed as it

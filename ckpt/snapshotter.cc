@@ -63,6 +63,7 @@ int Snapshotter::free_bank() const {
 void Snapshotter::invalidate(std::unique_lock<std::mutex>& lk, int i) {
   // A push not yet started of the slot's older step is superseded by the one to come.
   if (pending_ && pending_->slot == i) pending_.reset();
+  if (pending_verified_ && pending_verified_->slot == i) pending_verified_.reset();
   cv_.wait(lk, [&] { return stop_ || inflight_slot_ != i; });
   region_->begin_write(i);
 }
@@ -120,12 +121,21 @@ double Snapshotter::keep_verified(int64_t step) {
     KEEL_CHECK(state_->step() == step, "keep_verified: no slot of ", region_->name(),
                " holds step ", step, " and the state is at step ", state_->step());
     region_->write(*state_, step, kV, /*verified=*/true);
+    push_verified(step);
     return seconds_since(t0);
   }
   std::memcpy(region_->payload(kV), v->payload, v->bytes);
   region_->commit(kV, step, v->bytes, v->checksum, v->fingerprint, v->owner_rank,
                   /*verified=*/true);
+  push_verified(step);
   return seconds_since(t0);
+}
+
+void Snapshotter::push_verified(int64_t step) {
+  std::lock_guard lk(mu_);
+  if (holder_.empty()) return;
+  pending_verified_ = Push{SnapshotRegion::kVerifiedSlot, step, true};
+  cv_.notify_all();
 }
 
 void Snapshotter::forget_after(int64_t step) {
@@ -137,7 +147,8 @@ void Snapshotter::forget_after(int64_t step) {
 }
 
 bool Snapshotter::pinned(int slot) const {
-  return inflight_slot_ == slot || (pending_ && pending_->slot == slot);
+  return inflight_slot_ == slot || (pending_ && pending_->slot == slot) ||
+         (pending_verified_ && pending_verified_->slot == slot);
 }
 
 void Snapshotter::capture() {
@@ -162,7 +173,9 @@ void Snapshotter::wait_idle() {
 
 void Snapshotter::wait_pushed() {
   std::unique_lock lk(mu_);
-  cv_.wait(lk, [&] { return stop_ || (!capture_ && !pending_ && inflight_slot_ < 0); });
+  cv_.wait(lk, [&] {
+    return stop_ || (!capture_ && !pending_ && !pending_verified_ && inflight_slot_ < 0);
+  });
 }
 
 void Snapshotter::set_backup_holder(const std::string& addr) {
@@ -170,9 +183,12 @@ void Snapshotter::set_backup_holder(const std::string& addr) {
   if (!addr.empty() && addr != holder_) {
     push_error_reported_ = false;  // a new holder gets its own first report
     degraded_ = false;
+    // A new holder has no verified snapshot of ours yet.
+    if (auto v = region_->slot_view(SnapshotRegion::kVerifiedSlot))
+      pending_verified_ = Push{SnapshotRegion::kVerifiedSlot, v->step, true};
   }
   holder_ = addr;
-  if (addr.empty()) pending_.reset();
+  if (addr.empty()) pending_.reset(), pending_verified_.reset();
   cv_.notify_all();
 }
 
@@ -230,10 +246,11 @@ void Snapshotter::copy_loop() {
 void Snapshotter::push_loop() {
   std::unique_lock lk(mu_);
   for (;;) {
-    cv_.wait(lk, [&] { return stop_ || pending_; });
+    cv_.wait(lk, [&] { return stop_ || pending_ || pending_verified_; });
     if (stop_) return;
-    const Push p = *pending_;
-    pending_.reset();
+    std::optional<Push>& next = pending_verified_ ? pending_verified_ : pending_;
+    const Push p = *next;
+    next.reset();
     const std::string addr = holder_;
     const bool degraded = degraded_;
     inflight_slot_ = p.slot;
@@ -248,7 +265,7 @@ void Snapshotter::push_loop() {
                                                             options_.connect_timeout);
         client_degraded_ = degraded;
       }
-      bytes = client_->push(*region_, p.step);
+      bytes = client_->push(*region_, p.step, p.verified);
     } catch (const std::exception& e) {
       error = e.what();  // BackupClient reconnects on the next push
     }

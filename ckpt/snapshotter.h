@@ -94,8 +94,9 @@ class Snapshotter : public StateBanks {
   void forget_after(int64_t step);
   // The SDC checks passed on the state of `step` (the live state, committed in a slot): it is
   // copied into the region's verified slot, which keeps it until the next call, so that a
-  // corruption found later rolls back to it (ckpt/snapshot_region.h). Call on the training
-  // thread, with no copy in flight (after wait_idle()). Returns the seconds it took.
+  // corruption found later rolls back to it (ckpt/snapshot_region.h); with a backup holder it
+  // is pushed there too. Call on the training thread, with no copy in flight (after
+  // wait_idle()). Returns the seconds it took.
   double keep_verified(int64_t step);
 
   // StateBanks (called by the TrainState on the training thread).
@@ -108,10 +109,12 @@ class Snapshotter : public StateBanks {
   struct Push {
     int slot;
     int64_t step;
+    bool verified = false;  // the verified slot (keep_verified), kept apart at the holder
   };
   void copy_loop();
   void push_loop();
-  bool pinned(int slot) const;  // mu_ held
+  bool pinned(int slot) const;       // mu_ held
+  void push_verified(int64_t step);  // queues the verified slot's push, if there is a holder
   // Marks slot `i` invalid once no push reads it (dropping one not yet started); mu_ held.
   void invalidate(std::unique_lock<std::mutex>& lk, int i);
 
@@ -121,9 +124,10 @@ class Snapshotter : public StateBanks {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::optional<int64_t> capture_;  // step waiting to be (or being) copied
-  std::optional<Push> pending_;     // newest committed slot not yet pushed
-  int inflight_slot_ = -1;          // slot being pushed
+  std::optional<int64_t> capture_;        // step waiting to be (or being) copied
+  std::optional<Push> pending_;           // newest committed slot not yet pushed
+  std::optional<Push> pending_verified_;  // the verified slot, when it changed
+  int inflight_slot_ = -1;                // slot being pushed
   std::string holder_;
   bool stop_ = false;
   bool push_error_reported_ = false;

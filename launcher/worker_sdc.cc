@@ -105,7 +105,7 @@ void Worker::sdc_before_update(int64_t s) {
     const std::vector<float> a = gather(world, f, 2);
     std::vector<uint64_t> goldens(size_t(world.size()));
     for (size_t r = 0; r < goldens.size(); ++r) std::memcpy(&goldens[r], a.data() + r * 2, 8);
-    v = sdc::judge_golden(v, goldens, std::nullopt);
+    v = sdc::judge_golden(v, goldens, golden_reference(g.key));
   }
   sdc_seconds_ += seconds_since(t0);
   if (!v.clean) sdc_found(s, v);

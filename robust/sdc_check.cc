@@ -263,10 +263,11 @@ Verdict judge_golden(const Verdict& before, const std::vector<uint64_t>& golden,
   std::optional<uint64_t> reference;
   // The repo's digest, unless most ranks disagree with it (then the table is stale for this
   // build, not most of the machines broken).
-  if (repo && count[*repo] * 2 > int(golden.size())) reference = repo;
+  const int n = int(golden.size());
+  if (repo && (n - count[*repo]) * 2 <= n) reference = repo;
   if (!reference)
-    for (const auto& [g, n] : count)
-      if (n * 2 > int(golden.size())) reference = g;
+    for (const auto& [g, c] : count)
+      if (2 * c > n) reference = g;
   if (reference)
     for (int r : before.suspects)
       if (golden[size_t(r)] != *reference) name(&v, r, before.tensor_class, "golden");

@@ -86,8 +86,9 @@ Verdict judge_recheck(const Topology& topo, int64_t k, const std::vector<RankRep
                       const std::vector<MicroBatchDigest>& again, const Verdict& first);
 
 // After a verdict asked for the golden check: `golden[r]` is rank r's golden digest; the
-// reference is `repo` when the repo keeps one for this backend, else the value most ranks
-// got. Suspects that differ from it are named.
+// reference is `repo` when the repo keeps one for this backend (unless most ranks disagree
+// with it: then the table is stale, not the machines broken), else the value most ranks got.
+// Suspects that differ from it are named.
 Verdict judge_golden(const Verdict& before, const std::vector<uint64_t>& golden,
                      std::optional<uint64_t> repo);
 

@@ -154,3 +154,36 @@ TEST(Sdc, ThousandCleanStepsRaiseNothing) {
 
 }  // namespace
 }  // namespace keel::test
+
+namespace keel::test {
+namespace {
+
+// With ZeRO-1 no replica holds a rank's moments, so backups are pushed to a holder: the
+// verified snapshot is pushed there too, and the moved rank restores it from the holder.
+TEST(Sdc, WithZeroOneTheMovedRankRestoresItsVerifiedStateFromItsHolder) {
+  auto args = [](const std::string& dir, const std::string& extra) {
+    std::string cfg = write_config(dir, {{"parallel", "dp: 2 zero1: true"}});
+    return "--config " + cfg + " --local 3 --standby 1 --set train.eval_every=0" +
+           " --set train.steps=" + std::to_string(kSteps) +
+           " --set sdc.check_every_steps=" + std::to_string(kEvery) + " " + extra;
+  };
+  std::string clean_dir = temp_dir("sdc-zero1-clean");
+  JobRun clean = run_launch_job(clean_dir, args(clean_dir, ""));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  std::string dir = temp_dir("sdc-zero1");
+  JobRun r = run_launch_job(dir, args(dir, "--fault sdc@step=12,rank=1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_string_field(r.report, "backup_mode"), "pushed");
+  EXPECT_EQ(json_string_field(r.report, "param_checksum"),
+            json_string_field(clean.report, "param_checksum"));
+  std::vector<std::string> inc = sdc_incidents(r);
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_number_field(inc[0], "rank"), 1) << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "restored_step"), 9) << inc[0];
+  EXPECT_TRUE(rank_source_is(inc[0], 1, "backup")) << inc[0];
+  EXPECT_TRUE(rank_source_is(inc[0], 0, "own_snapshot")) << inc[0];
+  EXPECT_NE(json_string_field(r.report, "sdc_coverage").find("ZeRO-1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace keel::test

@@ -189,6 +189,10 @@ TEST(SdcCheck, AgreementNamesTheMinorityAndTiesGoToTheGoldenCheck) {
   EXPECT_TRUE(v.culprits.empty());
   EXPECT_TRUE(v.golden) << v.detail;
   EXPECT_EQ(v.suspects, (std::set<int>{0, 1}));
+  // Two ranks in all: no majority of golden digests, but the repo's digest decides.
+  EXPECT_TRUE(judge_golden(v, {42, 43}, std::nullopt).culprits.empty());
+  EXPECT_EQ(judge_golden(v, {42, 43}, 42).culprits, std::vector<int>{1});
+  EXPECT_TRUE(judge_golden(v, {41, 41}, 42).culprits.empty());  // a stale table names nobody
 }
 
 TEST(SdcCheck, ZeroOneShardsMomentsSoOnlyParametersAreCompared) {
