@@ -109,8 +109,9 @@ void bench_layout(const std::string& dir, const Layout& l, const std::vector<int
       any.cpu_model().c_str(), any.blas_core().c_str(), any.blas_core_chosen_by().c_str());
   std::printf("setup (1-step run): %.2f s off, %.2f s on; %d round(s) interleaved, best of each\n",
               setup_off.wall, setup_on.wall, rounds);
-  std::printf("%6s %7s %7s %11s %11s %10s %9s %12s %13s\n", "N", "steps", "checks", "off s/step",
-              "on s/step", "overhead", "| report:", "s/check", "check share");
+  std::printf("%6s %7s %7s %11s %11s %10s %13s %9s %12s %13s\n", "N", "steps", "checks",
+              "off s/step", "on s/step", "overhead", "wall s/check", "| report:", "s/check",
+              "check share");
   auto per_step = [](const Timed& t, const Timed& setup, int len) {
     return (t.wall - setup.wall) / len;
   };
@@ -123,9 +124,9 @@ void bench_layout(const std::string& dir, const Layout& l, const std::vector<int
     const double t_on = per_step(on[n], setup_on, len);
     const report::RunReport& rep = on[n].rep;
     const double s_check = rep.sdc_checks() > 0 ? rep.sdc_check_seconds() / rep.sdc_checks() : 0;
-    std::printf("%6d %7d %7d %11.4f %11.4f %+9.2f%% %9s %12.4f %12.2f%%%s\n", n, len, len / n,
-                t_off, t_on, 100 * (t_on / t_off - 1), "", s_check, 100 * rep.sdc_check_share(),
-                n == kDefaultSdcCheckEverySteps ? "  (default)" : "");
+    std::printf("%6d %7d %7d %11.4f %11.4f %+9.2f%% %13.4f %9s %12.4f %12.2f%%%s\n", n, len,
+                len / n, t_off, t_on, 100 * (t_on / t_off - 1), (t_on - t_off) * n, "", s_check,
+                100 * rep.sdc_check_share(), n == kDefaultSdcCheckEverySteps ? "  (default)" : "");
     if (ref_n == 0) {
       ref_n = n;
       check_s = (t_on - t_off) * n;
@@ -134,9 +135,10 @@ void bench_layout(const std::string& dir, const Layout& l, const std::vector<int
     }
   }
   for (int n : derived)
-    std::printf("%6d %7s %7s %11.4f %11s %+9.2f%% %9s %12s %12.2f%%%s  (derived from N=%d)\n", n,
-                "-", "-", ref_step, "-", ref_n ? 100 * check_s / (n * ref_step) : 0.0, "", "-",
-                100 * ref_share / n, n == kDefaultSdcCheckEverySteps ? "  (default)" : "", ref_n);
+    std::printf("%6d %7s %7s %11.4f %11s %+9.2f%% %13s %9s %12s %12.2f%%%s  (derived from N=%d)\n",
+                n, "-", "-", ref_step, "-", ref_n ? 100 * check_s / (n * ref_step) : 0.0, "-", "",
+                "-", 100 * ref_share / n, n == kDefaultSdcCheckEverySteps ? "  (default)" : "",
+                ref_n);
   if (ref_n > 0) {
     std::printf(
         "one check: %.4f s of wall clock (N=%d: (on - off) x N) = %.2f steps; the "
@@ -147,7 +149,7 @@ void bench_layout(const std::string& dir, const Layout& l, const std::vector<int
   if (breakdown && ref_n > 0) {
     // Without snapshots there is no verified slot to copy the state into: the difference in
     // the report's time per check is that copy.
-    const int len = run_length(l, ref_n);
+    const int len = std::max(ref_n, run_length(l, ref_n) / 4 / ref_n * ref_n);
     const Timed nosnap =
         run_once(dir, l, len, ref_n, " --set checkpoint.snapshot_every_step=false");
     const report::RunReport& with = on[ref_n].rep;

@@ -67,7 +67,7 @@ std::string MemoryEstimate::describe() const {
      << " in flight), scratch " << format_bytes(scratch) << ", gradient buckets "
      << format_bytes(comm) << ", process " << format_bytes(process) << ", snapshot slots "
      << format_bytes(snapshot) << " (2 own" << (backup_slots ? " + 2 peer backup" : "")
-     << ", shared memory)";
+     << (verified_slots ? " + verified (sdc)" : "") << ", shared memory)";
   return os.str();
 }
 
@@ -129,7 +129,9 @@ MemoryEstimate estimate_rank_memory(const config::JobConfig& job, int pp_rank) {
     // Backups are pushed unless DP replicas hold them (ckpt/backup_placement.h).
     const bool alone = p.dp() * p.pp() * p.tp() == 1, replicas = !p.zero1() && p.dp() > 1;
     e.backup_slots = alone || replicas ? 0 : 2;
-    e.snapshot = double(2 + e.backup_slots) * (e.params + e.moments);
+    // The verified slot of the SDC checks, and its pushed copy where backups are pushed.
+    e.verified_slots = cfg.sdc().check_every_steps() > 0 ? (e.backup_slots ? 2 : 1) : 0;
+    e.snapshot = double(2 + e.backup_slots + e.verified_slots) * (e.params + e.moments);
   }
   return e;
 }

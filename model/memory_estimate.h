@@ -28,8 +28,10 @@ struct MemoryEstimate {
   double process = 0;      // the process itself on the host: code, libraries, thread stacks
   double snapshot = 0;     // host shared memory: 2 own snapshot slots of parameters and
                            // moments, and 2 slots of the peer backup this rank holds where
-                           // backups are pushed (not when DP replicas hold them)
+                           // backups are pushed (not when DP replicas hold them), and with
+                           // SDC checks on the verified slot (and the peer's where pushed)
   int backup_slots = 0;    // of those, the peer backup's (0 or 2)
+  int verified_slots = 0;  // and the SDC checks' verified snapshot (own, and pushed: 0-2)
   // Bytes on the rank's device (host memory on CPU).
   double device_bytes() const { return params + grads + moments + activations + scratch + comm; }
   // Bytes of host memory: on CPU everything, on CUDA the process and the snapshot slots.

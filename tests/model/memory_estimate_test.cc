@@ -77,12 +77,21 @@ TEST(MemoryEstimateTest, PipelineAndZeroShapeTheEstimate) {
   EXPECT_DOUBLE_EQ(estimate_rank_memory(z, 0).moments * 4, estimate_rank_memory(dp, 0).moments);
   // Snapshot slots of parameters and moments: two own, which on CPU hold the live state too;
   // a DP replica holds the backup, so nothing more. With ZeRO-1 two slots of a pushed backup.
+  // The SDC checks (on by default in deterministic mode) add the verified slot, and where
+  // backups are pushed its copy at the holder.
   MemoryEstimate e = estimate_rank_memory(dp, 0);
-  EXPECT_DOUBLE_EQ(e.snapshot, 2 * (e.params + e.moments));
-  EXPECT_DOUBLE_EQ(e.host_bytes(false), e.device_bytes() + e.process + e.snapshot / 2);
+  EXPECT_EQ(e.verified_slots, 1);
+  EXPECT_DOUBLE_EQ(e.snapshot, 3 * (e.params + e.moments));
+  EXPECT_DOUBLE_EQ(e.host_bytes(false), e.device_bytes() + e.process + e.snapshot * 2 / 3);
   MemoryEstimate ez = estimate_rank_memory(z, 0);
-  EXPECT_DOUBLE_EQ(ez.snapshot, 4 * (ez.params + ez.moments));
-  EXPECT_DOUBLE_EQ(ez.host_bytes(false), ez.device_bytes() + ez.process + 0.75 * ez.snapshot);
+  EXPECT_EQ(ez.verified_slots, 2);
+  EXPECT_DOUBLE_EQ(ez.snapshot, 6 * (ez.params + ez.moments));
+  EXPECT_DOUBLE_EQ(ez.host_bytes(false), ez.device_bytes() + ez.process + ez.snapshot * 5 / 6);
+  config::JobConfig no_sdc = job({"parallel.dp=4", "train.global_batch_size=16",
+                                  "sdc.check_every_steps=0"});
+  MemoryEstimate en = estimate_rank_memory(no_sdc, 0);
+  EXPECT_EQ(en.verified_slots, 0);
+  EXPECT_DOUBLE_EQ(en.snapshot, 2 * (en.params + en.moments));
   config::JobConfig off = job({"checkpoint.snapshot_every_step=false"});
   EXPECT_EQ(estimate_rank_memory(off, 0).snapshot, 0);
 }
