@@ -175,7 +175,8 @@ int Agent::run(const volatile int* stop) {
           } else {
             std::vector<std::string> argv(c.args().begin(), c.args().end());
             workers_[c.rank()] = spawn_child(argv, env, log_of(c.rank()));
-            hosted_.insert(c.rank());
+            // A replay worker holds no state of the job: nothing of it to survey or remove.
+            if (!env.count("KEEL_REPLAY")) hosted_.insert(c.rank());
           }
           break;
         }

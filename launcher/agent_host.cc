@@ -282,6 +282,29 @@ void AgentHost::spawn(int rank, const std::map<std::string, std::string>& env) {
   send(slot, m);
 }
 
+bool AgentHost::spawn_extra(int slot, int id, const std::map<std::string, std::string>& env) {
+  if (slot < 0 || slot >= int(slots_.size()) || id < world_) return false;
+  control::Envelope m = make_envelope(0);
+  control::Command* c = m.mutable_command();
+  c->set_kind(control::Command::spawn);
+  c->set_rank(id);
+  c->set_world(world_);
+  for (const auto& a : worker_argv_) c->add_args(a);
+  for (const auto& [k, v] : env) (*c->mutable_env())[k] = v;
+  (*c->mutable_env())["KEEL_LOCAL_WORLD_SIZE"] = std::to_string(workers_per_slot_);
+  (*c->mutable_env())["KEEL_SLOT"] = std::to_string(slot);
+  send(slot, m);
+  return true;
+}
+
+void AgentHost::kill_extra(int slot, int id) {
+  if (slot < 0 || slot >= int(slots_.size())) return;
+  control::Envelope m = make_envelope(0);
+  m.mutable_command()->set_kind(control::Command::kill);
+  m.mutable_command()->set_rank(id);
+  send(slot, m);
+}
+
 void AgentHost::kill(int rank) {
   if (!alive_[size_t(rank)]) return;
   killing_.insert(rank);

@@ -43,6 +43,8 @@ class AgentHost : public RankHost {
 
   void spawn(int rank, const std::map<std::string, std::string>& env) override;
   void kill(int rank) override;
+  bool spawn_extra(int slot, int id, const std::map<std::string, std::string>& env) override;
+  void kill_extra(int slot, int id) override;
   std::optional<RankExit> poll_exit() override;
   void stop_all(int sig, std::chrono::milliseconds grace) override;
   std::map<int, policy::Holdings> survey(const Topology& topo, bool replica_backups) override;

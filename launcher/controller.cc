@@ -71,6 +71,16 @@ void Controller::Impl::pump() {
       server->send(in->identity, r);
     } else if (m.has_stacks_request()) {
       stacks_requests.emplace_back(in->identity, m.stacks_request().name());
+    } else if (m.has_replay_request()) {
+      control::Envelope r = make_envelope(epoch);
+      control::ReplayReply* rr = r.mutable_replay_reply();
+      std::string why;
+      rr->set_ok(replay_possible(&why));
+      rr->set_message(rr->ok() ? "the job stops, replays its newest step on groups of machines "
+                                 "and evicts the machine found (see the incidents)"
+                               : "no replay: " + why);
+      if (rr->ok()) replay_requested = true;
+      server->send(in->identity, r);
     } else if (on_agent) {
       on_agent(in->identity, m);
     }
@@ -130,6 +140,12 @@ void Controller::Impl::inject(const std::string& fault, control::InjectReply* r)
     add_fault_flag(&plan, fault);
     validate_fault_plan(plan, world, o.cfg.train().steps());
     const faults::Fault& f = plan.schedule.fault(0);
+    // The hook that corrupts a rank's tensors is installed on every rank alike when the job
+    // starts (it changes when a single micro-batch's gradients are reduced), not later.
+    if (f.kind() == faults::Fault::sdc)
+      throw InputError(fault +
+                       ": sdc faults are given when the job starts (--fault or --inject), not "
+                       "while it runs");
     if ((f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition) &&
         host->slot_of(f.rank()) <= 0)
       throw InputError(fault + ": rank " + std::to_string(f.rank()) +
@@ -189,6 +205,11 @@ int Controller::Impl::run() {
       maybe_grow();
     }
     serve_stacks_requests();
+    if (replay_requested) {
+      replay_requested = false;
+      if (!recover(requested_replay())) return stop_job("", 1);
+      continue;
+    }
     if (auto d = hang()) {
       if (!recover(std::move(*d))) return stop_job("", 1);
       continue;

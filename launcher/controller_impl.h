@@ -82,6 +82,18 @@ struct Controller::Impl {
   void label_slot_loss(Detected* d, int slot);
   double median_step_s() const;
 
+  // controller_replay.cc: the stop-time dual-phase replay (robust/sdc_replay.h).
+  bool replay_possible(std::string* why) const;
+  // Replays the step after `step` from snapshot `step` on groups of machines, contiguous then
+  // strided; returns the machines in a failing group of both (empty: none) and says how it
+  // went in *detail.
+  std::vector<int> replay(int64_t step, std::string* detail);
+  // An SDC failure without a named rank: the replay may name one (a rank of the machine).
+  void pin_by_replay(Detected* d, const std::map<int, policy::Holdings>& have);
+  // keel-ctl replay asked for one.
+  Detected requested_replay();
+  bool replay_requested = false;
+
   // controller_recovery.cc: moves the job to the next epoch after a failure. Returns false
   // when the job must stop (the policy said so, or a stop signal came while it waited).
   bool recover(Detected d);

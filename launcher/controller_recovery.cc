@@ -175,6 +175,9 @@ bool Controller::Impl::recover(Detected d) {
   const policy::Options po = policy_options(/*with_checkpoint=*/true);
   std::map<int, policy::Holdings> have = host->survey(topo, replicas_hold_backups(topo, po.zero1));
   for (const auto& [r, a] : acks) have[r].live = a.steps_completed();
+  // Corruption that no check could pin on a rank: the replay on groups of machines may.
+  if (d.failure.kind == policy::FailureKind::kSdc && d.failure.culprit < 0 && !restart_all)
+    pin_by_replay(&d, have);
   const auto wait_start = Clock::now();
   policy::Plan plan;
   policy::ClusterView v;

@@ -2,6 +2,7 @@
 //   keel-ctl status [--run runs/<job> | --controller tcp://host:port]
 //   keel-ctl inject KIND@step=S,rank=R [--run ... | --controller ...]
 //   keel-ctl stacks [--name NAME] [--run ... | --controller ...]
+//   keel-ctl replay [--run ... | --controller ...]
 //   keel-ctl plan-standby --machines N --mtbf-hours H --recovery-minutes R [--percentile P]
 // Without --run or --controller it finds the newest job under ./runs.
 #include <unistd.h>
@@ -25,6 +26,7 @@ const char* kUsage =
     "usage: keel-ctl status [--run DIR | --controller ENDPOINT]\n"
     "       keel-ctl inject KIND@step=S,rank=R[,...] [--run DIR | --controller ENDPOINT]\n"
     "       keel-ctl stacks [--name NAME] [--run DIR | --controller ENDPOINT]\n"
+    "       keel-ctl replay [--run DIR | --controller ENDPOINT]\n"
     "       keel-ctl plan-standby --machines N --mtbf-hours H --recovery-minutes R\n"
     "                             [--percentile P (default 99)]\n"
     "DIR is a job's run directory (runs/<job>); by default the newest under ./runs.\n"
@@ -112,6 +114,20 @@ int stacks(keel::ControlClient& c, const std::string& name) {
   return 0;
 }
 
+// Suspected silent data corruption: the controller replays the newest step on groups of
+// machines and evicts the one found; this returns once it has taken the request.
+int replay(keel::ControlClient& c) {
+  keel::control::Envelope req = keel::make_envelope(0);
+  req.mutable_replay_request();
+  auto rep = c.request(req, std::chrono::seconds(5));
+  if (!rep || !rep->has_replay_reply()) {
+    std::fprintf(stderr, "keel-ctl: the controller did not answer within 5 s\n");
+    return 1;
+  }
+  std::printf("%s\n", rep->replay_reply().message().c_str());
+  return rep->replay_reply().ok() ? 0 : 2;
+}
+
 // keel-ctl plan-standby: parses its own flags (it talks to no controller) and prints the
 // plan. Bad input throws keel::InputError, which main reports with exit status 2.
 int plan_standby_command(int argc, char** argv) {
@@ -191,7 +207,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    if (cmd != "status" && cmd != "inject" && cmd != "stacks") {
+    if (cmd != "status" && cmd != "inject" && cmd != "stacks" && cmd != "replay") {
       std::fprintf(stderr, "keel-ctl: unknown command '%s'\n%s", cmd.c_str(), kUsage);
       return 2;
     }
@@ -201,6 +217,7 @@ int main(int argc, char** argv) {
     }
     keel::ControlClient c(find_endpoint(run, controller), "ctl/" + std::to_string(getpid()));
     if (cmd == "stacks") return stacks(c, name);
+    if (cmd == "replay") return replay(c);
     return cmd == "status" ? status(c) : inject(c, fault);
   } catch (const keel::InputError& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -106,6 +106,20 @@ class RankHost {
     (void)slot;
     return {};
   }
+  // Starts a worker that is no rank of the job on `slot` (a replay worker, robust/
+  // sdc_replay.h) with `env`; `id` (>= the world size) names it there (its log rank<id>.log).
+  // Its exit is not reported: it answers through the store. False where there are no slots.
+  virtual bool spawn_extra(int slot, int id, const std::map<std::string, std::string>& env) {
+    (void)slot;
+    (void)id;
+    (void)env;
+    return false;
+  }
+  // SIGKILLs such a worker if it still runs (it is not waited for).
+  virtual void kill_extra(int slot, int id) {
+    (void)slot;
+    (void)id;
+  }
   // Every thread's native stack of each running rank's worker (launcher/stack_capture.h),
   // by rank, within about `timeout` (plus the trip over the control plane). A rank whose
   // stacks could not be read, or whose slot did not answer in time, carries the reason in

@@ -119,8 +119,11 @@ void Worker::setup() {
 
   state_ = make_train_state(cfg_, backend_.get(), *plugin_, topo_, o_.rank);
   open_snapshots();
-  if (injector_ && std::getenv("KEEL_SLOT"))
+  if (injector_ && std::getenv("KEEL_SLOT")) {
     injector_->set_slot_actions(slot_fault_actions(env_.job));
+    // A defective unit is the machine's: a replay worker there computes as wrong.
+    injector_->set_machine(std::atoi(std::getenv("KEEL_SLOT")));
+  }
   open_checkpointer();
 }
 

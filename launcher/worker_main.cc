@@ -2,12 +2,14 @@
 // failures (launcher/supervisor.h). Rank 0 prints a line per step and writes the report,
 // the loss curve and llm.c weights on request.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "launcher/input_checks.h"
 #include "launcher/local_host.h"
 #include "launcher/recovery_protocol.h"
+#include "launcher/replay_worker.h"
 #include "launcher/supervisor.h"
 #include "launcher/worker.h"
 #include "launcher/worker_options.h"
@@ -27,7 +29,12 @@ int main(int argc, char** argv) {
                               : keel::load_config(o.config_path, o.overrides).runtime().blas_core(),
         argv);
     // Before any thread starts, so that every thread of the process carries the name.
-    keel::set_process_name(o.nproc > 0 ? "keel-supervisor" : "keel-worker");
+    const bool replay = std::getenv("KEEL_REPLAY") != nullptr;
+    keel::set_process_name(replay        ? "keel-replay"
+                           : o.nproc > 0 ? "keel-supervisor"
+                                         : "keel-worker");
+    // A stop-time SDC replay (launcher/replay_worker.h): one step, one digest, no supervisor.
+    if (replay) return keel::run_replay_worker(o);
     if (o.nproc > 0) {
       keel::check_launch(o);
       std::vector<std::string> args;

@@ -116,6 +116,12 @@ void FaultInjector::before_step(int64_t step) {
         if (!claim(i)) break;
         record(f, step);
         sdc_.push_back({i, false});
+        // ... and with the machine it runs on, which a replay worker started there later
+        // inherits (arm_machine_defects).
+        if (machine_ >= 0 && !f.once())
+          store_->set(machine_defect_key(machine_),
+                      detail::concat("sdc@step=", f.step(), ",rank=", f.rank(),
+                                     ",target=", faults::Fault::Target_Name(f.target())));
         break;
       case faults::Fault::nan:
         break;  // on_local_metrics
@@ -199,6 +205,26 @@ void FaultInjector::on_computed(int64_t step, TensorClass cls, float* data, size
     std::memcpy(data + at, &bits, sizeof(bits));
     s.flipped = true;
   }
+}
+
+std::string FaultInjector::machine_defect_key(int slot) {
+  return "sdc/defective/" + std::to_string(slot);
+}
+
+bool FaultInjector::arm_machine_defects(int slot) {
+  std::string text;
+  try {
+    text = store_->get(machine_defect_key(slot), std::chrono::milliseconds(1));
+  } catch (const CommTimeout&) {
+    return false;  // a healthy machine
+  }
+  faults::Fault f = parse_fault_flag(text);
+  f.set_once(false);
+  // Rank -1: before_step never claims it again; on_computed looks at the target only.
+  f.set_rank(-1);
+  *schedule_.add_fault() = f;
+  sdc_.push_back({schedule_.fault_size() - 1, false});
+  return true;
 }
 
 std::vector<InjectionRecord> FaultInjector::read_injections(Store& store) {

@@ -92,6 +92,18 @@ class FaultInjector {
   // Whether `schedule` holds an sdc fault (every rank then installs the computed hook).
   static bool has_sdc(const faults::FaultSchedule& schedule);
 
+  // The machine (keel-launch slot) this process runs on. A defect is a machine's, not a
+  // process's: a persistent (not `once`) sdc fault this process claims from then on is also
+  // recorded as machine_defect_key(slot) = its --fault text, so that a process started on
+  // the same machine later (a stop-time replay worker) computes wrong the same way.
+  void set_machine(int slot) { machine_ = slot; }
+  // Makes this process as wrong as machine `slot`'s recorded defect (if any): on_computed
+  // then flips as for a claimed persistent sdc fault, at every step. No record (looked up
+  // with a 1 ms timeout) is a healthy machine. Returns whether a defect was armed.
+  bool arm_machine_defects(int slot);
+  // "sdc/defective/<slot>": the store key of machine `slot`'s defect.
+  static std::string machine_defect_key(int slot);
+
   // The injections recorded so far, in firing order.
   static std::vector<InjectionRecord> read_injections(Store& store);
 
@@ -114,6 +126,7 @@ class FaultInjector {
     bool flipped;
   };
   std::vector<Sdc> sdc_;  // sdc faults this process claimed
+  int machine_ = -1;      // set_machine(); -1: unknown
   SnapshotActions snapshot_;
   SlotActions slot_;
   int64_t runtime_seen_ = 0;

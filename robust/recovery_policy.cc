@@ -258,7 +258,10 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     if (capped.persistent_step > *f.restore_at_most) capped.persistent_step = -1;
     Failure g = f;
     g.restore_at_most.reset();
-    return decide(g, v, no_later_than(have_all, *f.restore_at_most), capped);
+    Plan p = decide(g, v, no_later_than(have_all, *f.restore_at_most), capped);
+    if (p.kind == Plan::Kind::kRecover && p.restore.job_source == membership::memory)
+      p.action += detail::concat("; roll back to verified step ", p.restore.step);
+    return p;
   }
   const std::map<int, Holdings>& have = have_all;
   const Options& o = o_all;
@@ -439,8 +442,6 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     p.why = "no culprit: every rank rebuilds its communicators and goes on";
     p.action = "reattempt in place (no culprit)";
   }
-  if (f.kind == FailureKind::kSdc && p.restore.job_source == membership::memory)
-    p.action += detail::concat("; roll back to verified step ", p.restore.step);
   if (p.restore.job_source == membership::persistent)
     p.action += detail::concat("; restore the persistent checkpoint of step ", p.restore.step);
   if (p.restore.job_source == membership::scratch) p.action += "; start over from step 0";

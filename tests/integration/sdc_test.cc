@@ -5,7 +5,12 @@
 // and every rank's source are asserted), and end bitwise equal to the fault-free run.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "test_paths.h"
@@ -123,8 +128,8 @@ TEST(Sdc, TransientFlipBetweenChecksIsReportedMissed) {
 // Coverage rule: a transient parameter flip two steps before a check is rewritten by the next
 // updates (its snapshot checksum is fresh again), so only agreement sees it, and two replicas
 // that disagree have no majority; the golden check passes on both (a transient does not
-// repeat). The job rolls back to verified state without evicting anyone, and still ends
-// bitwise equal.
+// repeat), and neither does the stop-time replay on groups of machines. The job rolls back to
+// verified state without evicting anyone, and still ends bitwise equal.
 TEST(Sdc, UnattributedDisagreementRollsBackWithoutEviction) {
   ASSERT_EQ(fault_free().exit_code, 0) << fault_free().output;
   std::string dir = temp_dir("sdc-unattributed");
@@ -136,6 +141,10 @@ TEST(Sdc, UnattributedDisagreementRollsBackWithoutEviction) {
   EXPECT_EQ(json_string_field(inc[0], "rung"), "rollback") << inc[0];
   EXPECT_TRUE(json_array_field(inc[0], "standbys_promoted").empty()) << inc[0];
   EXPECT_EQ(json_number_field(inc[0], "restored_step"), 9) << inc[0];
+  // The stop-time replay ran and found every machine healthy: the flip did not repeat.
+  EXPECT_NE(json_string_field(inc[0], "detail").find("no machine failed in both phases"),
+            std::string::npos)
+      << inc[0];
   EXPECT_EQ(json_string_field(r.report, "param_checksum"),
             json_string_field(fault_free().report, "param_checksum"));
 }
@@ -183,6 +192,76 @@ TEST(Sdc, WithZeroOneTheMovedRankRestoresItsVerifiedStateFromItsHolder) {
   EXPECT_TRUE(rank_source_is(inc[0], 1, "backup")) << inc[0];
   EXPECT_TRUE(rank_source_is(inc[0], 0, "own_snapshot")) << inc[0];
   EXPECT_NE(json_string_field(r.report, "sdc_coverage").find("ZeRO-1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace keel::test
+
+namespace keel::test {
+namespace {
+
+// `keel-ctl status` of a running job: the lowest step its ranks report (-1: no answer yet).
+int job_step(const std::string& job_dir) {
+  FILE* p = popen((bin_dir() + "/keel-ctl status --run " + job_dir + " 2>/dev/null").c_str(), "r");
+  if (!p) return -1;
+  char line[512];
+  int step = -1;
+  while (fgets(line, sizeof(line), p))
+    if (std::sscanf(line, "state %*s | epoch %*d | step %d", &step) == 1) break;
+  pclose(p);
+  return step;
+}
+
+// The stop-time dual-phase replay with the in-flight checks off: rank 5's machine (slot 2)
+// computes its gradients wrong from step 3, which nothing notices; an operator's keel-ctl
+// replay stops the job, replays one step on three groups of two machines (the four active
+// slots and the two standbys), contiguous then strided, and pins slot 2: it is evicted for a
+// standby and the job finishes.
+TEST(Sdc, ReplayWithTheChecksOffPinsTheDefectiveMachine) {
+  constexpr int kLong = 400;
+  std::string dir = temp_dir("sdc-replay");
+  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
+  const std::string args = "--config " + cfg +
+                           " --local 6 --workers-per-slot 2 --standby 2 --set train.eval_every=0"
+                           " --set train.steps=" +
+                           std::to_string(kLong) +
+                           " --set sdc.check_every_steps=0 --fault sdc@step=3,rank=5";
+  std::string out, job_dir;
+  int rc = -1;
+  JobRun r = run_launch_job(
+      dir, args,
+      [&](pid_t) {
+        if (rc >= 0) return;
+        if (job_dir.empty() && std::filesystem::is_directory(dir + "/runs"))
+          for (const auto& e : std::filesystem::directory_iterator(dir + "/runs"))
+            if (std::filesystem::exists(e.path() / "controller")) job_dir = e.path().string();
+        if (job_dir.empty() || job_step(job_dir) < 10) return;
+        rc = std::system(
+            (bin_dir() + "/keel-ctl replay --run " + job_dir + " > " + dir + "/ctl.out 2>&1")
+                .c_str());
+        std::ifstream in(dir + "/ctl.out");
+        std::stringstream ss;
+        ss << in.rdbuf();
+        out = ss.str();
+      },
+      300);
+  ASSERT_EQ(rc, 0) << out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), kLong);
+  std::vector<std::string> inc = sdc_incidents(r);
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(inc[0], "found_by"), "replay") << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "rank"), -1) << inc[0];  // a machine, not a rank
+  EXPECT_EQ(json_number_field(inc[0], "slot"), 2) << inc[0];
+  EXPECT_GT(json_number_field(inc[0], "injected_at"), 0) << inc[0];
+  // Nothing was verified with the checks off: the job goes on from its newest step.
+  EXPECT_EQ(json_string_field(inc[0], "action").find("verified"), std::string::npos) << inc[0];
+  EXPECT_EQ(json_array_field(inc[0], "slots_evicted"), std::vector<double>{2}) << inc[0];
+  EXPECT_NE(
+      json_string_field(inc[0], "detail").find("the machine in a failing group of both: slot 2"),
+      std::string::npos)
+      << inc[0];
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
 }
 
 }  // namespace

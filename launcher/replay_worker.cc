@@ -1,0 +1,195 @@
+#include "launcher/replay_worker.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckpt/backup_placement.h"
+#include "ckpt/restore.h"
+#include "launcher/recovery_protocol.h"
+#include "model/data_loader.h"
+#include "model/plugin_loader.h"
+#include "model/trainer.h"
+#include "parallel/net_address.h"
+#include "parallel/process_groups.h"
+#include "parallel/tcp_store.h"
+#include "proto/config_loader.h"
+#include "robust/fault_injector.h"
+#include "runtime/block_digest.h"
+
+namespace keel {
+namespace {
+
+struct ReplayEnv {
+  std::string key;
+  int64_t step = 0;
+  int epoch = 0;
+  int source_dp = 1;
+};
+
+// "<key>:<step>:<epoch>:<source_dp>".
+ReplayEnv read_replay_env() {
+  const std::string v = std::getenv("KEEL_REPLAY");
+  std::vector<std::string> f;
+  size_t from = 0;
+  for (size_t at; (at = v.find(':', from)) != std::string::npos; from = at + 1)
+    f.push_back(v.substr(from, at - from));
+  f.push_back(v.substr(from));
+  if (f.size() != 4 || f[0].empty())
+    throw InputError("KEEL_REPLAY = '" + v + "': expected <key>:<step>:<epoch>:<source_dp>");
+  ReplayEnv e;
+  e.key = f[0];
+  try {
+    e.step = std::stoll(f[1]);
+    e.epoch = std::stoi(f[2]);
+    e.source_dp = std::stoi(f[3]);
+  } catch (const std::exception&) {
+    throw InputError("KEEL_REPLAY = '" + v + "': step, epoch and source_dp must be integers");
+  }
+  if (e.step < 0 || e.epoch < 0 || e.source_dp < 1)
+    throw InputError("KEEL_REPLAY = '" + v + "': step, epoch >= 0 and source_dp >= 1 expected");
+  return e;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+// The replay itself; throws on any failure (the caller publishes it).
+int replay(const WorkerOptions& o, const ReplayEnv& re, const std::shared_ptr<Store>& store,
+           const std::string& store_host) {
+  const config::JobConfig cfg = load_config(o.config_path, o.overrides);
+  const int T = cfg.parallel().tp(), P = cfg.parallel().pp(), D = re.source_dp;
+  if (cfg.parallel().zero1() && D > 1)
+    throw InputError(detail::concat("parallel.zero1 with dp ", D,
+                                    ": the moments are sharded across replicas, and one "
+                                    "pipeline cannot assemble them to replay the step"));
+  if (o.world_size != T * P)
+    throw InputError(detail::concat("a replay group of tp", T, " pp", P, " needs ", T * P,
+                                    " workers, but KEEL_WORLD_SIZE is ", o.world_size));
+  // The job as it ran (its backups are laid out for D replicas), and the replay: one pipeline
+  // that runs every micro-batch of the same global batch.
+  config::JobConfig cfg_d = cfg, cfg_1 = cfg;
+  cfg_d.mutable_parallel()->set_dp(D);
+  cfg_1.mutable_parallel()->set_dp(1);
+  const Topology topo_d(T, P, D), topo_1(T, P, 1);
+  const int g = o.rank;
+  const Coord c = topo_1.coord(g);
+  const int x = topo_d.rank({0, c.pp, c.tp});  // the job's rank whose state this one replays
+
+  const bool cuda = cfg.runtime().device() == config::RuntimeConfig::cuda;
+  const Precision precision = cfg.runtime().precision() == config::RuntimeConfig::bf16
+                                  ? Precision::kBf16
+                                  : Precision::kFp32;
+  const int local = std::max(1, o.local_world_size);
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads =
+      cfg.runtime().threads() > 0 ? cfg.runtime().threads() : std::max(1, cores / local);
+  std::unique_ptr<Backend> backend =
+      cuda ? make_cuda_backend(g % local, precision) : make_cpu_backend(threads);
+  std::shared_ptr<Plugin> plugin = Plugin::load(cfg.model().plugin());
+  DataLoader data = DataLoader::from_config(cfg_1);
+  const Millis timeout(cfg.parallel().comm_timeout_ms());
+
+  // Rank x's state at step A, fetched from its backup holder as a promoted standby would
+  // (the parked workers' BackupServers still serve), then laid out for one replica: the
+  // layouts differ only in the padding to a multiple of dp blocks.
+  const BackupPlacement bp =
+      backup_holder(topo_d, x, replicas_hold_backups(topo_d, cfg.parallel().zero1()));
+  if (bp.holder < 0)
+    throw Error(detail::concat("rank ", x, " of the job (", T * P * D,
+                               " rank(s)) has no backup holder to replay from"));
+  std::string addr;
+  try {
+    addr = store->get(recovery::backup_addr_key(re.epoch, bp.holder), timeout);
+  } catch (const CommTimeout&) {
+    throw Error(detail::concat("no backup server of rank ", bp.holder, " (holder of rank ", x,
+                               "'s snapshots) registered in epoch ", re.epoch, " (",
+                               recovery::backup_addr_key(re.epoch, bp.holder), ")"));
+  }
+  auto source = make_train_state(cfg_d, backend.get(), *plugin, topo_d, x);
+  restore_state(*source, re.step, nullptr, addr, x, bp.holder, timeout);
+  auto state = make_train_state(cfg_1, backend.get(), *plugin, topo_1, g);
+  const std::vector<StateSpan> from = source->spans(), to = state->spans();
+  for (size_t i = 0; i < from.size(); ++i)
+    backend->copy(to[i].data, from[i].data, std::min(from[i].bytes(), to[i].bytes()));
+  state->set_step(re.step);
+  source.reset();
+
+  // The machine's defect, if the job recorded one: this is what the replay is to expose.
+  FaultInjector injector(faults::FaultSchedule{}, g, store);
+  const int slot = env_int("KEEL_SLOT", -1);
+  const bool defective = slot >= 0 && injector.arm_machine_defects(slot);
+
+  // Under the key's own prefix: no other group's rendezvous, nor the job's, can meet it.
+  ProcessGroupOptions po;
+  po.timeout = timeout;
+  po.device = backend->kind();
+  po.cuda_device = g % local;
+  po.host = reachable_address(store_host);
+  ProcessGroups groups =
+      make_process_groups(topo_1, g, std::make_shared<PrefixStore>(re.key + "/pg/", store), po);
+
+  Trainer trainer(cfg_1, backend.get(), plugin, topo_1, g, state.get(), &groups, &data);
+  TrainerHooks hooks;
+  if (defective)
+    hooks.computed = [&injector](int64_t s, TensorClass cls, float* d, size_t n, bool again) {
+      injector.on_computed(s, cls, d, n, again);
+    };
+  trainer.set_hooks(hooks);
+  const StepStats st = trainer.step();
+
+  // Every span (a defect in the moments shows there only), every rank's, in rank order: the
+  // u64 digests travel as float pairs through the host-memory world group.
+  const std::vector<uint64_t> mine = state->digests().spans;
+  const size_t per = mine.size() * 2;
+  std::vector<float> all(per * size_t(T * P));
+  std::memcpy(all.data() + per * size_t(g), mine.data(), mine.size() * sizeof(uint64_t));
+  groups.world->all_gather(all.data(), per);
+  if (g == 0) {
+    char hex[17], loss[40];
+    std::snprintf(hex, sizeof(hex), "%016" PRIx64,
+                  block_digest(all.data(), all.size() * sizeof(float)));
+    std::snprintf(loss, sizeof(loss), "%.17g", st.loss);
+    store->set(re.key + "/loss", loss);
+    store->set(re.key + "/digest", hex);
+  }
+  // Rank 0 has its gather before any peer's communicators go away.
+  groups.world->barrier();
+  std::fprintf(stderr, "keel-replay: %s rank %d (job rank %d%s): step %lld replayed, loss %.6f\n",
+               re.key.c_str(), g, x, defective ? ", defective machine" : "",
+               static_cast<long long>(re.step + 1), st.loss);
+  return 0;
+}
+
+}  // namespace
+
+int run_replay_worker(const WorkerOptions& o) {
+  const ReplayEnv re = read_replay_env();
+  // Without the store nothing can be published: main() reports that and exits non-zero.
+  auto [host, port] = parse_host_port(o.store_addr);
+  auto store = std::make_shared<TcpStore>(host, port);
+  try {
+    return replay(o, re, store, host);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "keel-replay: %s rank %d: %s\n", re.key.c_str(), o.rank, e.what());
+    // The first failure is the cause; a peer's timeout on the failed rank comes later.
+    try {
+      if (store->add(re.key + "/errors", 1) == 1)
+        store->set(re.key + "/error", detail::concat(o.rank, ": ", e.what()));
+    } catch (const std::exception& e2) {
+      std::fprintf(stderr, "keel-replay: %s rank %d: could not publish the error: %s\n",
+                   re.key.c_str(), o.rank, e2.what());
+    }
+    return 1;
+  }
+}
+
+}  // namespace keel
