@@ -12,7 +12,7 @@
 // smallest period's measured per-check cost, and marked so.
 //
 //   keel-bench-sdc [--medium-steps 20] [--medium-max-steps 20] [--medium-micro 1]
-//                  [--tiny-steps 1000] [--tiny-max-steps 1000] [--rounds 2]
+//                  [--tiny-steps 600] [--tiny-max-steps 1000] [--rounds 2]
 //                  [--every 1,10,50,100] [--no-breakdown]
 #include <algorithm>
 #include <chrono>
@@ -183,7 +183,7 @@ std::vector<int> parse_periods(const std::string& s) {
 
 int main(int argc, char** argv) {
   using namespace keel;
-  int medium_steps = 20, medium_max = 20, medium_micro = 1, tiny_steps = 1000, tiny_max = 1000,
+  int medium_steps = 20, medium_max = 20, medium_micro = 1, tiny_steps = 600, tiny_max = 1000,
       rounds = 2;
   bool breakdown = true;
   std::string every = "1,10,100," + std::to_string(kDefaultSdcCheckEverySteps);
@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: keel-bench-sdc [--medium-steps 20] [--medium-max-steps 20] "
-                   "[--medium-micro 1] [--tiny-steps 1000] [--tiny-max-steps 1000] [--rounds 2] "
+                   "[--medium-micro 1] [--tiny-steps 600] [--tiny-max-steps 1000] [--rounds 2] "
                    "[--every 1,10,50,100] [--no-breakdown]\n"
                    "  --*-steps 0 skips that layout\n");
       return 2;

@@ -297,7 +297,12 @@ bool Worker::on_error(int64_t s, const std::exception& e) {
 }
 
 // Survivor: new communicators for `epoch`, the same state, plugin and memory.
-void Worker::after_step(const StepStats& st) {
+void Worker::after_step(const StepStats& step_stats) {
+  // A check's recomputation ran before the step, outside the Trainer's clock: it is the
+  // step's time all the same (tokens/s and MFU must show what the checks cost).
+  StepStats st = step_stats;
+  st.wall_s += std::exchange(sdc_before_step_s_, 0.0);
+  st.compute_s = std::max(0.0, st.wall_s - st.bubble_s - st.comm_s);
   const int64_t s = st.step, steps = cfg_.train().steps();
   if (snapshotter_) snapshotter_->capture();
   steps_wall_s_ += st.wall_s;

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include "ckpt/backup_placement.h"
 #include "ckpt/backup_service.h"
 #include "ckpt/persistent_checkpoint.h"
@@ -253,9 +254,10 @@ class Worker {
   bool sdc_injected_ = false;     // the fault plan holds an sdc fault (the computed hook)
   bool sdc_armed_ = false;        // this step is a check step and its recompute is done
   MicroBatchDigest sdc_recomputed_;
-  int64_t sdc_last_passed_ = -1;             // the step of the newest check this rank saw pass
-  double sdc_seconds_ = 0;                   // this rank's time in checks
-  double steps_wall_s_ = 0;                  // this rank's time in steps (for the checks' share)
+  int64_t sdc_last_passed_ = -1;  // the step of the newest check this rank saw pass
+  double sdc_seconds_ = 0;        // this rank's time in checks
+  double steps_wall_s_ = 0;       // this rank's time in steps (for the checks' share)
+  double sdc_before_step_s_ = 0;  // this step's recomputation, before the Trainer's clock
   std::unique_ptr<Backend> golden_backend_;  // one thread: a golden digest is reproducible
 };
 

@@ -30,6 +30,10 @@ void Worker::sdc_start() {
 }
 
 void Worker::sdc_before_step(int64_t s) {
+  // A check step that failed (a peer died) leaves nothing armed for the step run after the
+  // recovery, which may be another one.
+  sdc_armed_ = false;
+  trainer_->record_first_micro_batch(false);
   sdc_every_ = cfg_.sdc().check_every_steps();
   if (!sdc::is_check_step(s, sdc_every_)) return;
   const auto t0 = Clock::now();
@@ -39,7 +43,8 @@ void Worker::sdc_before_step(int64_t s) {
       target >= 0 ? trainer_->recompute_first_micro_batch(target) : MicroBatchDigest{};
   trainer_->record_first_micro_batch();
   sdc_armed_ = true;
-  sdc_seconds_ += seconds_since(t0);
+  sdc_before_step_s_ = seconds_since(t0);
+  sdc_seconds_ += sdc_before_step_s_;
 }
 
 void Worker::sdc_before_update(int64_t s) {

@@ -113,7 +113,7 @@ class Trainer {
   StepStats step();
 
   // The next step() records the digests of its first micro-batch (first_micro_batch()).
-  void record_first_micro_batch() { record_first_ = true; }
+  void record_first_micro_batch(bool on = true) { record_first_ = on; }
   const MicroBatchDigest& first_micro_batch() const { return first_digest_; }
 
   // Recomputes micro-batch 0 of DP replica `replica`'s slice of step state().step() on this

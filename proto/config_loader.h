@@ -42,7 +42,7 @@ std::vector<std::string> apply_override(config::JobConfig* cfg, const std::strin
 
 // The SDC check period when the config leaves it unset in deterministic mode: its measured cost
 // at this period is in bench/RESULTS.md (issue 15).
-inline constexpr int kDefaultSdcCheckEverySteps = 50;
+inline constexpr int kDefaultSdcCheckEverySteps = 100;
 
 // Replaces the 0 ("derive me") values of model.ffn_hidden_size and model.padded_vocab_size,
 // and an unset sdc.check_every_steps (kDefaultSdcCheckEverySteps in deterministic mode).
