@@ -16,6 +16,7 @@
 #include <string>
 
 #include "model/plugin_loader.h"
+#include "model/trainer.h"
 #include "parallel/store.h"
 #include "runtime/backend.h"
 
@@ -50,9 +51,10 @@ inline std::string standby_assign_key(int slot, int index, int gen) {
 // check trains `plugin` on `backend` (`precision`: its GEMM precision, which picks the repo
 // digest), or on CPU on a one-thread backend of its own, whose result does not depend on the
 // machine's core count. A key the repo has no digest for passes, and the message says so.
+// `golden_hooks` reach the golden run (a machine's injected defect: robust/fault_injector.h).
 StandbyAssignment park_as_standby(Backend& backend, std::shared_ptr<Plugin> plugin,
                                   Precision precision,
                                   const std::function<std::shared_ptr<Store>()>& connect,
-                                  const StandbyIdentity& id);
+                                  const StandbyIdentity& id, const TrainerHooks& golden_hooks = {});
 
 }  // namespace keel

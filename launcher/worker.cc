@@ -69,9 +69,18 @@ void Worker::setup() {
   // A warm standby (keel-launch --standby) has loaded everything that does not depend on
   // a rank; it checks itself and waits here until the controller hands it one.
   if (std::getenv("KEEL_STANDBY")) {
-    const StandbyAssignment a =
-        park_as_standby(*backend_, plugin_, precision, connect_,
-                        standby_identity(listen_host_.empty() ? "127.0.0.1" : listen_host_));
+    // A machine found computing wrong keeps its defect (an injected one included): its
+    // golden check fails, and it stays out of the job.
+    FaultInjector defect(faults::FaultSchedule{}, -1, store_);
+    TrainerHooks golden_hooks;
+    if (const char* slot = std::getenv("KEEL_SLOT");
+        slot && defect.arm_machine_defects(std::atoi(slot)))
+      golden_hooks.computed = [&defect](int64_t s, TensorClass c, float* d, size_t n, bool r) {
+        defect.on_computed(s, c, d, n, r);
+      };
+    const StandbyAssignment a = park_as_standby(
+        *backend_, plugin_, precision, connect_,
+        standby_identity(listen_host_.empty() ? "127.0.0.1" : listen_host_), golden_hooks);
     o_.rank = a.rank;
     env_.epoch = a.epoch;
     env_.restarted = true;

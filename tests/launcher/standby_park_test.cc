@@ -2,6 +2,8 @@
 // the result under its ready key, and returns the promotion it finds in the store.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "launcher/standby.h"
 #include "parallel/hash_store.h"
 #include "robust/golden_check.h"
@@ -40,6 +42,33 @@ TEST(StandbyPark, PublishesGemmGoldenAndAllReduceResultsThenTakesItsPromotion) {
     EXPECT_NE(ready.find("matches the repo's for " + key), std::string::npos) << ready;
   else
     EXPECT_NE(ready.find("no repo digest for " + key), std::string::npos) << ready;
+}
+
+// A machine that computes wrong (here: one gradient bit, through the golden run's hook, as a
+// machine's recorded sdc defect does) fails its golden check, says so under its ready key and
+// never parks.
+TEST(StandbyPark, ADefectiveMachineFailsTheGoldenCheckAndStaysOut) {
+  auto store = std::make_shared<HashStore>();
+  auto connect = [store]() -> std::shared_ptr<Store> { return store; };
+  StandbyIdentity id;
+  id.slot = 2;
+  auto backend = make_cpu_backend(1);
+  auto plugin = Plugin::load(test::bin_dir() + "/libkeel_gpt.so");
+  TrainerHooks defect;
+  defect.computed = [](int64_t, TensorClass c, float* d, size_t n, bool) {
+    if (c != TensorClass::kGrad || n == 0) return;
+    uint32_t bits;
+    std::memcpy(&bits, d, sizeof(bits));
+    bits ^= 1u << 20;
+    std::memcpy(d, &bits, sizeof(bits));
+  };
+  EXPECT_THROW(park_as_standby(*backend, plugin, Precision::kFp32, connect, id, defect), Error);
+  const std::string ready =
+      store->get(standby_ready_key(id.slot, id.index, id.gen), std::chrono::seconds(1));
+  EXPECT_EQ(ready.rfind("failed ", 0), 0u) << ready;
+  if (golden_reference(golden_key(*backend))) {
+    EXPECT_NE(ready.find("this device computes wrong"), std::string::npos) << ready;
+  }
 }
 
 }  // namespace
