@@ -2,10 +2,12 @@
 # The demo: installs what keel needs, builds it, makes the demo corpus from Debian's fortunes
 # text, then trains the tiny GPT (examples/configs/tiny-gpt.pbtxt) on one rank, and the same
 # model as TP=2 × PP=2 × DP=2 under keel-launch on 4 local slots (machines) of 2 workers,
-# plus a warm standby slot, twice: once without faults, once with the injected faults of examples/faults/mixed.pbtxt (a
-# crash, an exit, a hang, a NaN loss and a lost snapshot), which it survives without
-# restarting the healthy ranks (the hung slot is evicted and the standby takes its ranks),
-# ending with the same parameters bit for bit. Progress lines
+# plus warm standby slots, twice: once without faults, once with the injected faults of
+# examples/faults/mixed.pbtxt (a crash, an exit, a hang, a NaN loss, a rank that silently
+# computes wrong and a lost snapshot), which it survives without restarting the healthy ranks
+# (the hung slot and the silently wrong one are evicted and standbys take their ranks; the
+# corruption is rolled back to the newest verified step), ending with the same parameters bit
+# for bit. Progress lines
 # show step, loss, tokens/s and each incident; the loss curves are drawn to out/demo/*.svg;
 # each job's logs and event log are in runs/<job>/.
 set -euo pipefail
@@ -22,8 +24,8 @@ echo "== TP=2 x PP=2 x DP=2 under keel-launch: 4 local slots of 2 workers and a 
 "$build/bin/keel-launch" --local 5 --standby 1 --workers-per-slot 2 \
   --config examples/configs/tiny-gpt-3d.pbtxt --set train.log_every=100 \
   --report "$PWD/out/demo/3d.json" --loss-svg "$PWD/out/demo/3d-loss.svg" "$@"
-echo "== the same job with injected faults (examples/faults/mixed.pbtxt) =="
-"$build/bin/keel-launch" --local 5 --standby 1 --workers-per-slot 2 \
+echo "== the same job with injected faults (examples/faults/mixed.pbtxt), two standbys =="
+"$build/bin/keel-launch" --local 6 --standby 2 --workers-per-slot 2 \
   --config examples/configs/tiny-gpt-3d.pbtxt --set train.log_every=100 \
   --inject examples/faults/mixed.pbtxt --set parallel.comm_timeout_ms=5000 \
   --report "$PWD/out/demo/3d-faults.json" --loss-svg "$PWD/out/demo/3d-faults-loss.svg" "$@"
