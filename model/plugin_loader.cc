@@ -3,10 +3,16 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 
+#include "runtime/block_digest.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -34,13 +40,77 @@ std::string resolve(const std::string& path) {
                                   exe_dir(), ")"));
 }
 
+// The file's bytes, whole.
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw InputError(detail::concat("plugin ", path, ": cannot read: ", std::strerror(errno)));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string shape_text(const keel_param_desc& d) {
+  std::string s = "[";
+  for (int i = 0; i < d.ndim; ++i) s += detail::concat(i ? ", " : "", d.shape[i]);
+  return s + "]";
+}
+
 }  // namespace
 
 std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
   std::shared_ptr<Plugin> p(new Plugin());
   p->path_ = resolve(path);
+  const std::string bytes = read_file(p->path_);
+  p->hash_ = hex16(block_digest(bytes.data(), bytes.size()));
+  p->open(p->path_);
+  return p;
+}
+
+std::shared_ptr<Plugin> Plugin::load_copy(const std::string& path) {
+  std::shared_ptr<Plugin> p(new Plugin());
+  p->path_ = resolve(path);
+  const std::string bytes = read_file(p->path_);
+  p->hash_ = hex16(block_digest(bytes.data(), bytes.size()));
+  const char* tmp = std::getenv("TMPDIR");
+  std::string file = std::string(tmp && *tmp ? tmp : "/tmp") + "/keel-plugin-XXXXXX";
+  const int fd = mkstemp(file.data());
+  KEEL_CHECK(fd >= 0, "mkstemp ", file, ": ", std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(file.c_str());
+      throw Error(detail::concat("plugin ", p->path_, ": writing its private copy ", file, ": ",
+                                 std::strerror(e)));
+    }
+    done += size_t(n);
+  }
+  KEEL_CHECK_ERRNO(::close(fd));
+  // Loaded, the copy's name is not needed: the mapping keeps its pages.
+  try {
+    p->open(file);
+  } catch (...) {
+    ::unlink(file.c_str());
+    throw;
+  }
+  KEEL_CHECK_ERRNO(::unlink(file.c_str()));
+  return p;
+}
+
+void Plugin::open(const std::string& file) {
+  Plugin* p = this;
   // RTLD_LOCAL so that two versions of one plugin can be loaded side by side (hot update).
-  p->handle_ = dlopen(p->path_.c_str(), RTLD_NOW | RTLD_LOCAL);
+  p->handle_ = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!p->handle_)
     throw InputError(detail::concat("plugin ", p->path_, ": dlopen failed: ", dlerror()));
   auto entry = reinterpret_cast<keel_plugin_entry_fn>(dlsym(p->handle_, KEEL_PLUGIN_ENTRY_SYMBOL));
@@ -71,7 +141,42 @@ std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
   for (const auto& [name, fn] : fns)
     if (!fn)
       throw InputError(detail::concat("plugin ", p->path_, ": table field ", name, " is NULL"));
-  return p;
+}
+
+std::string first_param_difference(const std::vector<keel_param_desc>& running,
+                                   const std::vector<keel_param_desc>& next) {
+  auto name = [](const keel_param_desc& d) {
+    return std::string(d.name, strnlen(d.name, KEEL_PARAM_NAME_MAX));
+  };
+  auto tie = [](const keel_param_desc& d) {
+    return std::string(d.tied_to, strnlen(d.tied_to, KEEL_PARAM_NAME_MAX));
+  };
+  const size_t n = std::min(running.size(), next.size());
+  for (size_t i = 0; i < n; ++i) {
+    const keel_param_desc &a = running[i], &b = next[i];
+    auto differ = [&](const std::string& field, const std::string& x, const std::string& y) {
+      return detail::concat("parameter ", i, ": ", field, " ", x, " in the running state, ", y,
+                            " in the new plugin ('", name(a), "')");
+    };
+    if (name(a) != name(b))
+      return detail::concat("parameter ", i, ": '", name(a), "' in the running state, '", name(b),
+                            "' in the new plugin");
+    if (a.ndim != b.ndim || shape_text(a) != shape_text(b))
+      return differ("shape", shape_text(a), shape_text(b));
+    if (a.tp_dim != b.tp_dim || a.tp_blocks != b.tp_blocks)
+      return differ("TP split (tp_dim, tp_blocks)",
+                    detail::concat("(", a.tp_dim, ", ", a.tp_blocks, ")"),
+                    detail::concat("(", b.tp_dim, ", ", b.tp_blocks, ")"));
+    if (a.flags != b.flags)
+      return differ("flags", std::to_string(a.flags), std::to_string(b.flags));
+    if (tie(a) != tie(b))
+      return differ("tied_to", detail::concat("'", tie(a), "'"), detail::concat("'", tie(b), "'"));
+  }
+  if (running.size() != next.size())
+    return detail::concat(running.size(), " parameters in the running state, ", next.size(),
+                          " in the new plugin (first extra: '",
+                          name(running.size() > next.size() ? running[n] : next[n]), "')");
+  return "";
 }
 
 Plugin::~Plugin() {

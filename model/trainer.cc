@@ -82,8 +82,10 @@ Trainer::Trainer(const config::JobConfig& cfg, Backend* backend, std::shared_ptr
     s->activations = static_cast<float*>(backend_->alloc(std::max<size_t>(act, 1) * sizeof(float)));
     slots_.push_back(std::move(s));
   }
+  act_floats_ = std::max<size_t>(act, 1);
   const size_t scratch = plugin_->table().scratch_floats(&dims_, &stage_, B, T);
-  scratch_ = static_cast<float*>(backend_->alloc(std::max<size_t>(scratch, 1) * sizeof(float)));
+  scratch_floats_ = std::max<size_t>(scratch, 1);
+  scratch_ = static_cast<float*>(backend_->alloc(scratch_floats_ * sizeof(float)));
   if (!last_) {
     output_ = static_cast<float*>(backend_->alloc(hidden * sizeof(float)));
     dout_ = static_cast<float*>(backend_->alloc(hidden * sizeof(float)));

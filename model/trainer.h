@@ -107,6 +107,14 @@ class Trainer {
   void rebind(ProcessGroups* groups);
   void set_hooks(TrainerHooks hooks) { hooks_ = std::move(hooks); }
 
+  // Swaps in another build of the model's code between steps (a hot update): `next` must
+  // describe exactly the parameters the state was laid out for at this coordinate (names,
+  // shapes, TP split, flags, ties); otherwise it throws InputError naming the plugin and the
+  // first difference, and the Trainer goes on with its plugin. The state, the communicators
+  // and the step are untouched; activation and scratch buffers grow if `next` needs more.
+  void replace_plugin(std::shared_ptr<Plugin> next);
+  const std::shared_ptr<Plugin>& plugin() const { return plugin_; }
+
   // Runs optimizer step state.step() (0-based), advances state.step() and returns the step's
   // metrics (loss and grad norm are global, identical on every rank). Throws CommError or
   // NonFiniteStep with the state as it was before the call.
@@ -191,6 +199,7 @@ class Trainer {
   std::vector<int32_t> host_inputs_, host_targets_;  // staging for load_batch
   int tied_slot_ = -1;      // index of the tied embedding in this coordinate, if it has one
   size_t used_floats_ = 0;  // parameters without the padding
+  size_t act_floats_ = 0, scratch_floats_ = 0;  // what slots_ and scratch_ hold
   // The SDC check (trainer_check.cc).
   bool record_first_ = false;
   MicroBatchDigest first_digest_;
