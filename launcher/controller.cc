@@ -71,6 +71,10 @@ void Controller::Impl::pump() {
       server->send(in->identity, r);
     } else if (m.has_stacks_request()) {
       stacks_requests.emplace_back(in->identity, m.stacks_request().name());
+    } else if (m.has_update_request()) {
+      control::Envelope r = make_envelope(epoch);
+      request_update(m.update_request(), r.mutable_update_reply());
+      server->send(in->identity, r);
     } else if (m.has_replay_request()) {
       control::Envelope r = make_envelope(epoch);
       control::ReplayReply* rr = r.mutable_replay_reply();
@@ -98,12 +102,15 @@ void Controller::Impl::print_progress(const control::WorkerProgress& p) {
   char sdc[32] = "";
   if (p.sdc_passed_step() > 0)
     std::snprintf(sdc, sizeof(sdc), " | sdc ok @%lld", static_cast<long long>(p.sdc_passed_step()));
+  // After a hot update, which code the job runs.
+  const std::string plugin =
+      !plugin_changed ? "" : " | plugin " + plugin_version + " " + plugin_hash.substr(0, 8);
   std::printf(
-      "step %5lld/%d | loss %.6f | %8.0f tok/s | compute %3.0f%% comm %3.0f%% | epoch %d%s\n",
+      "step %5lld/%d | loss %.6f | %8.0f tok/s | compute %3.0f%% comm %3.0f%% | epoch %d%s%s\n",
       static_cast<long long>(p.step()), o.cfg.train().steps(), p.loss(),
       p.step_s() > 0 ? tokens / p.step_s() : 0.0,
       p.step_s() > 0 ? 100 * p.compute_s() / p.step_s() : 0.0,
-      p.step_s() > 0 ? 100 * p.comm_s() / p.step_s() : 0.0, epoch, sdc);
+      p.step_s() > 0 ? 100 * p.comm_s() / p.step_s() : 0.0, epoch, sdc, plugin.c_str());
   std::fflush(stdout);
 }
 
@@ -195,6 +202,8 @@ int Controller::Impl::run() {
     }
     if (Clock::now() >= next_error_poll) {
       next_error_poll = Clock::now() + std::chrono::milliseconds(20);
+      poll_updates();
+      end_probation(last_min_step);
       if (auto d = comm_error()) {
         if (!recover(std::move(*d))) return stop_job("", 1);
         continue;

@@ -82,6 +82,26 @@ struct Controller::Impl {
   void label_slot_loss(Detected* d, int slot);
   double median_step_s() const;
 
+  // controller_update.cc: hot updates of the plugin (keel-ctl update).
+  enum class UpdatePhase { kChecking, kStaged, kApplying, kProbation };
+  void request_update(const control::UpdateRequest& rq, control::UpdateReply* r);
+  void poll_updates();
+  void applied_update(int64_t step);
+  void record_update(const report::Update& u);
+  // Whether the applied update is on probation with `completed` steps done.
+  bool in_probation(int64_t completed) const;
+  void end_probation(int64_t completed);
+  // A failure in probation: the recovery rolls the plugin back (into `rb`) and the state to
+  // the step the update was applied at.
+  void rollback_update(Detected* d, membership::Rebuild* rb);
+  int update_active = -1;  // the update in progress or on probation
+  UpdatePhase update_phase = UpdatePhase::kChecking;
+  Clock::time_point update_deadline{};
+  report::Update update_plan;
+  std::string plugin_path, plugin_hash, plugin_version;  // the job's plugin now (once known)
+  std::string previous_version;                          // of the plugin an applied update replaced
+  bool plugin_changed = false;  // an update was applied: progress lines name the plugin
+
   // controller_replay.cc: the stop-time dual-phase replay (robust/sdc_replay.h).
   bool replay_possible(std::string* why) const;
   // Replays the step after `step` from snapshot `step` on groups of machines, contiguous then
@@ -107,8 +127,10 @@ struct Controller::Impl {
   // Waits for the acks of every rank not in `dead` (those that do not answer in time are
   // killed and join `dead`); folds in exits seen meanwhile.
   std::map<int, membership::Ack> collect_acks(int next, Detected* d);
-  // Carries out `plan` (a kRecover) as epoch `next`.
-  void carry_out(const policy::Plan& plan, int next, report::Incident* inc);
+  // Carries out `plan` (a kRecover) as epoch `next`; `plugin` (path and hash in a Rebuild)
+  // is the epoch's plugin when it changes with it.
+  void carry_out(const policy::Plan& plan, int next, report::Incident* inc,
+                 const membership::Rebuild* plugin = nullptr);
   void update_membership();
 };
 

@@ -171,6 +171,18 @@ bool Controller::Impl::recover(Detected d) {
     acks = collect_acks(next, &d);
   }
 
+  // A failure while an update is on probation rolls the plugin back with the recovery; a
+  // lazy update staged for a recovery goes in with this one.
+  membership::Rebuild epoch_plugin;
+  bool lazy_update = false;
+  if (in_probation(progress_now) && !restart_all) {
+    rollback_update(&d, &epoch_plugin);
+  } else if (update_active >= 0 && update_phase == UpdatePhase::kStaged) {
+    epoch_plugin.set_plugin_path(update_plan.plugin());
+    epoch_plugin.set_plugin_hash(update_plan.hash());
+    lazy_update = true;
+  }
+
   // 3. Decide.
   const policy::Options po = policy_options(/*with_checkpoint=*/true);
   std::map<int, policy::Holdings> have = host->survey(topo, replicas_hold_backups(topo, po.zero1));
@@ -223,7 +235,8 @@ bool Controller::Impl::recover(Detected d) {
     completed = std::max(completed, a.steps_completed());
   }
   if (restart_all) in_flight = completed = std::max<int64_t>(progress_now, 0);
-  carry_out(plan, next, &inc);
+  carry_out(plan, next, &inc, epoch_plugin.plugin_hash().empty() ? nullptr : &epoch_plugin);
+  if (lazy_update) applied_update(std::max<int64_t>(plan.restore.step, 0));
   inc.set_step(int(in_flight));
   inc.set_steps_lost(
       int(std::max<int64_t>(0, completed - std::max<int64_t>(plan.restore.step, 0))));
@@ -245,7 +258,8 @@ bool Controller::Impl::recover(Detected d) {
   return true;
 }
 
-void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Incident* inc) {
+void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Incident* inc,
+                                 const membership::Rebuild* plugin) {
   for (int r : plan.kill) host->kill(r);
   const policy::ClusterView before = view();
   for (int s : plan.evict) {
@@ -286,6 +300,10 @@ void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Inc
   for (const auto& [a, b] : plan.renumber) (*rb.mutable_renumber())[a] = b;
   for (int r : plan.new_ranks) rb.add_new_ranks(r);
   rb.set_checkpoint_dir(o.cfg.checkpoint().dir());
+  if (plugin) {
+    rb.set_plugin_path(plugin->plugin_path());
+    rb.set_plugin_hash(plugin->plugin_hash());
+  }
   store->set(recovery::rebuild_key(next), rb.SerializeAsString());
   inc->set_rebuilt_at(unix_now());
   event("rebuild", EventFields().add("epoch", next).add("restore_step", double(plan.restore.step)));

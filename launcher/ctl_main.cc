@@ -3,6 +3,7 @@
 //   keel-ctl inject KIND@step=S,rank=R [--run ... | --controller ...]
 //   keel-ctl stacks [--name NAME] [--run ... | --controller ...]
 //   keel-ctl replay [--run ... | --controller ...]
+//   keel-ctl update --plugin PATH [--urgent | --lazy] [--at-step S] [--run ... | --controller ...]
 //   keel-ctl plan-standby --machines N --mtbf-hours H --recovery-minutes R [--percentile P]
 // Without --run or --controller it finds the newest job under ./runs.
 #include <unistd.h>
@@ -27,6 +28,8 @@ const char* kUsage =
     "       keel-ctl inject KIND@step=S,rank=R[,...] [--run DIR | --controller ENDPOINT]\n"
     "       keel-ctl stacks [--name NAME] [--run DIR | --controller ENDPOINT]\n"
     "       keel-ctl replay [--run DIR | --controller ENDPOINT]\n"
+    "       keel-ctl update --plugin PATH [--urgent | --lazy] [--at-step S]\n"
+    "                       [--run DIR | --controller ENDPOINT]\n"
     "       keel-ctl plan-standby --machines N --mtbf-hours H --recovery-minutes R\n"
     "                             [--percentile P (default 99)]\n"
     "DIR is a job's run directory (runs/<job>); by default the newest under ./runs.\n"
@@ -128,6 +131,26 @@ int replay(keel::ControlClient& c) {
   return rep->replay_reply().ok() ? 0 : 2;
 }
 
+// Swaps the job's model plugin: the controller checks it with every rank, then every rank
+// switches at a step boundary (or with the next recovery: --lazy; or at --at-step). This
+// returns once the controller has taken the request; the outcome is in the report.
+int update(keel::ControlClient& c, const std::string& plugin, bool lazy, int64_t at_step) {
+  keel::control::Envelope req = keel::make_envelope(0);
+  auto* u = req.mutable_update_request();
+  std::error_code ec;
+  const fs::path abs = fs::absolute(plugin, ec);
+  u->set_plugin(ec ? plugin : abs.string());
+  u->set_lazy(lazy);
+  u->set_at_step(at_step);
+  auto rep = c.request(req, std::chrono::seconds(30));
+  if (!rep || !rep->has_update_reply()) {
+    std::fprintf(stderr, "keel-ctl: the controller did not answer within 30 s\n");
+    return 1;
+  }
+  std::printf("%s\n", rep->update_reply().message().c_str());
+  return rep->update_reply().ok() ? 0 : 2;
+}
+
 // keel-ctl plan-standby: parses its own flags (it talks to no controller) and prints the
 // plan. Bad input throws keel::InputError, which main reports with exit status 2.
 int plan_standby_command(int argc, char** argv) {
@@ -193,13 +216,26 @@ int main(int argc, char** argv) {
     }
     const std::string cmd = argv[1];
     if (cmd == "plan-standby") return plan_standby_command(argc, argv);
-    std::string run, controller, fault, name;
+    std::string run, controller, fault, name, plugin;
+    bool lazy = false;
+    int64_t at_step = 0;
     for (int i = 2; i < argc; ++i) {
       std::string a = argv[i];
       if ((a == "--run" || a == "--controller") && i + 1 < argc) {
         (a == "--run" ? run : controller) = argv[++i];
       } else if (cmd == "stacks" && a == "--name" && i + 1 < argc) {
         name = argv[++i];
+      } else if (cmd == "update" && a == "--plugin" && i + 1 < argc) {
+        plugin = argv[++i];
+      } else if (cmd == "update" && (a == "--lazy" || a == "--urgent")) {
+        lazy = a == "--lazy";
+      } else if (cmd == "update" && a == "--at-step" && i + 1 < argc) {
+        char* end = nullptr;
+        at_step = std::strtoll(argv[++i], &end, 10);
+        if (!end || *end || at_step < 1) {
+          std::fprintf(stderr, "keel-ctl: --at-step '%s': not a step count >= 1\n", argv[i]);
+          return 2;
+        }
       } else if (cmd == "inject" && fault.empty() && a.rfind("--", 0) != 0) {
         fault = a;
       } else {
@@ -207,7 +243,8 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    if (cmd != "status" && cmd != "inject" && cmd != "stacks" && cmd != "replay") {
+    if (cmd != "status" && cmd != "inject" && cmd != "stacks" && cmd != "replay" &&
+        cmd != "update") {
       std::fprintf(stderr, "keel-ctl: unknown command '%s'\n%s", cmd.c_str(), kUsage);
       return 2;
     }
@@ -215,7 +252,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "keel-ctl: inject needs a fault, e.g. crash@step=40,rank=3\n");
       return 2;
     }
+    if (cmd == "update" && plugin.empty()) {
+      std::fprintf(stderr, "keel-ctl: update needs --plugin PATH\n");
+      return 2;
+    }
     keel::ControlClient c(find_endpoint(run, controller), "ctl/" + std::to_string(getpid()));
+    if (cmd == "update") return update(c, plugin, lazy, at_step);
     if (cmd == "stacks") return stacks(c, name);
     if (cmd == "replay") return replay(c);
     return cmd == "status" ? status(c) : inject(c, fault);

@@ -72,6 +72,27 @@ inline std::string sdc_verdict_key(int epoch) {
   return "sdc/verdict/" + std::to_string(epoch);
 }
 inline const char* kSdcVerified = "sdc/verified";
+// Hot updates (launcher/controller_update.cc, launcher/worker_update.cc): the plan of update n
+// (report::Update), each rank's check of it ("ok" or "refused: why"), the controller's
+// decision ("step S": apply before step S; "refused: why"), each rank's report that it applied
+// it, and the plugin every new process of the job must run ("<hash> <path>").
+inline std::string update_key(int64_t n) {
+  return "update/" + std::to_string(n);
+}
+inline std::string update_check_key(int64_t n, int rank) {
+  return update_key(n) + "/check/" + std::to_string(rank);
+}
+inline std::string update_apply_key(int64_t n) {
+  return update_key(n) + "/apply";
+}
+inline std::string update_applied_key(int64_t n, int rank) {
+  return update_key(n) + "/applied/" + std::to_string(rank);
+}
+inline std::string update_record_key(int64_t n) {
+  return "updates/" + std::to_string(n);
+}
+inline const char* kUpdateCount = "updates/count";
+inline const char* kPluginCurrent = "plugin/current";
 inline const char* kSdcChecks = "sdc/checks";
 inline const char* kSdcCheckSeconds = "sdc/check_seconds";
 

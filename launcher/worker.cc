@@ -12,6 +12,7 @@ int Worker::run() {
   hooks.before_step.push_back([this](int64_t s) {
     if (injector_) injector_->before_step(s);
   });
+  hooks.before_step.push_back([this](int64_t s) { update_before_step(s); });
   hooks.before_step.push_back([this](int64_t s) { sdc_before_step(s); });
   hooks.after_step.push_back([this](const StepStats& st) { after_step(st); });
   hooks.on_error = [this](int64_t s, const std::exception& e) { return on_error(s, e); };
@@ -140,11 +141,13 @@ void Worker::start_state() {
   // A restarted rank (or a promoted standby) joins the epoch the supervisor started for
   // it, at the step everyone restores; -2 means the job's start state.
   if (env_.restarted) {
+    adopt_current_plugin();
     const membership::Rebuild rb = recovery_->wait_rebuild(epoch_);
     build_epoch(epoch_, &rb);
   } else {
     build_epoch(epoch_, nullptr);
   }
+  update_watch();
   if (leader_ && !o_.quiet && !env_.restarted && epoch_ == 0)
     std::printf(
         "keel: %s %s, %lld params, %s on %d rank(s), %d micro-batch(es) of %d per step, "
@@ -175,6 +178,8 @@ void Worker::build_epoch(int epoch, const membership::Rebuild* first) {
     }
     // Growing back: every rank of the epoch takes part in its replica's broadcast.
     if (rb) grow = rb->new_ranks_size() > 0;
+    // The epoch's plugin (a lazy update applied with it, or a rollback of a failed one).
+    if (rb) adopt_plugin(rb->plugin_path(), rb->plugin_hash());
     if (backup_server_)
       store_->set(recovery::backup_addr_key(epoch_, o_.rank), backup_server_->address());
     if (recovery_)
@@ -403,6 +408,7 @@ void Worker::record_step(const StepStats& st) {
 }
 
 void Worker::finish() {
+  stop_update_watch();
   if (snapshotter_) snapshotter_->wait_idle();
   if (checkpointer_) checkpointer_->wait();
   if (recovery_) recovery_->stop_watch();
@@ -470,6 +476,14 @@ void Worker::fill_report(RunReport* rep) {
   rep->set_wall_s(unix_now() - env_.job_start);
   rep->set_ettr(rep->wall_s() > 0 ? kept_s / rep->wall_s() : 0);
   rep->set_productive_s(kept_s);
+  const int64_t updates = store_->add(recovery::kUpdateCount, 0);
+  for (int64_t n = 0; n < updates; ++n) {
+    try {
+      rep->add_updates()->ParseFromString(
+          store_->get(recovery::update_record_key(n), std::chrono::milliseconds(1000)));
+    } catch (const CommTimeout&) {
+    }
+  }
   rep->set_sdc_check_every_steps(sdc_every_);
   rep->set_sdc_checks(int(store_->add(recovery::kSdcChecks, 0)));
   rep->set_sdc_check_seconds(sdc_seconds_);

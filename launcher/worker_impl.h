@@ -113,6 +113,7 @@ class Worker {
   // A rank without a supervisor owns its job's shared memory: removed however it ends
   // (short of SIGKILL; a later supervisor removes that of a dead PID).
   ~Worker() {
+    stop_update_watch();
     if (snapshotter_) snapshotter_->stop();
     if (!env_.supervised) {
       region_.reset();
@@ -199,6 +200,17 @@ class Worker {
   void finish();
   void fill_report(RunReport* rep);
 
+  // Hot updates of the plugin (worker_update.cc; the controller's part is
+  // controller_update.cc). A thread checks each plan against the state and waits for the
+  // step to switch at; the step loop switches.
+  void update_watch();
+  void stop_update_watch();
+  void update_before_step(int64_t s);
+  // This process runs `path` (build `hash`) from now on, unless it already does.
+  void adopt_plugin(const std::string& path, const std::string& hash);
+  // A process started after an update runs the job's current plugin.
+  void adopt_current_plugin();
+
   // Silent data corruption checks (worker_sdc.cc; the decisions are robust/sdc_check.h's).
   // At a check step: before it, this replica recomputes another's first micro-batch; before
   // its update (the state still the step's start), every rank's digests are gathered and
@@ -259,6 +271,12 @@ class Worker {
   double steps_wall_s_ = 0;       // this rank's time in steps (for the checks' share)
   double sdc_before_step_s_ = 0;  // this step's recomputation, before the Trainer's clock
   std::unique_ptr<Backend> golden_backend_;  // one thread: a golden digest is reproducible
+  std::thread update_thread_;
+  std::atomic<bool> update_stop_{false};
+  std::mutex update_mu_;
+  std::shared_ptr<Plugin> update_next_;   // checked, waiting for its step (update_mu_)
+  int64_t update_id_ = -1;                // (update_mu_)
+  std::atomic<int64_t> update_step_{-1};  // switch before this step
 };
 
 }  // namespace keel::worker_detail

@@ -1,0 +1,123 @@
+// A rank's part in hot updates of the model's plugin (keel-ctl update; the controller's part
+// is launcher/controller_update.cc). A thread follows the controller's plans in the store:
+// for each, it loads a private copy of the new plugin and checks it against the running
+// state (so a plugin that does not fit is refused before anyone switches), reports, and
+// waits for the controller's decision: the step before which every rank switches. The step
+// loop then swaps the plugin between two steps; nothing else changes.
+#include "launcher/worker_impl.h"
+
+namespace keel::worker_detail {
+
+void Worker::update_watch() {
+  if (!env_.supervised || update_thread_.joinable()) return;
+  update_thread_ = std::thread([this] {
+    try {
+      std::shared_ptr<Store> s = connect_();
+      // Updates asked before this process started are in the plugin it adopted.
+      int64_t n = s->add(recovery::kUpdateCount, 0);
+      while (!update_stop_) {
+        report::Update plan;
+        try {
+          plan.ParseFromString(s->get(recovery::update_key(n), std::chrono::milliseconds(200)));
+        } catch (const CommTimeout&) {
+          continue;
+        }
+        const int rank = o_.rank;
+        std::string verdict = "ok";
+        std::shared_ptr<Plugin> next;
+        try {
+          next = Plugin::load_copy(plan.plugin());
+          if (next->hash() != plan.hash())
+            throw InputError(detail::concat(plan.plugin(), " on rank ", rank,
+                                            "'s machine is build ", next->hash(),
+                                            ", the controller's is ", plan.hash()));
+          std::vector<keel_param_desc> running;
+          for (const ParamSlot& p : state_->params().slots()) running.push_back(p.desc);
+          const std::string diff = first_param_difference(
+              running, next->describe(model_dims(cfg_), stage_of(cfg_, topo_.coord(rank))));
+          if (!diff.empty())
+            throw InputError(detail::concat("plugin ", plan.plugin(), " (", next->name(), " ",
+                                            next->version(),
+                                            ") does not fit the running state: ", diff));
+        } catch (const std::exception& e) {
+          verdict = detail::concat("refused: rank ", rank, ": ", e.what());
+          next.reset();
+        }
+        s->set(recovery::update_check_key(n, rank), verdict);
+        std::string decision;
+        while (!update_stop_ && decision.empty()) {
+          try {
+            decision = s->get(recovery::update_apply_key(n), std::chrono::milliseconds(200));
+          } catch (const CommTimeout&) {
+          }
+        }
+        if (next && decision.rfind("step ", 0) == 0) {
+          std::lock_guard<std::mutex> l(update_mu_);
+          update_next_ = std::move(next);
+          update_id_ = n;
+          update_step_ = std::stoll(decision.substr(5));
+        }
+        ++n;
+      }
+    } catch (const std::exception& e) {
+      // The store is the controller's: losing it ends the job anyway.
+      std::fprintf(stderr, "keel-worker: rank %d: update watcher: %s\n", o_.rank, e.what());
+    }
+  });
+}
+
+void Worker::update_before_step(int64_t s) {
+  const int64_t at = update_step_;
+  // A rank that got the decision late (it was restoring) switches at once: the controller
+  // chose a step ahead of every rank's progress, so this is only ever the same step.
+  if (at < 0 || s < at) return;
+  std::shared_ptr<Plugin> next;
+  int64_t id;
+  {
+    std::lock_guard<std::mutex> l(update_mu_);
+    next = std::move(update_next_);
+    id = update_id_;
+    update_step_ = -1;
+  }
+  if (!next) return;
+  trainer_->replace_plugin(next);  // checked when the plan came: the same state, same table
+  plugin_ = next;
+  store_->set(recovery::update_applied_key(id, o_.rank), std::to_string(s));
+  if (leader_ && !o_.quiet) {
+    std::printf("keel: plugin %s %s (%s, build %s) from step %lld\n", plugin_->name().c_str(),
+                plugin_->version().c_str(), plugin_->path().c_str(), plugin_->hash().c_str(),
+                static_cast<long long>(s + 1));
+    std::fflush(stdout);
+  }
+}
+
+void Worker::adopt_plugin(const std::string& path, const std::string& hash) {
+  if (path.empty() || hash == plugin_->hash()) return;
+  std::shared_ptr<Plugin> next = Plugin::load_copy(path);
+  if (next->hash() != hash)
+    throw Error(detail::concat("the job runs plugin build ", hash, " of ", path,
+                               ", but this machine's copy is build ", next->hash()));
+  if (trainer_) trainer_->replace_plugin(next);
+  plugin_ = next;
+  std::fprintf(stderr, "keel-worker: rank %d: plugin %s %s (build %s)\n", o_.rank,
+               plugin_->name().c_str(), plugin_->version().c_str(), plugin_->hash().c_str());
+}
+
+void Worker::adopt_current_plugin() {
+  std::string current;
+  try {
+    current = store_->get(recovery::kPluginCurrent, std::chrono::milliseconds(1));
+  } catch (const CommTimeout&) {
+    return;  // never updated: the config's plugin
+  }
+  const size_t sp = current.find(' ');
+  if (sp == std::string::npos) return;
+  adopt_plugin(current.substr(sp + 1), current.substr(0, sp));
+}
+
+void Worker::stop_update_watch() {
+  update_stop_ = true;
+  if (update_thread_.joinable()) update_thread_.join();
+}
+
+}  // namespace keel::worker_detail
