@@ -37,6 +37,21 @@ std::optional<Controller::Impl::Detected> Controller::Impl::comm_error() {
   if (store->add(recovery::errors_key(epoch), 0) <= 0) return std::nullopt;
   if (auto d = sdc()) return d;
   Detected d;
+  // New code on probation broke the training: the ranks said why.
+  try {
+    const std::string why =
+        store->get(recovery::update_failure_key(epoch), std::chrono::milliseconds(1));
+    d.inc.set_detected_at(unix_now());
+    d.inc.set_rank(-1);
+    d.inc.set_slot(-1);
+    d.inc.set_kind("update_failure");
+    d.inc.set_detail(why);
+    d.inc.set_rule("probation");
+    d.failure.kind = policy::FailureKind::kCommError;
+    d.failure.rule = "probation";
+    return d;
+  } catch (const CommTimeout&) {
+  }
   d.inc.set_detected_at(unix_now());
   d.inc.set_rank(-1);
   d.inc.set_slot(-1);

@@ -92,6 +92,11 @@ inline std::string update_record_key(int64_t n) {
   return "updates/" + std::to_string(n);
 }
 inline const char* kUpdateCount = "updates/count";
+// Why the ranks failed in epoch E when new code on probation broke the training (a non-finite
+// loss, a loss jump): set by every rank before it reports the failure.
+inline std::string update_failure_key(int epoch) {
+  return "update/failure/" + std::to_string(epoch);
+}
 inline const char* kPluginCurrent = "plugin/current";
 inline const char* kSdcChecks = "sdc/checks";
 inline const char* kSdcCheckSeconds = "sdc/check_seconds";

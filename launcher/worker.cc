@@ -272,7 +272,14 @@ std::string Worker::holder_address() {
 }
 
 bool Worker::on_error(int64_t s, const std::exception& e) {
-  if (const auto* nf = dynamic_cast<const NonFiniteStep*>(&e)) {
+  const auto* nf = dynamic_cast<const NonFiniteStep*>(&e);
+  // New code on probation that makes the loss non-finite is rolled back, not retried: every
+  // rank sees the same global loss, so every rank fails alike.
+  if (nf && recovery_ && s < probation_until_) {
+    store_->set(recovery::update_failure_key(epoch_), nf->what());
+    nf = nullptr;
+  }
+  if (nf) {
     // Every rank sees the same global numbers, so every rank retries, or stops, alike.
     if (nonfinite_retried_ == s)
       throw FatalStop(detail::concat(nf->what(),
@@ -296,15 +303,16 @@ bool Worker::on_error(int64_t s, const std::exception& e) {
     return true;
   }
   const auto* ce = dynamic_cast<const CommError*>(&e);
-  if (!ce || !recovery_) return false;
+  const bool probation_failed = dynamic_cast<const NonFiniteStep*>(&e) != nullptr;
+  if ((!ce && !probation_failed) || !recovery_) return false;
   // Peers blocked on this rank must learn at once; then settle the snapshot in flight so
   // the supervisor reads stable slots, and wait for its decision.
   groups_->abort_all();
   if (snapshotter_) snapshotter_->wait_idle();
   if (!o_.quiet)
     std::fprintf(stderr, "keel-worker: rank %d: step %lld: %s; waiting for the supervisor\n",
-                 o_.rank, static_cast<long long>(s + 1), ce->what());
-  const membership::Rebuild rb = recovery_->fail_and_wait(epoch_, state_->step(), s, ce->what());
+                 o_.rank, static_cast<long long>(s + 1), e.what());
+  const membership::Rebuild rb = recovery_->fail_and_wait(epoch_, state_->step(), s, e.what());
   recovery_->stop_watch();
   build_epoch(epoch_ + 1, &rb);
   return true;
@@ -316,6 +324,7 @@ void Worker::after_step(const StepStats& step_stats) {
   // step's time all the same (tokens/s and MFU must show what the checks cost).
   StepStats st = step_stats;
   st.wall_s += std::exchange(sdc_before_step_s_, 0.0);
+  update_after_step(st);
   st.compute_s = std::max(0.0, st.wall_s - st.bubble_s - st.comm_s);
   const int64_t s = st.step, steps = cfg_.train().steps();
   if (snapshotter_) snapshotter_->capture();

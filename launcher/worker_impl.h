@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -96,6 +97,13 @@ inline std::string time_str(double t) {
   std::snprintf(buf, sizeof(buf), "%.6f", t);
   return buf;
 }
+
+// A plugin on probation broke the training (a loss jump): the recovery rolls it back. A
+// CommError, so that the step loop's failure path (abort, ack, rebuild) carries it.
+class UpdateProbationFailed : public CommError {
+ public:
+  explicit UpdateProbationFailed(const std::string& what) : CommError(what) {}
+};
 
 // Exits the process with a code the supervisor does not answer with a restart.
 class FatalStop : public Error {
@@ -206,6 +214,8 @@ class Worker {
   void update_watch();
   void stop_update_watch();
   void update_before_step(int64_t s);
+  // On probation after an update: a loss jump fails every rank (UpdateProbationFailed).
+  void update_after_step(const StepStats& st);
   // This process runs `path` (build `hash`) from now on, unless it already does.
   void adopt_plugin(const std::string& path, const std::string& hash);
   // A process started after an update runs the job's current plugin.
@@ -277,6 +287,9 @@ class Worker {
   std::shared_ptr<Plugin> update_next_;   // checked, waiting for its step (update_mu_)
   int64_t update_id_ = -1;                // (update_mu_)
   std::atomic<int64_t> update_step_{-1};  // switch before this step
+  int64_t probation_until_ = -1;          // the new code is on probation before this step
+  double probation_baseline_ = 0;         // mean loss of the steps before the update
+  std::deque<double> recent_losses_;      // the newest 10 global losses
 };
 
 }  // namespace keel::worker_detail

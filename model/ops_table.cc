@@ -132,6 +132,31 @@ struct OpsThunks {
       if (t.grad_ready_) t.grad_ready_(index);
     });
   }
+
+  static void rmsnorm_forward(void* impl, float* out, float* rstd, const float* inp,
+                              const float* weight, int N, int C) {
+    guard(impl, [&](OpsTable& t) { t.backend_->rmsnorm_forward(out, rstd, inp, weight, N, C); });
+  }
+  static void rmsnorm_backward(void* impl, float* dinp, float* dweight, const float* dout,
+                               const float* inp, const float* weight, const float* rstd, int N,
+                               int C) {
+    guard(impl, [&](OpsTable& t) {
+      t.backend_->rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+    });
+  }
+  static void swiglu_forward(void* impl, float* out, const float* gate_up, int N, int F) {
+    guard(impl, [&](OpsTable& t) { t.backend_->swiglu_forward(out, gate_up, N, F); });
+  }
+  static void swiglu_backward(void* impl, float* dgate_up, const float* gate_up, const float* dout,
+                              int N, int F) {
+    guard(impl, [&](OpsTable& t) { t.backend_->swiglu_backward(dgate_up, gate_up, dout, N, F); });
+  }
+  static void rope_forward(void* impl, float* qkv, int B, int T, int NH, int HS, float theta) {
+    guard(impl, [&](OpsTable& t) { t.backend_->rope_forward(qkv, B, T, NH, HS, theta); });
+  }
+  static void rope_backward(void* impl, float* dqkv, int B, int T, int NH, int HS, float theta) {
+    guard(impl, [&](OpsTable& t) { t.backend_->rope_backward(dqkv, B, T, NH, HS, theta); });
+  }
 };
 
 OpsTable::OpsTable(Backend* backend, Communicator* tp) : backend_(backend), tp_(tp) {
@@ -157,6 +182,12 @@ OpsTable::OpsTable(Backend* backend, Communicator* tp) : backend_(backend), tp_(
   ops_.tp_all_reduce = &OpsThunks::tp_all_reduce;
   ops_.sum = &OpsThunks::sum;
   ops_.grad_ready = &OpsThunks::grad_ready;
+  ops_.rmsnorm_forward = &OpsThunks::rmsnorm_forward;
+  ops_.rmsnorm_backward = &OpsThunks::rmsnorm_backward;
+  ops_.swiglu_forward = &OpsThunks::swiglu_forward;
+  ops_.swiglu_backward = &OpsThunks::swiglu_backward;
+  ops_.rope_forward = &OpsThunks::rope_forward;
+  ops_.rope_backward = &OpsThunks::rope_backward;
 }
 
 OpsTable::~OpsTable() {

@@ -1,4 +1,10 @@
-/* keel model plugin API, version 2.
+/* keel model plugin API, version 3.
+ *
+ * Version 3 (from 2): keel_ops gained the kernels of a Llama-style block, appended after
+ * grad_ready: rmsnorm_forward/backward, swiglu_forward/backward and rope_forward/backward
+ * (examples/plugins/llama/ uses them). The CUDA backend does not implement them yet: there the
+ * first call fails with an error naming the op. A version-2 plugin must be rebuilt: the
+ * runtime serves one version.
  *
  * Version 2 (from 1): keel_param_desc gained tied_to (ties are declared, not recognised by
  * name) and keel_plugin gained flops_per_token.
@@ -28,7 +34,7 @@
 extern "C" {
 #endif
 
-#define KEEL_PLUGIN_ABI_VERSION 2u
+#define KEEL_PLUGIN_ABI_VERSION 3u
 #define KEEL_PLUGIN_ENTRY_SYMBOL "keel_plugin_entry"
 #define KEEL_PARAM_NAME_MAX 64
 #define KEEL_PARAM_MAX_DIMS 4
@@ -104,6 +110,7 @@ typedef struct keel_ops {
    * vocab_end)) + wpe[t, :] (skipped if wpe is NULL). Overwrites out. */
   void (*embedding_forward)(void* impl, float* out, const int32_t* tokens, const float* wte,
                             const float* wpe, int B, int T, int C, int vocab_begin, int vocab_end);
+  /* dwte += (its rows of) Σ dout per token; dwpe += Σ_b dout (skipped if dwpe is NULL). */
   void (*embedding_backward)(void* impl, float* dwte, float* dwpe, const float* dout,
                              const int32_t* tokens, int B, int T, int C, int vocab_begin,
                              int vocab_end);
@@ -156,6 +163,34 @@ typedef struct keel_ops {
    * this micro-batch, so its data-parallel reduction may start while backward goes on. A
    * plugin that never calls it is correct, only slower. */
   void (*grad_ready)(void* impl, int index);
+
+  /* ---- Version 3. ---- */
+
+  /* RMSNorm over the last dim (eps 1e-5, no mean subtracted, no bias):
+   * out = inp·rstd·weight with rstd[n] = 1/sqrt(mean(inp[n,:]²) + eps), saved for backward.
+   * Overwrites out and rstd. */
+  void (*rmsnorm_forward)(void* impl, float* out, float* rstd, const float* inp,
+                          const float* weight, int N, int C);
+  /* dinp += ...; dweight += Σ_n dout·inp·rstd. */
+  void (*rmsnorm_backward)(void* impl, float* dinp, float* dweight, const float* dout,
+                           const float* inp, const float* weight, const float* rstd, int N, int C);
+
+  /* SwiGLU: gate_up is [N, 2F], each row the gate block [F] then the up block [F] (the output
+   * of a column-parallel matmul with tp_blocks 2 holds this rank's columns of both blocks in
+   * that order); out[N, F] = silu(gate)·up, silu(g) = g·sigmoid(g). Overwrites out. */
+  void (*swiglu_forward)(void* impl, float* out, const float* gate_up, int N, int F);
+  /* dgate_up [N, 2F] += the gradients of both blocks. */
+  void (*swiglu_backward)(void* impl, float* dgate_up, const float* gate_up, const float* dout,
+                          int N, int F);
+
+  /* Rotary position embedding, in place on the q and k blocks of qkv [B,T,3,NH,HS] (v is left
+   * alone). HS must be even. Within a head, the pairs (x[2i], x[2i+1]) are rotated by the
+   * angle t·theta^(-2i/HS) at position t of the sequence (Meta's Llama convention; theta is
+   * 10000 there). */
+  void (*rope_forward)(void* impl, float* qkv, int B, int T, int NH, int HS, float theta);
+  /* The inverse rotation, in place on the q and k blocks of dqkv: turns the gradient of the
+   * rotated q, k into that of the unrotated ones. */
+  void (*rope_backward)(void* impl, float* dqkv, int B, int T, int NH, int HS, float theta);
 } keel_ops;
 
 /* Arguments of one forward or backward call for one micro-batch of B sequences of T tokens.

@@ -139,6 +139,27 @@ class Backend {
                            const float* sum_exp, const float* target_logit, const int32_t* targets,
                            int N, int V_local, int vocab_begin, int vocab_size,
                            float loss_scale) = 0;
+
+  // Llama kernels (keel_ops version 3); semantics as keel_ops in model/plugin.h. A backend
+  // without them refuses by name, so a plugin that needs them fails at its first call.
+  virtual void rmsnorm_forward(float*, float*, const float*, const float*, int, int) {
+    unsupported("rmsnorm_forward");
+  }
+  virtual void rmsnorm_backward(float*, float*, const float*, const float*, const float*,
+                                const float*, int, int) {
+    unsupported("rmsnorm_backward");
+  }
+  virtual void swiglu_forward(float*, const float*, int, int) { unsupported("swiglu_forward"); }
+  virtual void swiglu_backward(float*, const float*, const float*, int, int) {
+    unsupported("swiglu_backward");
+  }
+  virtual void rope_forward(float*, int, int, int, int, float) { unsupported("rope_forward"); }
+  virtual void rope_backward(float*, int, int, int, int, float) { unsupported("rope_backward"); }
+
+ private:
+  [[noreturn]] void unsupported(const char* op) const {
+    throw Error(std::string(op) + " is not implemented on the " + name() + " backend yet");
+  }
 };
 
 // The CPU backend; num_threads <= 0 means all cores. Always available.

@@ -119,6 +119,26 @@ class ProfilingBackend : public Backend {
       inner_->xent_finish(losses, dlogits, logits, mx, se, tl, targets, N, V, vb, vs, scale);
     });
   }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N,
+                       int C) override {
+    time("rmsnorm_forward", [&] { inner_->rmsnorm_forward(out, rstd, inp, w, N, C); });
+  }
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                        const float* rstd, int N, int C) override {
+    time("rmsnorm_backward", [&] { inner_->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C); });
+  }
+  void swiglu_forward(float* out, const float* gu, int N, int F) override {
+    time("swiglu_forward", [&] { inner_->swiglu_forward(out, gu, N, F); });
+  }
+  void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) override {
+    time("swiglu_backward", [&] { inner_->swiglu_backward(dgu, gu, dout, N, F); });
+  }
+  void rope_forward(float* qkv, int B, int T, int NH, int HS, float theta) override {
+    time("rope_forward", [&] { inner_->rope_forward(qkv, B, T, NH, HS, theta); });
+  }
+  void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) override {
+    time("rope_backward", [&] { inner_->rope_backward(dqkv, B, T, NH, HS, theta); });
+  }
 
  private:
   template <typename Fn>

@@ -124,6 +124,28 @@ class CpuBackend final : public Backend {
                      V_local, vocab_begin, vocab_size, loss_scale);
   }
 
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N,
+                       int C) override {
+    cpu::rmsnorm_forward(nt_, out, rstd, inp, weight, N, C);
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                        const float* weight, const float* rstd, int N, int C) override {
+    cpu::rmsnorm_backward(nt_, dinp, dweight, dout, inp, weight, rstd, N, C);
+  }
+  void swiglu_forward(float* out, const float* gate_up, int N, int F) override {
+    cpu::swiglu_forward(nt_, out, gate_up, N, F);
+  }
+  void swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int N,
+                       int F) override {
+    cpu::swiglu_backward(nt_, dgate_up, gate_up, dout, N, F);
+  }
+  void rope_forward(float* qkv, int B, int T, int NH, int HS, float theta) override {
+    cpu::rope_forward(nt_, qkv, B, T, NH, HS, theta);
+  }
+  void rope_backward(float* dqkv, int B, int T, int NH, int HS, float theta) override {
+    cpu::rope_backward(nt_, dqkv, B, T, NH, HS, theta);
+  }
+
  private:
   const int nt_;
 };

@@ -78,6 +78,17 @@ void attention_forward(int nt, float* out, float* att, const float* qkv, int B, 
 void attention_backward(int nt, float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, int B, int T, int NH, int HS);
 
+// Llama kernels (llama_kernels.cc); semantics as keel_ops in model/plugin.h.
+void rmsnorm_forward(int nt, float* out, float* rstd, const float* inp, const float* weight, int N,
+                     int C);
+void rmsnorm_backward(int nt, float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int N, int C);
+void swiglu_forward(int nt, float* out, const float* gate_up, int N, int F);
+void swiglu_backward(int nt, float* dgate_up, const float* gate_up, const float* dout, int N,
+                     int F);
+void rope_forward(int nt, float* qkv, int B, int T, int NH, int HS, float theta);
+void rope_backward(int nt, float* dqkv, int B, int T, int NH, int HS, float theta);
+
 // Vocab-parallel cross-entropy (cross_entropy.cc); semantics as on keel::Backend.
 void xent_row_max(int nt, float* row_max, const float* logits, int N, int V_local, int vocab_begin,
                   int vocab_size);

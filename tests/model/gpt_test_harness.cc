@@ -77,8 +77,8 @@ void unshard(std::vector<float>& whole, const std::vector<float>& part, const ke
   });
 }
 
-GptHarness::GptHarness(const keel_model_dims& dims, int B, int T)
-    : dims_(dims), B_(B), T_(T), plugin_(Plugin::load(bin_dir() + "/libkeel_gpt.so")) {
+GptHarness::GptHarness(const keel_model_dims& dims, int B, int T, const std::string& plugin_file)
+    : dims_(dims), B_(B), T_(T), plugin_(Plugin::load(bin_dir() + "/" + plugin_file)) {
   keel_stage one{0, 1, 0, 1, 0, dims.num_layers};
   descs_ = plugin_->describe(dims_, one);
 }

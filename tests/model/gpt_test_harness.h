@@ -72,7 +72,10 @@ struct GptRun {
 
 class GptHarness {
  public:
-  GptHarness(const keel_model_dims& dims, int B, int T);
+  // `plugin_file` is looked up in the build's bin/; any plugin without tied parameters
+  // other than the GPT's (wte) works too (tests/model/llama_plugin_test.cc).
+  GptHarness(const keel_model_dims& dims, int B, int T,
+             const std::string& plugin_file = "libkeel_gpt.so");
 
   const keel_model_dims& dims() const { return dims_; }
   int B() const { return B_; }

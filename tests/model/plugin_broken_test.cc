@@ -31,7 +31,7 @@ std::string refusal(const std::string& defect) {
 TEST(PluginBroken, WrongAbiVersion) {
   std::string msg = refusal("bad_abi");
   EXPECT_NE(msg.find(lib("bad_abi")), std::string::npos) << msg;
-  EXPECT_NE(msg.find("abi_version is 3, this runtime needs 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("abi_version is 4, this runtime needs 3"), std::string::npos) << msg;
 }
 
 TEST(PluginBroken, MissingEntrySymbol) {

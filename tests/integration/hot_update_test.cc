@@ -1,0 +1,202 @@
+// Hot updates of the model's plugin (issue: hot update), with real processes: a TP2×PP2×DP2
+// job under keel-launch (4 slots of 2 workers and a standby) gets `keel-ctl update` while it
+// trains. Another build of the same model is applied at a step boundary with no process
+// restarted and the job ends bitwise equal to one never updated; code that crashes on
+// probation is rolled back (plugin and state) and the job still ends bitwise equal; a plugin
+// that does not fit the state, or the ABI, is refused and changes nothing.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "test_paths.h"
+#include "worker_harness.h"
+
+namespace keel::test {
+namespace {
+
+constexpr int kSteps = 300;
+
+std::string job_args(const std::string& dir, const std::string& extra = "") {
+  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
+  return "--config " + cfg + " --local 5 --workers-per-slot 2 --standby 1" +
+         " --set train.eval_every=0 --set train.steps=" + std::to_string(kSteps) +
+         " --set parallel.comm_timeout_ms=60000 " + extra;
+}
+
+const JobRun& never_updated() {
+  static const JobRun r = [] {
+    std::string dir = temp_dir("update-clean");
+    return run_launch_job(dir, job_args(dir));
+  }();
+  return r;
+}
+
+// `keel-ctl status`'s lowest step of the job under `dir`/runs (-1 before it answers).
+int job_step(const std::string& job_dir) {
+  FILE* p = popen((bin_dir() + "/keel-ctl status --run " + job_dir + " 2>/dev/null").c_str(), "r");
+  if (!p) return -1;
+  char line[512];
+  int step = -1;
+  while (fgets(line, sizeof(line), p))
+    if (std::sscanf(line, "state %*s | epoch %*d | step %d", &step) == 1) break;
+  pclose(p);
+  return step;
+}
+
+struct Ctl {
+  int rc = -1;
+  std::string out;
+};
+
+// Runs the job; once it has done `at` steps, runs each keel-ctl command (with --run added).
+JobRun run_with(const std::string& dir, const std::string& extra,
+                const std::vector<std::string>& commands, std::vector<Ctl>* results, int at = 20) {
+  std::string job_dir;
+  size_t next = 0;
+  results->assign(commands.size(), {});
+  return run_launch_job(
+      dir, job_args(dir, extra),
+      [&](pid_t) {
+        if (next >= commands.size()) return;
+        if (job_dir.empty() && std::filesystem::is_directory(dir + "/runs"))
+          for (const auto& e : std::filesystem::directory_iterator(dir + "/runs"))
+            if (std::filesystem::exists(e.path() / "controller")) job_dir = e.path().string();
+        if (job_dir.empty() || job_step(job_dir) < at) return;
+        for (; next < commands.size(); ++next) {
+          const std::string out = dir + "/ctl" + std::to_string(next) + ".out";
+          Ctl& c = (*results)[next];
+          c.rc = std::system((bin_dir() + "/keel-ctl " + commands[next] + " --run " + job_dir +
+                              " > " + out + " 2>&1")
+                                 .c_str());
+          std::ifstream in(out);
+          std::stringstream ss;
+          ss << in.rdbuf();
+          c.out = ss.str();
+        }
+      },
+      300);
+}
+
+std::vector<std::string> incidents_of(const JobRun& r, const std::string& kind) {
+  std::vector<std::string> out;
+  for (const auto& i : json_object_array(r.report, "incidents"))
+    if (json_string_field(i, "kind") == kind) out.push_back(i);
+  return out;
+}
+
+void expect_bitwise_and_whole(const JobRun& r) {
+  ASSERT_EQ(never_updated().exit_code, 0) << never_updated().output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), kSteps);
+  EXPECT_EQ(json_string_field(r.report, "param_checksum"),
+            json_string_field(never_updated().report, "param_checksum"))
+      << r.output;
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+}
+
+TEST(HotUpdate, AnotherBuildIsAppliedInPlaceWithNoProcessRestarted) {
+  std::string dir = temp_dir("update-apply");
+  std::vector<Ctl> ctl;
+  JobRun r = run_with(dir, "", {"update --plugin " + bin_dir() + "/libkeel_gpt_proxy.so"}, &ctl);
+  ASSERT_EQ(ctl[0].rc, 0) << ctl[0].out;
+  expect_bitwise_and_whole(r);
+  const std::vector<std::string> ups = json_object_array(r.report, "updates");
+  ASSERT_EQ(ups.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(ups[0], "outcome"), "applied") << ups[0];
+  EXPECT_GE(std::stoll(json_string_field(ups[0], "applied_step")), 20) << ups[0];
+  EXPECT_NE(json_string_field(ups[0], "hash"), json_string_field(ups[0], "previous_hash"));
+  EXPECT_EQ(incidents_of(r, "update").size(), 1u) << r.report;
+  for (const auto& rank : json_object_array(r.report, "ranks"))
+    EXPECT_EQ(json_array_field(rank, "pids").size(), 1u) << rank;
+}
+
+TEST(HotUpdate, CodeThatCrashesOnProbationIsRolledBack) {
+  std::string dir = temp_dir("update-crash");
+  std::vector<Ctl> ctl;
+  JobRun r = run_with(dir, "", {"update --plugin " + bin_dir() + "/libkeel_gpt_crashing.so"}, &ctl);
+  ASSERT_EQ(ctl[0].rc, 0) << ctl[0].out;
+  expect_bitwise_and_whole(r);
+  const std::vector<std::string> ups = json_object_array(r.report, "updates");
+  ASSERT_EQ(ups.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(ups[0], "outcome"), "rolled_back") << ups[0];
+  const std::vector<std::string> rb = incidents_of(r, "rollback");
+  ASSERT_EQ(rb.size(), 1u) << r.report;
+  // Back to the state from before the update, not to step 0.
+  const double applied = std::stod(json_string_field(ups[0], "applied_step"));
+  EXPECT_LE(json_number_field(rb[0], "restored_step"), applied) << rb[0];
+  EXPECT_GE(json_number_field(rb[0], "restored_step"), 20) << rb[0];
+}
+
+TEST(HotUpdate, APluginThatDoesNotFitTheStateIsRefused) {
+  std::string dir = temp_dir("update-refuse");
+  std::vector<Ctl> ctl;
+  JobRun r = run_with(dir, "",
+                      {"update --plugin " + bin_dir() + "/libkeel_gpt_renamed.so",
+                       "update --plugin " + bin_dir() + "/libkeel_broken_bad_abi.so"},
+                      &ctl);
+  expect_bitwise_and_whole(r);
+  // The wrong ABI: the controller refuses it at once.
+  EXPECT_EQ(ctl[1].rc >> 8, 2) << ctl[1].out;
+  EXPECT_NE(ctl[1].out.find("abi_version"), std::string::npos) << ctl[1].out;
+  const std::vector<std::string> ups = json_object_array(r.report, "updates");
+  ASSERT_EQ(ups.size(), 2u) << r.report;
+  // Another table: every rank checks it against its state, and the first difference is named.
+  EXPECT_EQ(json_string_field(ups[0], "outcome"), "refused") << ups[0];
+  EXPECT_NE(json_string_field(ups[0], "why")
+                .find("does not fit the running state: parameter 0: 'wte' in the running state, "
+                      "'renamed' in the new plugin"),
+            std::string::npos)
+      << ups[0];
+  EXPECT_EQ(json_string_field(ups[1], "outcome"), "refused") << ups[1];
+  EXPECT_TRUE(incidents_of(r, "update").empty());
+}
+
+TEST(HotUpdate, ALazyUpdateRidesTheNextRecovery) {
+  std::string dir = temp_dir("update-lazy");
+  std::vector<Ctl> ctl;
+  JobRun r = run_with(dir, "",
+                      {"update --lazy --plugin " + bin_dir() + "/libkeel_gpt_proxy.so",
+                       "inject crash@step=150,rank=3"},
+                      &ctl);
+  ASSERT_EQ(ctl[0].rc, 0) << ctl[0].out;
+  ASSERT_EQ(ctl[1].rc, 0) << ctl[1].out;
+  expect_bitwise_and_whole(r);
+  const std::vector<std::string> ups = json_object_array(r.report, "updates");
+  ASSERT_EQ(ups.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(ups[0], "outcome"), "applied") << ups[0];
+  EXPECT_EQ(json_string_field(ups[0], "mode"), "lazy") << ups[0];
+  EXPECT_EQ(json_string_field(ups[0], "applied_step"), "150") << ups[0];
+}
+
+TEST(HotUpdate, AStandbyPromotedAfterAnUpdateRunsTheNewCode) {
+  std::string dir = temp_dir("update-standby");
+  std::vector<Ctl> ctl;
+  JobRun r = run_with(dir, "--set detect.slot_timeout_ms=1000",
+                      {"update --plugin " + bin_dir() + "/libkeel_gpt_proxy.so",
+                       "inject slot_loss@step=200,rank=5"},
+                      &ctl);
+  ASSERT_EQ(ctl[0].rc, 0) << ctl[0].out;
+  expect_bitwise_and_whole(r);
+  const std::vector<std::string> ups = json_object_array(r.report, "updates");
+  ASSERT_EQ(ups.size(), 1u) << r.report;
+  const std::string hash = json_string_field(ups[0], "hash");
+  // The standby that took ranks 4 and 5 loaded the job's current plugin when promoted.
+  std::string logs;
+  for (const auto& job : std::filesystem::directory_iterator(dir + "/runs"))
+    for (const auto& f : std::filesystem::directory_iterator(job.path() / "logs"))
+      if (f.path().filename().string().rfind("slot4-standby", 0) == 0) {
+        std::ifstream in(f.path());
+        std::stringstream ss;
+        ss << in.rdbuf();
+        logs += ss.str();
+      }
+  EXPECT_NE(logs.find("(build " + hash + ")"), std::string::npos) << logs;
+}
+
+}  // namespace
+}  // namespace keel::test
