@@ -17,6 +17,7 @@
 #include "runtime/check.h"
 #include "runtime/rng.h"
 #include "tests/model/gpt_test_harness.h"
+#include "tests/model/plugin_test_checks.h"
 #include "tests/test_paths.h"
 
 namespace keel::test {
@@ -30,40 +31,6 @@ keel_model_dims tiny_dims(float init_std) {
 constexpr int kB = 2, kT = 8;
 constexpr float kLossScale = 1.0f / (kB * kT);
 constexpr const char* kLib = "libkeel_llama.so";
-
-double dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
-  return s;
-}
-double norm(const std::vector<float>& a) {
-  return std::sqrt(dot(a, a));
-}
-float max_abs(const std::vector<float>& a) {
-  float m = 0;
-  for (float v : a) m = std::max(m, std::fabs(v));
-  return m;
-}
-
-void expect_no_problems(const GptRun& run) {
-  for (const auto& p : run.problems) ADD_FAILURE() << p;
-}
-
-void expect_grads_near(const Tensors& want, const Tensors& got, double rel) {
-  for (const auto& [name, w] : want) {
-    const std::vector<float>& g = got.at(name);
-    ASSERT_EQ(g.size(), w.size()) << name;
-    const double tol = rel * max_abs(w) + 1e-12;
-    size_t bad = 0;
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i) {
-      double d = std::fabs(double(g[i]) - w[i]);
-      worst = std::max(worst, d);
-      bad += d > tol;
-    }
-    EXPECT_EQ(bad, 0u) << name << ": worst difference " << worst << ", tolerance " << tol;
-  }
-}
 
 class LlamaPluginTest : public ::testing::Test {
  protected:
@@ -97,36 +64,7 @@ TEST_F(LlamaPluginTest, GradientMatchesFiniteDifferences) {
   GptRun base = run(1, 1);
   expect_no_problems(base);
   auto loss = [&](const Tensors& p) { return run(1, 1, false, &p).loss_sum * kLossScale; };
-  int checked = 0;
-  for (const auto& d : llama.descs()) {
-    const std::string name = d.name;
-    const std::vector<float>& g = base.grads.at(name);
-    const double gnorm = norm(g);
-    ASSERT_GT(gnorm, 0) << name;
-    std::vector<std::vector<float>> dirs{g};
-    for (int k = 0; k < 3; ++k) {
-      std::vector<float> v(g.size());
-      for (size_t i = 0; i < v.size(); ++i) v[i] = rng::normal(3, rng::stream("direction", k), i);
-      dirs.push_back(v);
-    }
-    const std::vector<float>& theta = params.at(name);
-    const double eps = 5e-3 * std::max(1.0, norm(theta));
-    for (size_t k = 0; k < dirs.size(); ++k) {
-      std::vector<float>& v = dirs[k];
-      const double vn = norm(v);
-      for (float& x : v) x = float(x / vn);
-      Tensors plus = params, minus = params;
-      for (size_t i = 0; i < v.size(); ++i) {
-        plus[name][i] += float(eps * v[i]);
-        minus[name][i] -= float(eps * v[i]);
-      }
-      const double numeric = (loss(plus) - loss(minus)) / (2 * eps);
-      const double analytic = dot(g, v);
-      EXPECT_NEAR(numeric, analytic, 3e-3 * std::fabs(analytic) + 3e-4 * gnorm + 1e-5)
-          << name << " direction " << k << " (|grad| " << gnorm << ")";
-      ++checked;
-    }
-  }
+  const int checked = check_against_finite_differences(llama.descs(), params, base, loss);
   EXPECT_EQ(checked, 4 * (1 + 6 * 2 + 2));
   // Padding rows of the vocabulary are never a target nor an input.
   for (const char* name : {"embed.weight", "lm_head.weight"}) {
@@ -136,31 +74,19 @@ TEST_F(LlamaPluginTest, GradientMatchesFiniteDifferences) {
 }
 
 TEST_F(LlamaPluginTest, PipelineSplitMatchesOneStage) {
-  GptRun one = run(1, 1), two = run(1, 2);
-  expect_no_problems(two);
-  EXPECT_NEAR(two.loss_sum, one.loss_sum, 1e-6 * std::fabs(one.loss_sum));
-  expect_grads_near(one.grads, two.grads, 1e-6);
+  expect_split_matches(run(1, 1), run(1, 2), 1e-6);
 }
 
 TEST_F(LlamaPluginTest, TensorParallelMatchesOneRank) {
-  GptRun one = run(1, 1), two = run(2, 1);
-  expect_no_problems(two);
-  EXPECT_NEAR(two.loss_sum, one.loss_sum, 1e-5 * std::fabs(one.loss_sum));
-  expect_grads_near(one.grads, two.grads, 1e-5);
+  expect_split_matches(run(1, 1), run(2, 1), 1e-5);
 }
 
 TEST_F(LlamaPluginTest, TensorTimesPipelineMatchesOneRank) {
-  GptRun one = run(1, 1), split = run(2, 2);
-  expect_no_problems(split);
-  EXPECT_NEAR(split.loss_sum, one.loss_sum, 1e-5 * std::fabs(one.loss_sum));
-  expect_grads_near(one.grads, split.grads, 1e-5);
+  expect_split_matches(run(1, 1), run(2, 2), 1e-5);
 }
 
 TEST_F(LlamaPluginTest, FourWayTensorParallelMatchesOneRank) {
-  GptRun one = run(1, 1), four = run(4, 1);
-  expect_no_problems(four);
-  EXPECT_NEAR(four.loss_sum, one.loss_sum, 1e-5 * std::fabs(one.loss_sum));
-  expect_grads_near(one.grads, four.grads, 1e-5);
+  expect_split_matches(run(1, 1), run(4, 1), 1e-5);
 }
 
 TEST_F(LlamaPluginTest, TrainsAlikeOnEveryLayoutAndRepeatsBitwise) {
