@@ -53,10 +53,13 @@ void Controller::Impl::request_update(const control::UpdateRequest& rq, control:
     u.set_hash(next->hash());
     u.set_version(next->name() + " " + next->version());
   } catch (const std::exception& e) {
-    u.set_id(int(store->add(recovery::kUpdateCount, 1) - 1));
+    u.set_id(int(store->add(recovery::kUpdateCount, 0)));
     u.set_outcome("refused");
     u.set_why(e.what());
     record_update(u);
+    // Published all the same, so that the ranks, which follow the plans in order, go past it.
+    store->set(recovery::update_key(u.id()), u.SerializeAsString());
+    store->add(recovery::kUpdateCount, 1);
     r->set_ok(false);
     r->set_id(u.id());
     r->set_message("refused: " + u.why());

@@ -22,6 +22,10 @@ void Worker::update_watch() {
         } catch (const CommTimeout&) {
           continue;
         }
+        if (plan.outcome() == "refused") {  // the controller refused it: nothing to check
+          ++n;
+          continue;
+        }
         const int rank = o_.rank;
         std::string verdict = "ok";
         std::shared_ptr<Plugin> next;
