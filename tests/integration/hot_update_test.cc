@@ -36,18 +36,6 @@ const JobRun& never_updated() {
   return r;
 }
 
-// `keel-ctl status`'s lowest step of the job under `dir`/runs (-1 before it answers).
-int job_step(const std::string& job_dir) {
-  FILE* p = popen((bin_dir() + "/keel-ctl status --run " + job_dir + " 2>/dev/null").c_str(), "r");
-  if (!p) return -1;
-  char line[512];
-  int step = -1;
-  while (fgets(line, sizeof(line), p))
-    if (std::sscanf(line, "state %*s | epoch %*d | step %d", &step) == 1) break;
-  pclose(p);
-  return step;
-}
-
 struct Ctl {
   int rc = -1;
   std::string out;
@@ -63,10 +51,8 @@ JobRun run_with(const std::string& dir, const std::string& extra,
       dir, job_args(dir, extra),
       [&](pid_t) {
         if (next >= commands.size()) return;
-        if (job_dir.empty() && std::filesystem::is_directory(dir + "/runs"))
-          for (const auto& e : std::filesystem::directory_iterator(dir + "/runs"))
-            if (std::filesystem::exists(e.path() / "controller")) job_dir = e.path().string();
-        if (job_dir.empty() || job_step(job_dir) < at) return;
+        if (job_dir.empty()) job_dir = launched_job_dir(dir);
+        if (job_dir.empty() || launched_job_step(job_dir) < at) return;
         for (; next < commands.size(); ++next) {
           const std::string out = dir + "/ctl" + std::to_string(next) + ".out";
           Ctl& c = (*results)[next];

@@ -200,18 +200,6 @@ TEST(Sdc, WithZeroOneTheMovedRankRestoresItsVerifiedStateFromItsHolder) {
 namespace keel::test {
 namespace {
 
-// `keel-ctl status` of a running job: the lowest step its ranks report (-1: no answer yet).
-int job_step(const std::string& job_dir) {
-  FILE* p = popen((bin_dir() + "/keel-ctl status --run " + job_dir + " 2>/dev/null").c_str(), "r");
-  if (!p) return -1;
-  char line[512];
-  int step = -1;
-  while (fgets(line, sizeof(line), p))
-    if (std::sscanf(line, "state %*s | epoch %*d | step %d", &step) == 1) break;
-  pclose(p);
-  return step;
-}
-
 // The stop-time dual-phase replay with the in-flight checks off: rank 5's machine (slot 2)
 // computes its gradients wrong from step 3, which nothing notices; an operator's keel-ctl
 // replay stops the job, replays one step on three groups of two machines (the four active
@@ -232,10 +220,8 @@ TEST(Sdc, ReplayWithTheChecksOffPinsTheDefectiveMachine) {
       dir, args,
       [&](pid_t) {
         if (rc >= 0) return;
-        if (job_dir.empty() && std::filesystem::is_directory(dir + "/runs"))
-          for (const auto& e : std::filesystem::directory_iterator(dir + "/runs"))
-            if (std::filesystem::exists(e.path() / "controller")) job_dir = e.path().string();
-        if (job_dir.empty() || job_step(job_dir) < 10) return;
+        if (job_dir.empty()) job_dir = launched_job_dir(dir);
+        if (job_dir.empty() || launched_job_step(job_dir) < 10) return;
         rc = std::system(
             (bin_dir() + "/keel-ctl replay --run " + job_dir + " > " + dir + "/ctl.out 2>&1")
                 .c_str());

@@ -260,4 +260,23 @@ bool rank_source_is(const std::string& incident, int rank, const std::string& so
   return incident.find(want.str()) != std::string::npos;
 }
 
+std::string launched_job_dir(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/runs", ec))
+    if (std::filesystem::exists(e.path() / "controller")) return e.path().string();
+  return "";
+}
+
+int launched_job_step(const std::string& job_dir) {
+  if (job_dir.empty()) return -1;
+  FILE* p = popen((bin_dir() + "/keel-ctl status --run " + job_dir + " 2>/dev/null").c_str(), "r");
+  if (!p) return -1;
+  char line[512];
+  int step = -1;
+  while (fgets(line, sizeof(line), p))
+    if (std::sscanf(line, "state %*s | epoch %*d | step %d", &step) == 1) break;
+  pclose(p);
+  return step;
+}
+
 }  // namespace keel::test

@@ -52,6 +52,12 @@ JobRun run_command(const std::string& dir, const std::string& command,
 JobRun run_launch_job(const std::string& dir, const std::string& args,
                       const std::function<void(pid_t)>& poll = {}, int timeout_s = 300);
 
+// A keel-launch job started with --run-dir DIR/runs: its run directory once its controller has
+// written it (empty before), and the lowest step its ranks report through `keel-ctl status`
+// (-1 while it does not answer).
+std::string launched_job_dir(const std::string& dir);
+int launched_job_step(const std::string& job_dir);
+
 // Processes whose session id is `sid` (field 6 of /proc/PID/stat), zombies aside.
 std::vector<pid_t> session_processes(pid_t sid);
 
