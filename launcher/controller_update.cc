@@ -10,6 +10,7 @@
 
 #include "launcher/controller_impl.h"
 #include "model/plugin_loader.h"
+#include "robust/update_probation.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -195,7 +196,8 @@ void Controller::Impl::applied_update(int64_t step) {
 
 bool Controller::Impl::in_probation(int64_t completed) const {
   return update_active >= 0 && update_phase == UpdatePhase::kProbation &&
-         completed < update_plan.applied_step() + o.cfg.update().probation_steps();
+         update::on_probation(update_plan.applied_step(), completed,
+                              o.cfg.update().probation_steps());
 }
 
 void Controller::Impl::end_probation(int64_t completed) {

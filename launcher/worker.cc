@@ -275,7 +275,7 @@ bool Worker::on_error(int64_t s, const std::exception& e) {
   const auto* nf = dynamic_cast<const NonFiniteStep*>(&e);
   // New code on probation that makes the loss non-finite is rolled back, not retried: every
   // rank sees the same global loss, so every rank fails alike.
-  if (nf && recovery_ && s < probation_until_) {
+  if (nf && recovery_ && on_probation(s)) {
     store_->set(recovery::update_failure_key(epoch_), nf->what());
     nf = nullptr;
   }

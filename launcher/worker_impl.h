@@ -216,6 +216,7 @@ class Worker {
   void update_before_step(int64_t s);
   // On probation after an update: a loss jump fails every rank (UpdateProbationFailed).
   void update_after_step(const StepStats& st);
+  bool on_probation(int64_t step) const;  // new code on probation at this step
   // This process runs `path` (build `hash`) from now on, unless it already does.
   void adopt_plugin(const std::string& path, const std::string& hash);
   // A process started after an update runs the job's current plugin.
@@ -284,12 +285,12 @@ class Worker {
   std::thread update_thread_;
   std::atomic<bool> update_stop_{false};
   std::mutex update_mu_;
-  std::shared_ptr<Plugin> update_next_;   // checked, waiting for its step (update_mu_)
-  int64_t update_id_ = -1;                // (update_mu_)
-  std::atomic<int64_t> update_step_{-1};  // switch before this step
-  int64_t probation_until_ = -1;          // the new code is on probation before this step
-  double probation_baseline_ = 0;         // mean loss of the steps before the update
-  std::deque<double> recent_losses_;      // the newest 10 global losses
+  std::shared_ptr<Plugin> update_next_;    // checked, waiting for its step (update_mu_)
+  int64_t update_id_ = -1;                 // (update_mu_)
+  std::atomic<int64_t> update_step_{-1};   // switch before this step
+  int64_t probation_from_ = -1;            // the step new code took over at (-1: none)
+  std::optional<double> probation_limit_;  // the loss the new code may show on probation
+  std::deque<double> recent_losses_;       // the newest 10 global losses
 };
 
 }  // namespace keel::worker_detail

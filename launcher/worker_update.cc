@@ -5,6 +5,7 @@
 // waits for the controller's decision: the step before which every rank switches. The step
 // loop then swaps the plugin between two steps; nothing else changes.
 #include "launcher/worker_impl.h"
+#include "robust/update_probation.h"
 
 namespace keel::worker_detail {
 
@@ -87,9 +88,8 @@ void Worker::update_before_step(int64_t s) {
   trainer_->replace_plugin(next);  // checked when the plan came: the same state, same table
   plugin_ = next;
   // Probation: the loss of the steps before it is what the new code is held to.
-  probation_until_ = s + cfg_.update().probation_steps();
-  probation_baseline_ = 0;
-  for (double l : recent_losses_) probation_baseline_ += l / double(recent_losses_.size());
+  probation_from_ = s;
+  probation_limit_ = update::loss_limit(recent_losses_, cfg_.update().max_loss_jump());
   store_->set(recovery::update_applied_key(id, o_.rank), std::to_string(s));
   if (leader_ && !o_.quiet) {
     std::printf("keel: plugin %s %s (%s, build %s) from step %lld\n", plugin_->name().c_str(),
@@ -99,23 +99,26 @@ void Worker::update_before_step(int64_t s) {
   }
 }
 
+bool Worker::on_probation(int64_t step) const {
+  return update::on_probation(probation_from_, step, cfg_.update().probation_steps());
+}
+
 void Worker::update_after_step(const StepStats& st) {
   recent_losses_.push_back(st.loss);
   if (recent_losses_.size() > 10) recent_losses_.pop_front();
-  if (st.step >= probation_until_ || probation_baseline_ <= 0) return;
-  const double limit = probation_baseline_ * (1.0 + cfg_.update().max_loss_jump());
-  if (st.loss <= limit) return;
+  if (!on_probation(st.step) || !probation_limit_ || st.loss <= *probation_limit_) return;
   // Every rank sees the same global loss: every rank fails here alike.
-  const std::string why = detail::concat(
-      "loss ", st.loss, " at step ", st.step + 1, " is above (1 + update.max_loss_jump ",
-      cfg_.update().max_loss_jump(), ") x ", probation_baseline_, ", the mean before the update");
+  const std::string why =
+      detail::concat("loss ", st.loss, " at step ", st.step + 1, " is above ", *probation_limit_,
+                     " = (1 + update.max_loss_jump ", cfg_.update().max_loss_jump(),
+                     ") x the mean loss before the update");
   if (recovery_) store_->set(recovery::update_failure_key(epoch_), why);
   throw UpdateProbationFailed(why);
 }
 
 void Worker::adopt_plugin(const std::string& path, const std::string& hash) {
   if (path.empty() || hash == plugin_->hash()) return;
-  probation_until_ = -1;  // a rollback, or a lazy update: judged again only when applied
+  probation_from_ = -1;  // a rollback, or a lazy update: judged again only when applied
   std::shared_ptr<Plugin> next = Plugin::load_copy(path);
   if (next->hash() != hash)
     throw Error(detail::concat("the job runs plugin build ", hash, " of ", path,
