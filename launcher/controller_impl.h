@@ -88,6 +88,8 @@ struct Controller::Impl {
   void poll_updates();
   void applied_update(int64_t step);
   void record_update(const report::Update& u);
+  // Gives `u` the next id and publishes it to the ranks (and to the report).
+  void publish_update(report::Update* u);
   // Whether the applied update is on probation with `completed` steps done.
   bool in_probation(int64_t completed) const;
   void end_probation(int64_t completed);

@@ -25,6 +25,14 @@ void Controller::Impl::record_update(const report::Update& u) {
   store->set(recovery::update_record_key(u.id()), u.SerializeAsString());
 }
 
+void Controller::Impl::publish_update(report::Update* u) {
+  // The plan before the count: a rank that sees the count finds its plan.
+  u->set_id(int(store->add(recovery::kUpdateCount, 0)));
+  record_update(*u);
+  store->set(recovery::update_key(u->id()), u->SerializeAsString());
+  store->add(recovery::kUpdateCount, 1);
+}
+
 void Controller::Impl::request_update(const control::UpdateRequest& rq, control::UpdateReply* r) {
   report::Update u;
   u.set_plugin(rq.plugin());
@@ -54,25 +62,18 @@ void Controller::Impl::request_update(const control::UpdateRequest& rq, control:
     u.set_hash(next->hash());
     u.set_version(next->name() + " " + next->version());
   } catch (const std::exception& e) {
-    u.set_id(int(store->add(recovery::kUpdateCount, 0)));
     u.set_outcome("refused");
     u.set_why(e.what());
-    record_update(u);
     // Published all the same, so that the ranks, which follow the plans in order, go past it.
-    store->set(recovery::update_key(u.id()), u.SerializeAsString());
-    store->add(recovery::kUpdateCount, 1);
+    publish_update(&u);
     r->set_ok(false);
     r->set_id(u.id());
     r->set_message("refused: " + u.why());
     event("update", EventFields().add("id", u.id()).add("outcome", "refused").add("why", u.why()));
     return;
   }
-  // The plan before the count: a rank that sees the count finds its plan.
-  const int64_t n = store->add(recovery::kUpdateCount, 0);
-  u.set_id(int(n));
-  record_update(u);
-  store->set(recovery::update_key(n), u.SerializeAsString());
-  store->add(recovery::kUpdateCount, 1);
+  publish_update(&u);
+  const int64_t n = u.id();
   update_active = int(n);
   update_phase = UpdatePhase::kChecking;
   update_deadline = Clock::now() + kCheckTimeout;

@@ -4,7 +4,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -19,6 +18,7 @@
 #include "parallel/net_address.h"
 #include "parallel/process_groups.h"
 #include "parallel/tcp_store.h"
+#include "parallel/word_gather.h"
 #include "proto/config_loader.h"
 #include "robust/fault_injector.h"
 #include "runtime/block_digest.h"
@@ -146,17 +146,13 @@ int replay(const WorkerOptions& o, const ReplayEnv& re, const std::shared_ptr<St
   trainer.set_hooks(hooks);
   const StepStats st = trainer.step();
 
-  // Every span (a defect in the moments shows there only), every rank's, in rank order: the
-  // u64 digests travel as float pairs through the host-memory world group.
+  // Every span (a defect in the moments shows there only), every rank's, in rank order.
   const std::vector<uint64_t> mine = state->digests().spans;
-  const size_t per = mine.size() * 2;
-  std::vector<float> all(per * size_t(T * P));
-  std::memcpy(all.data() + per * size_t(g), mine.data(), mine.size() * sizeof(uint64_t));
-  groups.world->all_gather(all.data(), per);
+  const std::vector<uint64_t> all = all_gather_words(*groups.world, mine.data(), mine.size());
   if (g == 0) {
     char hex[17], loss[40];
     std::snprintf(hex, sizeof(hex), "%016" PRIx64,
-                  block_digest(all.data(), all.size() * sizeof(float)));
+                  block_digest(all.data(), all.size() * sizeof(uint64_t)));
     std::snprintf(loss, sizeof(loss), "%.17g", st.loss);
     store->set(re.key + "/loss", loss);
     store->set(re.key + "/digest", hex);

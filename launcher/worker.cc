@@ -274,12 +274,10 @@ std::string Worker::holder_address() {
 bool Worker::on_error(int64_t s, const std::exception& e) {
   const auto* nf = dynamic_cast<const NonFiniteStep*>(&e);
   // New code on probation that makes the loss non-finite is rolled back, not retried: every
-  // rank sees the same global loss, so every rank fails alike.
-  if (nf && recovery_ && on_probation(s)) {
-    store_->set(recovery::update_failure_key(epoch_), nf->what());
-    nf = nullptr;
-  }
-  if (nf) {
+  // rank sees the same global loss, so every rank fails alike, through the recovery below.
+  const bool rollback = nf && recovery_ && on_probation(s);
+  if (rollback) store_->set(recovery::update_failure_key(epoch_), nf->what());
+  if (nf && !rollback) {
     // Every rank sees the same global numbers, so every rank retries, or stops, alike.
     if (nonfinite_retried_ == s)
       throw FatalStop(detail::concat(nf->what(),
@@ -302,9 +300,7 @@ bool Worker::on_error(int64_t s, const std::exception& e) {
     }
     return true;
   }
-  const auto* ce = dynamic_cast<const CommError*>(&e);
-  const bool probation_failed = dynamic_cast<const NonFiniteStep*>(&e) != nullptr;
-  if ((!ce && !probation_failed) || !recovery_) return false;
+  if ((!dynamic_cast<const CommError*>(&e) && !rollback) || !recovery_) return false;
   // Peers blocked on this rank must learn at once; then settle the snapshot in flight so
   // the supervisor reads stable slots, and wait for its decision.
   groups_->abort_all();

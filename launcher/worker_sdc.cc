@@ -2,6 +2,7 @@
 // and gathers digests, asks robust/sdc_check.h what they mean, and either keeps the state as
 // verified or hands the verdict to the controller, which evicts and rolls back.
 #include "launcher/worker_impl.h"
+#include "parallel/word_gather.h"
 #include "robust/golden_check.h"
 
 namespace keel::worker_detail {
@@ -22,7 +23,6 @@ std::vector<float> gather(Communicator& world, const float* mine, size_t n) {
 }  // namespace
 
 void Worker::sdc_start() {
-  sdc_every_ = cfg_.sdc().check_every_steps();
   if (sdc_every_ <= 0 || !snapshotter_) return;
   sdc_seconds_ += snapshotter_->keep_verified(state_->step());
   sdc_last_passed_ = state_->step();
@@ -34,7 +34,6 @@ void Worker::sdc_before_step(int64_t s) {
   // recovery, which may be another one.
   sdc_armed_ = false;
   trainer_->record_first_micro_batch(false);
-  sdc_every_ = cfg_.sdc().check_every_steps();
   if (!sdc::is_check_step(s, sdc_every_)) return;
   const auto t0 = Clock::now();
   const Coord c = topo_.coord(o_.rank);
@@ -80,15 +79,9 @@ void Worker::sdc_before_update(int64_t s) {
     if (v.recheck_replicas.count(topo_.coord(o_.rank).dp))
       again = trainer_->recompute_first_micro_batch(topo_.coord(o_.rank).dp);
     const uint64_t w[2] = {again.grad, again.activation};
-    float f[4];
-    std::memcpy(f, w, sizeof(w));
-    const std::vector<float> a = gather(world, f, 4);
+    const std::vector<uint64_t> a = all_gather_words(world, w, 2);
     std::vector<MicroBatchDigest> agains(size_t(world.size()));
-    for (size_t r = 0; r < agains.size(); ++r) {
-      uint64_t x[2];
-      std::memcpy(x, a.data() + r * 4, sizeof(x));
-      agains[r] = {x[0], x[1]};
-    }
+    for (size_t r = 0; r < agains.size(); ++r) agains[r] = {a[2 * r], a[2 * r + 1]};
     v = sdc::judge_recheck(topo_, k, reports, agains, v);
   }
   if (v.golden) {
@@ -109,12 +102,7 @@ void Worker::sdc_before_update(int64_t s) {
       };
     const GoldenCheckResult g =
         golden_check(*golden_backend_, plugin_, hooks, std::nullopt, precision);
-    float f[2];
-    std::memcpy(f, &g.digest, sizeof(g.digest));
-    const std::vector<float> a = gather(world, f, 2);
-    std::vector<uint64_t> goldens(size_t(world.size()));
-    for (size_t r = 0; r < goldens.size(); ++r) std::memcpy(&goldens[r], a.data() + r * 2, 8);
-    v = sdc::judge_golden(v, goldens, golden_reference(g.key));
+    v = sdc::judge_golden(v, all_gather_words(world, &g.digest, 1), golden_reference(g.key));
   }
   sdc_seconds_ += seconds_since(t0);
   if (!v.clean) sdc_found(s, v);
