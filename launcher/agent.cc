@@ -175,8 +175,10 @@ int Agent::run(const volatile int* stop) {
           } else {
             std::vector<std::string> argv(c.args().begin(), c.args().end());
             workers_[c.rank()] = spawn_child(argv, env, log_of(c.rank()));
-            // A replay worker holds no state of the job: nothing of it to survey or remove.
-            if (!env.count("KEEL_REPLAY")) hosted_.insert(c.rank());
+            // A process that is no rank of the job (a replay worker, a diagnostic stand-in:
+            // ids at or above the world size) holds none of its state: nothing of it to
+            // survey or remove.
+            if (c.rank() < c.world()) hosted_.insert(c.rank());
           }
           break;
         }

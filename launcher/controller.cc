@@ -20,7 +20,8 @@ Controller::Impl::Impl(ControllerOptions opts, RankHost* h, std::shared_ptr<Stor
       store(std::move(s)),
       server(srv),
       topo(o.cfg.parallel().tp(), o.cfg.parallel().pp(), o.cfg.parallel().dp()),
-      world(topo.world_size()) {
+      world(topo.world_size()),
+      slow_detector(o.cfg.detect()) {
   update_membership();
 }
 
@@ -60,6 +61,7 @@ void Controller::Impl::pump() {
       const control::WorkerProgress& p = m.progress();
       if (p.rank() < 0 || p.rank() >= world || finished.count(p.rank())) continue;
       if (o.console_progress && p.rank() == 0) print_progress(p);
+      if (p.has_round()) on_round(p.rank(), p.round());
       progress[p.rank()] = {p, Clock::now()};
     } else if (m.has_status_request()) {
       control::Envelope r = make_envelope(epoch);
@@ -105,12 +107,17 @@ void Controller::Impl::print_progress(const control::WorkerProgress& p) {
   // After a hot update, which code the job runs.
   const std::string plugin =
       !plugin_changed ? "" : " | plugin " + plugin_version + " " + plugin_hash.substr(0, 8);
+  // A rank that computes well above its stage's median drags every step: name it early.
+  char slowest[48] = "";
+  if (slowest_rank >= 0 && slowest_factor > 1.2)
+    std::snprintf(slowest, sizeof(slowest), " | slowest rank %d %.1fx", slowest_rank,
+                  slowest_factor);
   std::printf(
-      "step %5lld/%d | loss %.6f | %8.0f tok/s | compute %3.0f%% comm %3.0f%% | epoch %d%s%s\n",
+      "step %5lld/%d | loss %.6f | %8.0f tok/s | compute %3.0f%% comm %3.0f%% | epoch %d%s%s%s\n",
       static_cast<long long>(p.step()), o.cfg.train().steps(), p.loss(),
       p.step_s() > 0 ? tokens / p.step_s() : 0.0,
       p.step_s() > 0 ? 100 * p.compute_s() / p.step_s() : 0.0,
-      p.step_s() > 0 ? 100 * p.comm_s() / p.step_s() : 0.0, epoch, sdc, plugin.c_str());
+      p.step_s() > 0 ? 100 * p.comm_s() / p.step_s() : 0.0, epoch, sdc, plugin.c_str(), slowest);
   std::fflush(stdout);
 }
 
@@ -220,6 +227,10 @@ int Controller::Impl::run() {
       continue;
     }
     if (auto d = hang()) {
+      if (!recover(std::move(*d))) return stop_job("", 1);
+      continue;
+    }
+    if (auto d = fail_slow()) {
       if (!recover(std::move(*d))) return stop_job("", 1);
       continue;
     }

@@ -18,6 +18,7 @@
 #include "launcher/recovery_protocol.h"
 #include "proto/membership.pb.h"
 #include "robust/recovery_policy.h"
+#include "robust/slow_rules.h"
 
 namespace keel {
 
@@ -82,6 +83,23 @@ struct Controller::Impl {
   void label_slot_loss(Detected* d, int slot);
   double median_step_s() const;
 
+  // controller_slow.cc: fail-slow (robust/slow_rules.h). Rounds arrive with the progress
+  // reports; once every rank sent round k, it is judged.
+  void on_round(int rank, const control::RoundStats& round);
+  // A degrader to swap for a standby, or nothing (a warning or an mfu_decline is recorded
+  // as an incident on the spot and the job goes on).
+  std::optional<Detected> fail_slow();
+  // Records an incident that needs no recovery (a warning).
+  void record_incident(report::Incident inc);
+  SlowDetector slow_detector;
+  std::map<int64_t, std::map<int, control::RoundStats>> rounds;  // round -> rank -> stats
+  int64_t judged_round = -1;  // the newest round judged this epoch
+  std::set<int> warned_slow;  // degraders named in a warning this epoch
+  int slowest_rank = -1;      // of the last judged round, for progress lines
+  double slowest_factor = 0;
+  // The escalation ladder's memory (robust/recovery_policy.h, climb).
+  policy::LadderMemory ladder;
+
   // controller_update.cc: hot updates of the plugin (keel-ctl update).
   enum class UpdatePhase { kChecking, kStaged, kApplying, kProbation };
   void request_update(const control::UpdateRequest& rq, control::UpdateReply* r);
@@ -115,6 +133,13 @@ struct Controller::Impl {
   // keel-ctl replay asked for one.
   Detected requested_replay();
   bool replay_requested = false;
+
+  // controller_diagnose.cc: stop-time diagnostics (DESIGN.md, Failure handling, rung 2). With
+  // every training worker parked in the recovery wait, checks the machines of
+  // `suspect_slots` (GEMM, golden mini-GPT, a collective test per group) within
+  // recovery.diagnostics_timeout_ms; fills inc's diagnostics, diagnostics_summary and
+  // diagnosed_at, and returns the suspect slots that failed (empty: all passed).
+  std::vector<int> diagnose(const std::set<int>& suspect_slots, report::Incident* inc);
 
   // controller_recovery.cc: moves the job to the next epoch after a failure. Returns false
   // when the job must stop (the policy said so, or a stop signal came while it waited).

@@ -187,9 +187,45 @@ bool Controller::Impl::recover(Detected d) {
   const policy::Options po = policy_options(/*with_checkpoint=*/true);
   std::map<int, policy::Holdings> have = host->survey(topo, replicas_hold_backups(topo, po.zero1));
   for (const auto& [r, a] : acks) have[r].live = a.steps_completed();
-  // Corruption that no check could pin on a rank: the replay on groups of machines may.
-  if (d.failure.kind == policy::FailureKind::kSdc && d.failure.culprit < 0 && !restart_all)
-    pin_by_replay(&d, have);
+  // The ladder: a failure with no clear culprit runs diagnostics, a rollback or a replay
+  // before the decision (restart_all, the baseline, only restarts).
+  const policy::LadderStep ls = policy::climb(d.failure, progress_now, &ladder, po);
+  inc.set_ladder_rung(int(ls.rung));
+  if (ls.rung != policy::Rung::kCulprit) d.failure.ladder_why = ls.why;
+  if (!restart_all && ls.rung != policy::Rung::kCulprit) {
+    std::fprintf(stderr, "%s: ladder rung %d (%s): %s\n", o.program.c_str(), int(ls.rung),
+                 policy::rung_name(ls.rung), ls.why.c_str());
+    event("ladder", EventFields().add("rung", int(ls.rung)).add("why", ls.why));
+  }
+  if (!restart_all) switch (ls.rung) {
+      case policy::Rung::kCulprit:
+        break;
+      case policy::Rung::kDiagnose: {
+        std::set<int> suspects;
+        const policy::ClusterView sv = view();
+        for (const auto& [slot, st] : sv.slots)
+          if (st == membership::SlotInfo::active && !sv.ranks_on(slot).empty())
+            suspects.insert(slot);
+        for (int slot : diagnose(suspects, &inc)) d.failure.failed_slots.insert(slot);
+        d.failure.diagnosed = true;
+        break;
+      }
+      case policy::Rung::kRollback:
+        if (!epoch_plugin.plugin_hash().empty()) break;  // probation rolled the plugin back
+        if (ls.plugin_rollback && update_plan.outcome() == "applied" &&
+            !update_plan.previous_hash().empty())
+          rollback_update(&d, &epoch_plugin);
+        else
+          d.failure.from_checkpoint = true;
+        break;
+      case policy::Rung::kReplay: {
+        // The replay names a machine: a rank of it is the culprit, and its slot goes.
+        pin_by_replay(&d, have);
+        if (d.failure.kind != policy::FailureKind::kSdc && d.failure.culprit >= 0)
+          d.failure.failed_slots.insert(host->slot_of(d.failure.culprit));
+        break;
+      }
+    }
   const auto wait_start = Clock::now();
   policy::Plan plan;
   policy::ClusterView v;
@@ -237,6 +273,8 @@ bool Controller::Impl::recover(Detected d) {
   if (restart_all) in_flight = completed = std::max<int64_t>(progress_now, 0);
   carry_out(plan, next, &inc, epoch_plugin.plugin_hash().empty() ? nullptr : &epoch_plugin);
   if (lazy_update) applied_update(std::max<int64_t>(plan.restore.step, 0));
+  if (ls.rung != policy::Rung::kCulprit && !restart_all && plan.why != ls.why)
+    inc.set_why(ls.why + " -> " + plan.why);
   inc.set_step(int(in_flight));
   inc.set_steps_lost(
       int(std::max<int64_t>(0, completed - std::max<int64_t>(plan.restore.step, 0))));
@@ -311,11 +349,17 @@ void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Inc
   inc->set_restored_step(int(plan.restore.step));
   inc->set_action(plan.action);
   inc->set_rung(plan.rung);
+  inc->set_why(plan.why);
   inc->set_restored_from(plan.restore.job_source == membership::persistent ? "persistent"
                          : plan.restore.job_source == membership::scratch  ? "scratch"
                                                                            : "memory");
   inc->set_why_not_memory(plan.restore.why);
   progress.clear();
+  rounds.clear();
+  judged_round = -1;
+  warned_slow.clear();
+  slow_detector.reset();
+  slowest_rank = -1;
   epoch_start_step = std::max<int64_t>(0, plan.restore.step);
   last_min_step = -1;
   last_advance = Clock::now();

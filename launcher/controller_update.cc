@@ -157,6 +157,7 @@ void Controller::Impl::applied_update(int64_t step) {
   u.set_outcome("applied");
   u.set_applied_step(step);
   u.set_applied_at(unix_now());
+  ladder.update_applied_step = step;
   record_update(u);
   previous_version = plugin_version;
   plugin_path = u.plugin();

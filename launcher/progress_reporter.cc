@@ -51,12 +51,18 @@ void ProgressReporter::step_done(int64_t steps_completed, double loss, double st
 void ProgressReporter::set_epoch(int epoch) {
   std::lock_guard<std::mutex> l(mu_);
   epoch_ = epoch;
+  p_.clear_round();  // the old epoch's: the controller starts the new one afresh
   dirty_ = true;
 }
 
 void ProgressReporter::sdc_passed(int64_t step) {
   std::lock_guard<std::mutex> l(mu_);
   p_.set_sdc_passed_step(step);
+}
+
+void ProgressReporter::set_round(const control::RoundStats& round) {
+  std::lock_guard<std::mutex> l(mu_);
+  *p_.mutable_round() = round;
 }
 
 void ProgressReporter::set_rank(int rank) {

@@ -34,6 +34,9 @@ class ProgressReporter {
   void set_epoch(int epoch);
   void set_steps(int64_t steps_completed);
   void set_rank(int rank);
+  // A fail-slow round completed (launcher/round_meter.h): every report carries it until the
+  // next one, or until the epoch changes.
+  void set_round(const control::RoundStats& round);
   // An SDC check passed in step `step` (1-based): the progress line says so.
   void sdc_passed(int64_t step);
 

@@ -61,6 +61,10 @@ inline const char* kIncidentCount = "incident/count";
 inline std::string step_key(int64_t step) {
   return "step/" + std::to_string(step);
 }
+// A rank's fail-slow figures at the job's end (report::RankPerf), for rank 0's report.
+inline std::string rank_perf_key(int rank) {
+  return "perf/rank/" + std::to_string(rank);
+}
 inline std::string eval_key(int64_t step) {
   return "eval/" + std::to_string(step);
 }

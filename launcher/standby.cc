@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "robust/fault_injector.h"
 #include "robust/golden_check.h"
 #include "robust/self_check.h"
 #include "runtime/check.h"
@@ -43,7 +44,8 @@ StandbyAssignment park_as_standby(Backend& backend, std::shared_ptr<Plugin> plug
       one_thread ? *one_thread : backend, std::move(plugin), golden_hooks, std::nullopt, precision);
   one_thread.reset();
   const SelfCheckResult coll = collective_self_check(
-      connect(), id.group, id.group_rank, id.group_size, id.host, std::chrono::seconds(30));
+      connect(), id.group, id.group_rank, id.group_size, id.host, std::chrono::seconds(30),
+      id.slot >= 0 && FaultInjector::machine_link_defective(*store, id.slot));
   const bool ok = gemm.ok && golden.ok && coll.ok;
   const std::string checks = gemm.message + "; " + golden.message + "; " + coll.message;
   store->set(standby_ready_key(id.slot, id.index, id.gen), (ok ? "ok " : "failed ") + checks);

@@ -9,6 +9,8 @@ int Worker::run() {
   setup();
   start_state();
   StepHooks hooks;
+  // First: the step's time for fail-slow detection covers every hook after it.
+  hooks.before_step.push_back([this](int64_t) { round_meter_.begin_step(); });
   hooks.before_step.push_back([this](int64_t s) {
     if (injector_) injector_->before_step(s);
   });
@@ -39,6 +41,7 @@ void Worker::setup() {
   validate_fault_plan(plan, configured_world, cfg_.train().steps());
   sdc_injected_ = FaultInjector::has_sdc(plan.schedule);
   sdc_every_ = cfg_.sdc().check_every_steps();
+  round_meter_ = RoundMeter(cfg_.detect().slow_round_steps());
   for (const auto& f : plan.schedule.fault())
     if ((f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition) &&
         !std::getenv("KEEL_SLOT"))
@@ -207,6 +210,7 @@ void Worker::build_epoch(int epoch, const membership::Rebuild* first) {
       }
       if (!trainer_) make_trainer();
       if (grow) receive_state_from_replica();
+      round_meter_.new_epoch();
       if (reporter_) {
         reporter_->set_epoch(epoch_);
         reporter_->set_steps(state_->step());
@@ -325,7 +329,12 @@ void Worker::after_step(const StepStats& step_stats) {
   const int64_t s = st.step, steps = cfg_.train().steps();
   if (snapshotter_) snapshotter_->capture();
   steps_wall_s_ += st.wall_s;
-  if (reporter_) reporter_->step_done(s + 1, st.loss, st.wall_s, st.compute_s, st.comm_s);
+  const std::optional<control::RoundStats> round =
+      round_meter_.end_step(s + 1, st, *groups_, topo_, o_.rank);
+  if (reporter_) {
+    if (round) reporter_->set_round(*round);
+    reporter_->step_done(s + 1, st.loss, st.wall_s, st.compute_s, st.comm_s);
+  }
   const int every = cfg_.checkpoint().persistent_every_steps();
   if (checkpointer_ && (s + 1) % every == 0) checkpointer_->save_async(*state_);
   if (leader_) record_step(st);
@@ -417,6 +426,10 @@ void Worker::finish() {
   if (snapshotter_) snapshotter_->wait_idle();
   if (checkpointer_) checkpointer_->wait();
   if (recovery_) recovery_->stop_watch();
+  // Every rank's figures reach rank 0's report through the store: set before the gather,
+  // which rank 0 leaves only after every rank entered it.
+  if (!leader_ && env_.supervised)
+    store_->set(recovery::rank_perf_key(o_.rank), round_meter_.perf(o_.rank).SerializeAsString());
   NamedTensors full = trainer_->gather_full_params();
   if (leader_) {
     RunReport rep;
@@ -486,6 +499,14 @@ void Worker::fill_report(RunReport* rep) {
     try {
       rep->add_updates()->ParseFromString(
           store_->get(recovery::update_record_key(n), std::chrono::milliseconds(1000)));
+    } catch (const CommTimeout&) {
+    }
+  }
+  *rep->add_rank_perf() = round_meter_.perf(o_.rank);
+  for (int r = 1; env_.supervised && r < topo_.world_size(); ++r) {
+    try {
+      rep->add_rank_perf()->ParseFromString(
+          store_->get(recovery::rank_perf_key(r), std::chrono::milliseconds(1000)));
     } catch (const CommTimeout&) {
     }
   }

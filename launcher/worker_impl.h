@@ -33,6 +33,7 @@
 #include "launcher/progress_reporter.h"
 #include "launcher/recovery_client.h"
 #include "launcher/recovery_protocol.h"
+#include "launcher/round_meter.h"
 #include "launcher/run_report.h"
 #include "launcher/standby.h"
 #include "launcher/step_loop.h"
@@ -261,6 +262,7 @@ class Worker {
   std::unique_ptr<RecoveryClient> recovery_;
   std::shared_ptr<CommActivity> activity_;
   std::unique_ptr<ProgressReporter> reporter_;
+  RoundMeter round_meter_{0};  // sized in setup() from detect.slow_round_steps
   std::unique_ptr<SnapshotRegion> region_;
   std::unique_ptr<BackupServer> backup_server_;
   std::string listen_host_ = "127.0.0.1";  // where this rank's sockets listen

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/diagnose_worker.h"
 #include "launcher/input_checks.h"
 #include "launcher/local_host.h"
 #include "launcher/recovery_protocol.h"
@@ -30,11 +31,15 @@ int main(int argc, char** argv) {
         argv);
     // Before any thread starts, so that every thread of the process carries the name.
     const bool replay = std::getenv("KEEL_REPLAY") != nullptr;
+    const bool diagnose = std::getenv("KEEL_DIAGNOSE") != nullptr;
     keel::set_process_name(replay        ? "keel-replay"
+                           : diagnose    ? "keel-diagnose"
                            : o.nproc > 0 ? "keel-supervisor"
                                          : "keel-worker");
     // A stop-time SDC replay (launcher/replay_worker.h): one step, one digest, no supervisor.
     if (replay) return keel::run_replay_worker(o);
+    // Stop-time diagnostics (launcher/diagnose_worker.h): checks, one answer, no supervisor.
+    if (diagnose) return keel::run_diagnose_worker(o);
     if (o.nproc > 0) {
       keel::check_launch(o);
       std::vector<std::string> args;

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "parallel/comm_error.h"
 
@@ -32,6 +33,16 @@ struct CommStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   double wait_s = 0;  // wall time spent inside calls
+};
+
+// What a communicator sent to one peer since it was created, for fail-slow detection
+// (robust/slow_rules.h): a degraded link shows as sends that take long to leave.
+struct LinkStats {
+  int peer = -1;  // rank within the group
+  uint64_t bytes_sent = 0;
+  uint64_t sends = 0;  // messages
+  double send_s = 0;   // summed over messages: from the start of the exchange that carried
+                       // it until its last byte was handed to the transport
 };
 
 class Communicator {
@@ -75,6 +86,8 @@ class Communicator {
   virtual bool aborted() const = 0;
 
   virtual CommStats stats() const = 0;
+  // Per peer, for the transports that can tell (sockets); empty otherwise.
+  virtual std::vector<LinkStats> link_stats() const { return {}; }
 };
 
 }  // namespace keel

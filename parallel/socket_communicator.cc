@@ -20,8 +20,10 @@
 #include <cstring>
 #include <exception>
 #include <span>
+#include <thread>
 #include <vector>
 
+#include "parallel/link_delay.h"
 #include "parallel/socket_rendezvous.h"
 #include "parallel/socket_util.h"
 #include "runtime/check.h"
@@ -118,7 +120,12 @@ void reduce_span(float* dst, const float* src, size_t n, ReduceOp op) {
 class SocketCommunicator final : public Communicator {
  public:
   SocketCommunicator(std::vector<Fd> peers, const SocketCommOptions& o)
-      : name_(o.name), rank_(o.rank), size_(o.size), timeout_(o.timeout), peers_(std::move(peers)) {
+      : name_(o.name),
+        rank_(o.rank),
+        size_(o.size),
+        timeout_(o.timeout),
+        peers_(std::move(peers)),
+        links_(size_t(size_)) {
     if (size_ > 1) {
       abort_fd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
       KEEL_CHECK_ERRNO(abort_fd_.get());
@@ -236,6 +243,21 @@ class SocketCommunicator final : public Communicator {
     s.bytes_received = bytes_received_.load();
     s.wait_s = static_cast<double>(wait_ns_.load()) * 1e-9;
     return s;
+  }
+
+  std::vector<LinkStats> link_stats() const override {
+    std::vector<LinkStats> out;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const Link& l = links_[size_t(p)];
+      LinkStats ls;
+      ls.peer = p;
+      ls.bytes_sent = l.bytes.load();
+      ls.sends = l.sends.load();
+      ls.send_s = static_cast<double>(l.send_ns.load()) * 1e-9;
+      out.push_back(ls);
+    }
+    return out;
   }
 
  private:
@@ -386,6 +408,14 @@ class SocketCommunicator final : public Communicator {
 
   // Moves every transfer in xs to completion, at most one send and one receive per peer.
   void exchange(std::span<Xfer> xs, Clock::time_point deadline, const char* what) {
+    const auto t0 = Clock::now();
+    // An injected slow link (fault slow_link): the messages wait before they leave.
+    if (const Millis delay = link_delay(); delay.count() > 0)
+      for (const Xfer& x : xs)
+        if (x.is_send) {
+          std::this_thread::sleep_for(delay);
+          break;
+        }
     // Slot 0 is the abort eventfd; then one slot per distinct socket.
     std::vector<pollfd> pfds{{abort_fd_.get(), POLLIN, 0}};
     std::vector<size_t> slot(xs.size());
@@ -404,7 +434,10 @@ class SocketCommunicator final : public Communicator {
         if (x.complete()) continue;
         // Try every transfer once before the first poll: most small sends just go.
         const short ready = pfds[slot[i]].revents;
-        if (x.is_send && (first || (ready & (POLLOUT | POLLERR | POLLHUP)))) progress_send(x, what);
+        if (x.is_send && (first || (ready & (POLLOUT | POLLERR | POLLHUP)))) {
+          progress_send(x, what);
+          if (x.complete()) account_send(x, t0);
+        }
         if (!x.is_send && (first || (ready & (POLLIN | POLLERR | POLLHUP)))) progress_recv(x, what);
         all_done &= x.complete();
       }
@@ -420,6 +453,13 @@ class SocketCommunicator final : public Communicator {
       KEEL_CHECK_ERRNO(rc);
       if (pfds[0].revents) throw_aborted(what);
     }
+  }
+
+  void account_send(const Xfer& x, Clock::time_point t0) {
+    Link& l = links_[size_t(x.peer)];
+    l.bytes += x.hdr.bytes;
+    l.sends += 1;
+    l.send_ns += std::chrono::nanoseconds(Clock::now() - t0).count();
   }
 
   [[noreturn]] void throw_timeout(std::span<Xfer> xs, const char* what) const {
@@ -442,6 +482,11 @@ class SocketCommunicator final : public Communicator {
   std::vector<float> scratch_;  // receive buffer of the reduce-scatter steps
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0};
   std::atomic<int64_t> wait_ns_{0};
+  struct Link {
+    std::atomic<uint64_t> bytes{0}, sends{0};
+    std::atomic<int64_t> send_ns{0};
+  };
+  std::vector<Link> links_;  // by peer rank, for link_stats()
 };
 
 }  // namespace

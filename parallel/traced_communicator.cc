@@ -62,6 +62,7 @@ class TracedCommunicator : public Communicator {
   void abort() override { inner_->abort(); }
   bool aborted() const override { return inner_->aborted(); }
   CommStats stats() const override { return inner_->stats(); }
+  std::vector<LinkStats> link_stats() const override { return inner_->link_stats(); }
 
  private:
   // Marks one call from its start to its end, also when it throws.

@@ -472,6 +472,19 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
             dc.controller_timeout_ms(), "must be positive");
   v.require(dc.liveness_timeout_ms() >= 400, "detect.liveness_timeout_ms", dc.liveness_timeout_ms(),
             "must be >= 400 (workers report every 200 ms)");
+  v.require(dc.slow_round_steps() >= 0, "detect.slow_round_steps", dc.slow_round_steps(),
+            "must be >= 0 (0 turns fail-slow detection off)");
+  v.require(dc.slow_factor() > 1.0, "detect.slow_factor", dc.slow_factor(),
+            "must be > 1 (a rank this many times its peers' median is slow)");
+  v.require(dc.slow_window() >= 1 && dc.slow_window() <= 100, "detect.slow_window",
+            dc.slow_window(), "must be in [1, 100] rounds");
+  v.require(dc.slow_rounds() >= 1 && dc.slow_rounds() <= dc.slow_window(), "detect.slow_rounds",
+            dc.slow_rounds(),
+            "must be in [1, detect.slow_window = " + show(dc.slow_window()) + "]");
+  v.require(rc.repeat_window_steps() >= 0, "recovery.repeat_window_steps", rc.repeat_window_steps(),
+            "must be >= 0 (0: a failure never counts as a repeat)");
+  v.require(rc.diagnostics_timeout_ms() >= 0, "recovery.diagnostics_timeout_ms",
+            rc.diagnostics_timeout_ms(), "must be >= 0 (0 skips the diagnostics)");
   v.require(rc.on_no_standby() != config::RecoveryConfig::shrink_dp || !cfg.parallel().zero1(),
             "recovery.on_no_standby", Raw{"shrink_dp"},
             "needs parallel.zero1 = false (a ZeRO-1 shard of the dropped replica would be lost)");

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "parallel/link_delay.h"
 #include "robust/fault_spec.h"
 
 namespace keel {
@@ -123,6 +124,26 @@ void FaultInjector::before_step(int64_t step) {
                       detail::concat("sdc@step=", f.step(), ",rank=", f.rank(),
                                      ",target=", faults::Fault::Target_Name(f.target())));
         break;
+      case faults::Fault::slow_link:
+        if (!claim(i)) break;
+        record(f, step);
+        set_link_delay(std::chrono::milliseconds(f.delay_ms()));
+        break;
+      case faults::Fault::link_error:
+        KEEL_CHECK(groups_, "a link_error fault at step ", step,
+                   " needs FaultInjector::wrap() on the rank's communicators");
+        if (!claim(i)) break;
+        record(f, step);
+        // A defective network stays with the machine: this process breaks its links at every
+        // step from now on, and a diagnostic run on the machine breaks its own.
+        if (!f.once()) {
+          broken_links_ = true;
+          if (machine_ >= 0)
+            store_->set(machine_link_defect_key(machine_),
+                        detail::concat("link_error@step=", f.step(), ",rank=", f.rank()));
+        }
+        groups_->abort_all();
+        return;
       case faults::Fault::nan:
         break;  // on_local_metrics
       case faults::Fault::slot_loss:
@@ -150,6 +171,8 @@ void FaultInjector::before_step(int64_t step) {
       }
     }
   }
+  // The links of a machine whose network is defective break again in every step.
+  if (broken_links_ && groups_) groups_->abort_all();
   for (int i : slow_) {
     const faults::Fault& f = schedule_.fault(i);
     if (step >= f.step()) std::this_thread::sleep_for(std::chrono::milliseconds(f.delay_ms()));
@@ -167,6 +190,7 @@ void FaultInjector::wrap(ProcessGroups& groups, std::shared_ptr<CommActivity> ac
     comm = std::make_unique<FaultyCommunicator>(std::move(comm), hang_, std::move(stay_inside));
   }
   wrapped_ = true;
+  groups_ = &groups;
 }
 
 void FaultInjector::on_local_metrics(int64_t step, float* metrics) {
@@ -204,6 +228,19 @@ void FaultInjector::on_computed(int64_t step, TensorClass cls, float* data, size
     bits ^= 1u << 20;
     std::memcpy(data + at, &bits, sizeof(bits));
     s.flipped = true;
+  }
+}
+
+std::string FaultInjector::machine_link_defect_key(int slot) {
+  return "link/defective/" + std::to_string(slot);
+}
+
+bool FaultInjector::machine_link_defective(Store& store, int slot) {
+  try {
+    store.get(machine_link_defect_key(slot), std::chrono::milliseconds(1));
+    return true;
+  } catch (const CommTimeout&) {
+    return false;
   }
 }
 

@@ -1,6 +1,6 @@
 // Fires a fault schedule (proto/faults.proto) on one rank, from keel-worker's step hooks:
-//   before_step(S)           crash, exit, slow, freeze, spin, and arming a hang or
-//                            hang_in_collective for step S;
+//   before_step(S)           crash, exit, slow, slow_link, link_error, freeze, spin, and
+//                            arming a hang or hang_in_collective for step S;
 //   wrap(groups, activity)   after every (re)build of the rank's communicators;
 //   on_local_metrics(S, m)   nan, on this rank's local loss before the global all-reduce;
 //   on_computed(...)         sdc, on the tensors the Trainer computed (TrainerHooks::computed).
@@ -103,6 +103,10 @@ class FaultInjector {
   bool arm_machine_defects(int slot);
   // "sdc/defective/<slot>": the store key of machine `slot`'s defect.
   static std::string machine_defect_key(int slot);
+  // "link/defective/<slot>": set by a persistent link_error fault; whether machine `slot`'s
+  // network is defective (a diagnostic run there must break its links too).
+  static std::string machine_link_defect_key(int slot);
+  static bool machine_link_defective(Store& store, int slot);
 
   // The injections recorded so far, in firing order.
   static std::vector<InjectionRecord> read_injections(Store& store);
@@ -120,7 +124,9 @@ class FaultInjector {
   std::shared_ptr<Store> store_;
   std::shared_ptr<HangSwitch> hang_ = std::make_shared<HangSwitch>();
   bool wrapped_ = false;
-  std::vector<int> slow_;  // indices of slow faults this process claimed
+  ProcessGroups* groups_ = nullptr;  // the groups wrap() last wrapped (link_error aborts them)
+  bool broken_links_ = false;        // a persistent link_error this process claimed
+  std::vector<int> slow_;            // indices of slow faults this process claimed
   struct Sdc {
     int index;
     bool flipped;

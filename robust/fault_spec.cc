@@ -191,18 +191,20 @@ void validate_fault_plan(const FaultPlan& plan, int world_size, int64_t steps) {
     require(f.step() >= 0, o, "step", std::to_string(f.step()), "must be >= 0");
     require(steps <= 0 || f.step() < steps, o, "step", std::to_string(f.step()),
             "must be < the job's steps " + std::to_string(steps) + " (it would never fire)");
-    if (f.kind() == faults::Fault::slow) {
+    if (f.kind() == faults::Fault::slow || f.kind() == faults::Fault::slow_link) {
       require(f.delay_ms() > 0, o, "delay_ms", std::to_string(f.delay_ms()),
-              "a slow fault needs delay_ms > 0");
+              "a " + kind + " fault needs delay_ms > 0");
     } else {
       require(!f.has_delay_ms(), o, "delay_ms", std::to_string(f.delay_ms()),
-              "only a slow fault takes delay_ms (this one is " + kind + ")");
+              "only slow and slow_link faults take delay_ms (this one is " + kind + ")");
     }
     if (f.kind() != faults::Fault::sdc) {
       require(!f.has_target(), o, "target", faults::Fault::Target_Name(f.target()),
               "only an sdc fault takes a target (this one is " + kind + ")");
+    }
+    if (f.kind() != faults::Fault::sdc && f.kind() != faults::Fault::link_error) {
       require(!f.has_once(), o, "once", f.once() ? "true" : "false",
-              "only an sdc fault takes once (this one is " + kind + ")");
+              "only sdc and link_error faults take once (this one is " + kind + ")");
     }
     if (f.kind() == faults::Fault::exit) {
       require(f.exit_code() >= 1 && f.exit_code() <= 255, o, "exit_code",

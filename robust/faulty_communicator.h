@@ -71,6 +71,7 @@ class FaultyCommunicator : public Communicator {
   void abort() override { inner_->abort(); }
   bool aborted() const override { return inner_->aborted(); }
   CommStats stats() const override { return inner_->stats(); }
+  std::vector<LinkStats> link_stats() const override { return inner_->link_stats(); }
 
   Communicator& inner() { return *inner_; }
 

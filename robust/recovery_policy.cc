@@ -154,8 +154,96 @@ const char* failure_kind_name(FailureKind k) {
       return "comm_error";
     case FailureKind::kSdc:
       return "sdc";
+    case FailureKind::kSlow:
+      return "slow";
   }
   return "?";
+}
+
+const char* rung_name(Rung r) {
+  switch (r) {
+    case Rung::kCulprit:
+      return "culprit";
+    case Rung::kDiagnose:
+      return "diagnose";
+    case Rung::kRollback:
+      return "rollback";
+    case Rung::kReplay:
+      return "replay";
+  }
+  return "?";
+}
+
+LadderStep climb(const Failure& f, int64_t completed, LadderMemory* m, const Options& o) {
+  LadderStep s;
+  const bool sdc = f.kind == FailureKind::kSdc;
+  if (f.culprit >= 0 || !f.dead.empty() || !f.lost_slots.empty() ||
+      (f.kind != FailureKind::kCommError && !sdc)) {
+    s.why = "a clear culprit";
+    return s;
+  }
+  if (f.rule == "probation") {
+    s.rung = Rung::kRollback;
+    s.plugin_rollback = true;
+    s.why = "new code on probation broke the training: roll the plugin back";
+    return s;
+  }
+  if (sdc) {
+    s.rung = Rung::kReplay;
+    s.why = "silent data corruption that no check pinned on a rank: a replay looks for the machine";
+    return s;
+  }
+  // Culprit-less failures in a row, each within the window of the one before.
+  const int64_t window = o.recovery.repeat_window_steps();
+  int repeats = 0;
+  int64_t at = completed;
+  for (auto it = m->culpritless.rbegin(); window > 0 && it != m->culpritless.rend(); ++it) {
+    if (at - *it > window) break;
+    ++repeats;
+    at = *it;
+  }
+  m->culpritless.push_back(completed);
+  if (repeats == 0) {
+    s.rung = Rung::kDiagnose;
+    s.why = "no culprit: stop-time diagnostics on the suspect slots";
+    return s;
+  }
+  const std::string again =
+      detail::concat("the same failure ", repeats == 1 ? "again" : "a third time", " within ",
+                     window, " steps (recovery.repeat_window_steps)");
+  const bool updated = m->update_applied_step >= 0 && completed - m->update_applied_step <= window;
+  if (repeats == 1 && (updated || o.persistent_step >= 0)) {
+    s.rung = Rung::kRollback;
+    s.plugin_rollback = updated;
+    s.why = again + (updated ? detail::concat(": roll the plugin back (updated at step ",
+                                              m->update_applied_step, ")")
+                             : detail::concat(": roll back to the persistent checkpoint of step ",
+                                              o.persistent_step));
+    return s;
+  }
+  s.rung = Rung::kReplay;
+  s.why = again + (repeats == 1 ? ", and nothing to roll back to" : "") +
+          ": a dual-phase replay looks for the machine";
+  return s;
+}
+
+SlowAction decide_slow(int culprit, const ClusterView& v, const Options& o) {
+  SlowAction a;
+  if (o.detect.on_slow() == config::DetectConfig::warn) {
+    a.why = "detect.on_slow = warn";
+  } else if (o.recovery.mode() != config::RecoveryConfig::hot_swap || !v.has_slots()) {
+    a.why = "no slot to swap (recovery.mode is not hot_swap, or the job runs without slots)";
+  } else if (v.slot_of(culprit) <= 0) {
+    a.why = detail::concat("its slot ", v.slot_of(culprit),
+                           " hosts the controller and is never evicted");
+  } else if (v.ready_standbys.empty()) {
+    a.why = "no standby is ready";
+  } else {
+    a.evict = true;
+    a.why = detail::concat("a slow slot costs every step of the job: standby slot ",
+                           *v.ready_standbys.begin(), " is ready to take its ranks");
+  }
+  return a;
 }
 
 RestorePoint restore_point(const std::map<int, Holdings>& have, int world, int64_t persistent_step,
@@ -324,9 +412,13 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     evict = lost_slots;
     // A hung machine is not trusted again until it has checked itself; slot 0 hosts the
     // controller and is never evicted.
-    if ((f.kind == FailureKind::kHang || f.kind == FailureKind::kSdc) && f.culprit >= 0 &&
-        v.slot_of(f.culprit) > 0)
+    if ((f.kind == FailureKind::kHang || f.kind == FailureKind::kSdc ||
+         f.kind == FailureKind::kSlow) &&
+        f.culprit >= 0 && v.slot_of(f.culprit) > 0)
       evict.insert(v.slot_of(f.culprit));
+    // Slots that failed the stop-time diagnostics (slot 0 cannot go: it hosts the controller).
+    for (int s : f.failed_slots)
+      if (s > 0) evict.insert(s);
     const auto scope = o.recovery.evict();
     int widen = f.culprit;
     if (widen < 0 && !lost_slots.empty() && !v.ranks_on(*lost_slots.begin()).empty())
@@ -417,12 +509,22 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
       topo, v, o);
   if (p.kind == Plan::Kind::kStop) return p;
 
+  // Rung 3: the newest persistent checkpoint, whatever memory holds.
+  if (f.from_checkpoint && o.persistent_step >= 0) {
+    p.restore = restore_point({}, topo.world_size(), o.persistent_step, false);
+    p.restore.why = f.ladder_why;
+  }
+
   const std::string who = join(restart);
   if (!p.promote.empty()) {
     p.rung = "evict";
     p.why = f.kind == FailureKind::kHang ? "a hung slot is not trusted until it checked itself"
             : f.kind == FailureKind::kSdc
                 ? "a slot that computes wrong silently is not trusted until it checked itself"
+            : f.kind == FailureKind::kSlow
+                ? "a slow slot costs every step of the job: a warm standby takes its ranks"
+            : !f.failed_slots.empty()
+                ? "no culprit; the slot failed the stop-time diagnostics or the replay"
                 : "the slot is out; a warm standby takes its ranks";
     std::set<int> ev(p.evict.begin(), p.evict.end()), sb;
     for (const auto& [s, k] : p.promote) sb.insert(k);
@@ -437,9 +539,15 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     p.rung = "rollback";
     p.why = "corruption with no clear culprit: every rank goes back to verified state";
     p.action = "roll back in place (no clear culprit)";
+  } else if (f.from_checkpoint && o.persistent_step >= 0) {
+    p.rung = "rollback";
+    p.why = f.ladder_why;
+    p.action = "roll back in place";
   } else {
     p.rung = "reattempt";
-    p.why = "no culprit: every rank rebuilds its communicators and goes on";
+    p.why = f.diagnosed ? "no culprit, and the stop-time diagnostics passed: every rank rebuilds "
+                          "its communicators and goes on"
+                        : "no culprit: every rank rebuilds its communicators and goes on";
     p.action = "reattempt in place (no culprit)";
   }
   if (p.restore.job_source == membership::persistent)

@@ -15,6 +15,11 @@
 //                                            machine is not trusted); without slots:
 //                                            restarted in place;
 //   communication error, no culprit          reattempt in place: every rank rebuilds;
+//   fail-slow degrader (slow)                its slot is evicted like a hung one
+//                                            (decide_slow says when, else only a warning);
+//   no culprit, diagnostics failed a slot    the slot is evicted (rung 2);
+//   the same again within the window         roll back to the newest persistent
+//                                            checkpoint (rung 3; climb);
 //   silent data corruption (sdc)             the culprit's slot is evicted like a hung one
 //                                            (without slots its rank restarts); everyone
 //                                            rolls back to the newest verified step; with
@@ -57,7 +62,7 @@ struct ClusterView {
   std::vector<int> ranks_on(int slot) const;
 };
 
-enum class FailureKind { kCrash, kExit, kHang, kSlotLoss, kPartition, kCommError, kSdc };
+enum class FailureKind { kCrash, kExit, kHang, kSlotLoss, kPartition, kCommError, kSdc, kSlow };
 const char* failure_kind_name(FailureKind k);
 
 // What went wrong, as detection saw it.
@@ -71,6 +76,11 @@ struct Failure {
   // the restore goes no further than this (memory or a persistent checkpoint); -1 with no
   // verified step, unbounded for other failures.
   std::optional<int64_t> restore_at_most;
+  // The ladder (climb below) ran its mechanism before the decision:
+  std::set<int> failed_slots;    // rungs 2, 4: slots the diagnostics or the replay failed
+  bool diagnosed = false;        // rung 2 ran (and these are all that failed)
+  bool from_checkpoint = false;  // rung 3: restore the newest persistent checkpoint
+  std::string ladder_why;        // rungs 2-4: why the ladder got here
 };
 
 // What one rank can restore (steps completed), from slot headers: a restore verifies the
@@ -139,6 +149,43 @@ bool can_grow(const ClusterView& view, const Options& o);
 // The plan to grow back by one replica, given the survivors' holdings; nullopt: not now.
 std::optional<Plan> decide_grow(const ClusterView& view, const std::map<int, Holdings>& have,
                                 const Options& o);
+
+// The escalation ladder (DESIGN.md, Failure handling), before the decision: a failure with a
+// clear culprit is rung 1 (decide evicts or restarts it). One without — every rank saw a
+// communication error, no process died — climbs: rung 2 runs stop-time diagnostics (a slot
+// that fails them is evicted, else the ranks reattempt in place); the same again within
+// recovery.repeat_window_steps of the last one is rung 3, a rollback (to the previous plugin
+// when an update was applied within the window, else to the newest persistent checkpoint);
+// again, or a suspected silent data corruption with no rank named, is rung 4: a dual-phase
+// replay looks for the machine.
+enum class Rung { kCulprit = 1, kDiagnose = 2, kRollback = 3, kReplay = 4 };
+// "culprit", "diagnose", "rollback", "replay".
+const char* rung_name(Rung r);
+
+// What the ladder remembers between failures.
+struct LadderMemory {
+  // The culprit-less failures so far: steps completed when each happened (ascending).
+  std::vector<int64_t> culpritless;
+  int64_t update_applied_step = -1;  // the newest hot update applied (-1: none)
+};
+
+struct LadderStep {
+  Rung rung = Rung::kCulprit;
+  bool plugin_rollback = false;  // rung 3: the previous plugin (else the checkpoint)
+  std::string why;               // one line
+};
+
+// The rung for failure `f` seen with `completed` steps done; remembers it in *m.
+LadderStep climb(const Failure& f, int64_t completed, LadderMemory* m, const Options& o);
+
+// A fail-slow degrader (robust/slow_rules.h) named `culprit`: whether to evict its slot
+// (detect.on_slow = evict, hot_swap with slots, its slot not slot 0, a standby ready), or
+// only warn; `why` says which and why.
+struct SlowAction {
+  bool evict = false;
+  std::string why;
+};
+SlowAction decide_slow(int culprit, const ClusterView& view, const Options& o);
 
 // How long a survivor may take to answer an abort before it is declared hung:
 // max(recovery.abort_timeout_ms, abort_timeout_steps × the median step time).

@@ -25,8 +25,10 @@ SelfCheckResult gemm_self_check(Backend& backend, Precision precision = Precisio
 
 // An all-reduce of each member's (rank + 1) over `size` peers meeting under `name` in
 // `store`; every member must get size·(size+1)/2. A group of 1 passes trivially.
+// `break_links`: the machine's network is defective (an injected link_error): its links
+// break once connected, and the check fails as a real one would.
 SelfCheckResult collective_self_check(std::shared_ptr<Store> store, const std::string& name,
                                       int rank, int size, const std::string& host,
-                                      std::chrono::milliseconds timeout);
+                                      std::chrono::milliseconds timeout, bool break_links = false);
 
 }  // namespace keel

@@ -62,8 +62,8 @@ TEST(FaultSpec, ParsesAndValidatesTheHangKinds) {
   add_fault_flag(&bad, "hang_in_collective@step=20,rank=0");
   std::string msg = input_error_of([&] { validate_fault_plan(bad, 3, 10); });
   EXPECT_HAS(msg,
-             "--fault 'freeze@step=4,rank=2,delay_ms=5': delay_ms = 5: only a slow fault takes "
-             "delay_ms (this one is freeze)");
+             "--fault 'freeze@step=4,rank=2,delay_ms=5': delay_ms = 5: only slow and slow_link "
+             "faults take delay_ms (this one is freeze)");
   EXPECT_HAS(msg,
              "--fault 'spin@step=4,rank=0,code=3': exit_code = 3: only an exit fault takes "
              "exit_code (this one is spin)");
@@ -84,7 +84,7 @@ TEST(FaultSpec, FlagErrorsNameTheFlagKeyAndValue) {
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crush@step=3,rank=1"); }),
             "--fault 'crush@step=3,rank=1': unknown kind 'crush' (crash, exit, hang, slow, nan, "
             "corrupt_snapshot, lose_snapshot, slot_loss, partition, freeze, hang_in_collective, "
-            "spin, sdc)");
+            "spin, sdc, slow_link, link_error)");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=x,rank=1"); }),
             "--fault 'crash@step=x,rank=1': step = 'x': not an integer");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=1,rnk=1"); }),
@@ -120,8 +120,8 @@ TEST(FaultSpec, SdcTakesATargetAndOnceAndNoOtherKindDoes) {
   add_fault_flag(&plan, "crash@step=1,rank=0,once");
   add_fault_flag(&plan, "slow@step=1,rank=0,delay_ms=5,target=param");
   EXPECT_EQ(input_error_of([&] { validate_fault_plan(plan, 2, 10); }),
-            "--fault 'crash@step=1,rank=0,once': once = true: only an sdc fault takes once (this "
-            "one is crash)\n"
+            "--fault 'crash@step=1,rank=0,once': once = true: only sdc and link_error faults take "
+            "once (this one is crash)\n"
             "--fault 'slow@step=1,rank=0,delay_ms=5,target=param': target = param: only an sdc "
             "fault takes a target (this one is slow)");
 }
@@ -167,8 +167,8 @@ TEST(FaultSpec, ValidationListsEveryViolation) {
   EXPECT_HAS(msg, "--fault 'crash@step=-1,rank=0': step = -1: must be >= 0");
   EXPECT_HAS(msg, "--fault 'exit@step=1,rank=0,code=0': exit_code = 0: must be in [1, 255]");
   EXPECT_HAS(msg,
-             "--fault 'crash@step=1,rank=0,delay_ms=5': delay_ms = 5: only a slow fault takes "
-             "delay_ms (this one is crash)");
+             "--fault 'crash@step=1,rank=0,delay_ms=5': delay_ms = 5: only slow and slow_link "
+             "faults take delay_ms (this one is crash)");
   EXPECT_HAS(msg,
              "--fault 'nan@step=50,rank=0': step = 50: must be < the job's steps 10 (it would "
              "never fire)");
