@@ -15,6 +15,9 @@
 //        keel-launch each: slot 0 with --slots 4, the others --join) and the slot's link goes
 //        down; needs root and iproute2, otherwise reported as not measured.
 //
+//   3. fail-slow (bench/detect_slow.h): rounds to detection at 1.5x, 2x, 4x slowdowns, and
+//      false positives per 1,000 fault-free steps.
+//
 //   keel-bench-detect [--injections 10] [--pairs 3] [--steps 200] [--kinds crash,exit,...]
 #include <signal.h>
 #include <sys/wait.h>
@@ -34,6 +37,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/detect_slow.h"
 #include "integration/netns.h"
 #include "model/token_shards.h"
 #include "proto/report.pb.h"
@@ -398,7 +402,8 @@ int main(int argc, char** argv) {
   using namespace keel;
   int injections = 10, pairs = 3, steps = 200;
   std::string kinds =
-      "overhead,crash,exit,hang,freeze,spin,hang_in_collective,sigstop,slot_loss,partition";
+      "overhead,crash,exit,hang,freeze,spin,hang_in_collective,sigstop,slot_loss,partition,"
+      "slow";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
@@ -414,7 +419,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: keel-bench-detect [--injections 10] [--pairs 3] [--steps 200] "
                    "[--kinds overhead,crash,exit,hang,freeze,spin,hang_in_collective,sigstop,"
-                   "slot_loss,partition]\n");
+                   "slot_loss,partition,slow]\n");
       return 2;
     }
   }
@@ -477,5 +482,8 @@ int main(int argc, char** argv) {
     k.limit = 2.0;
     print(k);
   }
+  if (want("slow"))
+    bench::fail_slow_rows(
+        dir, [&](int n) { return tiny3d(dir, shards, n); }, kSets, 1000);
   return 0;
 }

@@ -243,7 +243,7 @@ TEST(SilentFailures, SlowStepsDoNotMakeHealthyRanksLookHung) {
       dir,
       launch_args(dir, 0, kSteps,
                   "--set recovery.abort_timeout_ms=500 --fault slow@step=2,rank=6,delay_ms=1500 "
-                  "--fault crash@step=6,rank=2"));
+                  "--fault crash@step=6,rank=2 --set detect.slow_round_steps=0"));
   expect_equal_and_clean(r, kSteps);
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u) << r.report;

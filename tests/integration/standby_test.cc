@@ -196,7 +196,8 @@ TEST(Standby, ShrinkDataParallelismAndGrowBackWhenTheSlotRejoins) {
       dir,
       "--config " + cfg + " --local 2 --workers-per-slot 2" + steps +
           " --set detect.slot_timeout_ms=1000 --set recovery.on_no_standby=shrink_dp"
-          " --fault slot_loss@step=6,rank=2 --fault slow@step=6,rank=0,delay_ms=30",
+          " --fault slot_loss@step=6,rank=2 --fault slow@step=6,rank=0,delay_ms=30"
+          " --set detect.slow_round_steps=0",  // the slow rank only paces the job
       [&](pid_t) {
         if (joiner > 0) return;
         std::ifstream log(dir + "/job.log");
@@ -269,7 +270,11 @@ TEST(KeelCtl, StatusAndInjectOnARunningJob) {
   std::string status, injected;
   int inject_step = 0;
   JobRun r = run_launch_job(
-      dir, job_args(dir, 1, "--set train.steps=300 --fault slow@step=0,rank=0,delay_ms=15"),
+      // The slow rank only paces the job, so that keel-ctl finds it running: not a degrader.
+      dir,
+      job_args(dir, 1,
+               "--set train.steps=300 --fault slow@step=0,rank=0,delay_ms=15 "
+               "--set detect.slow_round_steps=0"),
       [&](pid_t) {
         if (!injected.empty()) return;
         std::string run;
