@@ -432,13 +432,18 @@ int main(int argc, char** argv) {
   double step = 0;
   if (want("overhead") && pairs > 0) step = bench_overhead(dir, shards, steps, pairs);
 
-  std::printf(
-      "\n== detection latency: the tiny TP2xPP2xDP2 job under keel-launch, %d slots x %d "
-      "workers; detected_at - injected_at; crash/exit/hang: %d injections in one run each, "
-      "recovered in place; slot_loss (--local) and partition (network namespaces): one run per "
-      "injection, detect.on_slot_loss = fail\n",
-      kSlots, kPerSlot, injections);
-  print_header();
+  bool latency = false;
+  for (const char* k : {"crash", "exit", "hang", "freeze", "spin", "hang_in_collective", "sigstop",
+                        "slot_loss", "partition"})
+    latency |= want(k);
+  if (latency)
+    std::printf(
+        "\n== detection latency: the tiny TP2xPP2xDP2 job under keel-launch, %d slots x %d "
+        "workers; detected_at - injected_at; crash/exit/hang: %d injections in one run each, "
+        "recovered in place; slot_loss (--local) and partition (network namespaces): one run per "
+        "injection, detect.on_slot_loss = fail\n",
+        kSlots, kPerSlot, injections);
+  if (latency) print_header();
   if (want("crash")) {
     KindResult k = in_run(dir, shards, "crash", injections);
     k.target = "<= 0.5 s";
