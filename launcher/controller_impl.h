@@ -17,6 +17,7 @@
 #include "launcher/event_fields.h"
 #include "launcher/recovery_protocol.h"
 #include "proto/membership.pb.h"
+#include "robust/ladder.h"
 #include "robust/recovery_policy.h"
 #include "robust/slow_rules.h"
 
@@ -97,7 +98,7 @@ struct Controller::Impl {
   std::set<int> warned_slow;  // degraders named in a warning this epoch
   int slowest_rank = -1;      // of the last judged round, for progress lines
   double slowest_factor = 0;
-  // The escalation ladder's memory (robust/recovery_policy.h, climb).
+  // The escalation ladder's memory (robust/ladder.h, climb).
   policy::LadderMemory ladder;
 
   // controller_update.cc: hot updates of the plugin (keel-ctl update).

@@ -11,8 +11,10 @@ namespace {
 
 // Rounds of an epoch whose median step time makes the decline baseline.
 constexpr int kBaselineRounds = 5;
-// A slow link must cost at least this share of a step to count.
-constexpr double kLinkStepShare = 0.10;
+// A slow rank or link must cost at least this share of a step to count: where ranks mostly
+// wait for each other (many ranks on few cores), a rank's compute can be twice its peers' and
+// still cost the job nothing that matters.
+constexpr double kStepShare = 0.10;
 // Flags need the figure this many robust deviations above the peers' median too, so that a
 // spread-out role (a loaded machine) does not flag its slowest member every round.
 constexpr double kDeviations = 3.0;
@@ -128,7 +130,9 @@ SlowVerdict SlowDetector::observe(const Topology& topo,
         if (q != r) peers.push_back(compute[size_t(q)]);
     }
     double ratio = 0;
-    if (beyond(compute[size_t(r)], peers, factor_, &ratio)) slow_compute.insert(r);
+    if (beyond(compute[size_t(r)], peers, factor_, &ratio) &&
+        compute[size_t(r)] - median(peers) >= kStepShare * step_s)
+      slow_compute.insert(r);
     compute_ratio[r] = ratio;
     if (ratio > v.slowest_factor) {
       v.slowest_factor = ratio;
@@ -160,7 +164,7 @@ SlowVerdict SlowDetector::observe(const Topology& topo,
       if (!beyond(ls[i].per_msg, peers, factor_, &ratio)) continue;
       // msgs/step × the excess per message, against the step.
       const double excess = (ls[i].per_msg - median(peers)) * ls[i].msgs_per_step;
-      if (step_s <= 0 || excess < kLinkStepShare * step_s) continue;
+      if (step_s <= 0 || excess < kStepShare * step_s) continue;
       // A receiver that is busy computing fills the sender's socket: its slowness, not the
       // link's.
       if (slow_compute.count(ls[i].to) || slow_compute.count(ls[i].from)) continue;

@@ -7,7 +7,8 @@
 // Each round, by median and MAD over peers of the same role:
 //   compute  a rank's compute time per step against the other ranks of its pipeline stage
 //            (the whole job when the stage has fewer than 3 ranks): slow when it is at least
-//            detect.slow_factor × their median and 3 robust deviations above it;
+//            detect.slow_factor × their median, 3 robust deviations above it, and the excess
+//            costs at least 10% of the job's step;
 //   links    a link's time per message sent against the job's other links of its group kind
 //            (tp, pp, dp, ...), the same way, and only when the excess costs at least 10% of a
 //            step; the rank common to the slow links (as sender or receiver) is their cause.

@@ -2,7 +2,7 @@
 // the fake TP2×PP2×DP2 membership of recovery_policy_test.cc: ranks 2k, 2k+1 on slot k.
 #include <gtest/gtest.h>
 
-#include "robust/recovery_policy.h"
+#include "robust/ladder.h"
 
 namespace keel::policy {
 namespace {
