@@ -476,6 +476,8 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
             "must be >= 0 (0 turns fail-slow detection off)");
   v.require(dc.slow_factor() > 1.0, "detect.slow_factor", dc.slow_factor(),
             "must be > 1 (a rank this many times its peers' median is slow)");
+  v.require(dc.decline_factor() > 1.0, "detect.decline_factor", dc.decline_factor(),
+            "must be > 1 (the job this many times slower than its recent median declines)");
   v.require(dc.slow_window() >= 1 && dc.slow_window() <= 100, "detect.slow_window",
             dc.slow_window(), "must be in [1, 100] rounds");
   v.require(dc.slow_rounds() >= 1 && dc.slow_rounds() <= dc.slow_window(), "detect.slow_rounds",

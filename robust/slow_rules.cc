@@ -9,8 +9,8 @@
 namespace keel {
 namespace {
 
-// Rounds of an epoch whose median step time makes the decline baseline.
-constexpr int kBaselineRounds = 5;
+// Rounds of an epoch whose median step time makes the decline baseline: at least, at most.
+constexpr int kBaselineRounds = 5, kHistoryRounds = 50;
 // A slow rank or link must cost at least this share of a step to count: where ranks mostly
 // wait for each other (many ranks on few cores), a rank's compute can be twice its peers' and
 // still cost the job nothing that matters.
@@ -79,7 +79,10 @@ const char* slow_kind_name(SlowVerdict::Kind kind) {
 }
 
 SlowDetector::SlowDetector(const config::DetectConfig& dc)
-    : factor_(dc.slow_factor()), need_(dc.slow_rounds()), window_(dc.slow_window()) {}
+    : factor_(dc.slow_factor()),
+      decline_factor_(dc.decline_factor()),
+      need_(dc.slow_rounds()),
+      window_(dc.slow_window()) {}
 
 void SlowDetector::reset() {
   judged_ = 0;
@@ -87,7 +90,7 @@ void SlowDetector::reset() {
   link_flags_.clear();
   last_factor_.clear();
   step_s_.clear();
-  baseline_s_.reset();
+  window_s_.clear();
   decline_flags_.clear();
 }
 
@@ -223,25 +226,32 @@ SlowVerdict SlowDetector::observe(const Topology& topo,
     return v;
   }
 
-  // The job as a whole: a sustained decline that no rank explains.
-  if (!baseline_s_) {
-    step_s_.push_back(step_s);
-    if (int(step_s_.size()) == kBaselineRounds)
-      baseline_s_ = median(std::vector<double>(step_s_.begin(), step_s_.end()));
-    return v;
-  }
+  // The job as a whole: a sustained decline that no rank explains, against the median of
+  // the rounds before the window (up to kHistoryRounds of them), so that a slow drift of the
+  // machine's speed moves the baseline and only a step change stands out.
   const bool anyone = !slow_compute.empty() || !slow_link_ranks.empty();
-  push(&decline_flags_, !anyone && step_s >= factor_ * *baseline_s_, window_);
-  if (count(decline_flags_) >= need_) {
-    v.kind = SlowVerdict::Kind::kMfuDecline;
-    v.factor = step_s / *baseline_s_;
-    v.detail = "the job's step time is " + times(v.factor) + " its baseline (" + ms(step_s) +
-               " ms against " + ms(*baseline_s_) + " ms) in " +
-               std::to_string(count(decline_flags_)) + " of the last " +
-               std::to_string(decline_flags_.size()) + " rounds, and no rank stands out";
-    // The new level is the baseline from now on: one incident per decline.
-    baseline_s_ = step_s;
-    decline_flags_.clear();
+  if (int(step_s_.size()) >= kBaselineRounds) {
+    const double baseline = median(std::vector<double>(step_s_.begin(), step_s_.end()));
+    push(&decline_flags_, !anyone && step_s >= decline_factor_ * baseline, window_);
+    if (count(decline_flags_) >= need_) {
+      v.kind = SlowVerdict::Kind::kMfuDecline;
+      v.factor = step_s / baseline;
+      v.detail = "the job's step time is " + times(v.factor) + " its baseline (" + ms(step_s) +
+                 " ms against " + ms(baseline) + " ms) in " +
+                 std::to_string(count(decline_flags_)) + " of the last " +
+                 std::to_string(decline_flags_.size()) + " rounds, and no rank stands out";
+      // The new level is the baseline from now on: one incident per decline.
+      step_s_.clear();
+      decline_flags_.clear();
+      return v;
+    }
+  }
+  // The window's rounds join the baseline only once they leave the window.
+  window_s_.push_back(step_s);
+  if (int(window_s_.size()) > window_) {
+    step_s_.push_back(window_s_.front());
+    window_s_.pop_front();
+    while (int(step_s_.size()) > kHistoryRounds) step_s_.pop_front();
   }
   return v;
 }

@@ -14,9 +14,10 @@
 //            step; the rank common to the slow links (as sender or receiver) is their cause.
 //            Links to a rank whose compute is slow are explained by it (a busy receiver).
 // A rank flagged in detect.slow_rounds of the last detect.slow_window rounds is the degrader
-// (slow compute first, then a slow link). A sustained decline of the job's step time below
-// its baseline (the median of the epoch's first rounds) with no rank flagged is an incident
-// of its own, mfu_decline. The first round of an epoch (after a rebuild) is not judged.
+// (slow compute first, then a slow link). A sustained decline of the whole job with no rank
+// flagged — its step time at least detect.decline_factor × the median of the rounds before
+// the last slow_window (up to 50 of them), in slow_rounds of those — is an incident of its
+// own, mfu_decline. The first round of an epoch (after a rebuild) is not judged.
 #pragma once
 
 #include <deque>
@@ -58,13 +59,13 @@ class SlowDetector {
   void forget(int rank);
 
  private:
-  double factor_;
+  double factor_, decline_factor_;
   int need_, window_;
   int judged_ = 0;  // rounds seen this epoch
   std::map<int, std::deque<bool>> compute_flags_, link_flags_;
   std::map<int, double> last_factor_;
-  std::deque<double> step_s_;  // the job's step time per judged round
-  std::optional<double> baseline_s_;
+  std::deque<double> step_s_;    // the job's step time per round before the window
+  std::deque<double> window_s_;  // ... and in the window (the last slow_window rounds)
   std::deque<bool> decline_flags_;
 };
 
