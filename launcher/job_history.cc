@@ -35,8 +35,14 @@ JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int worl
     if (s > first || steps == first + 1) h.timed_s += r.wall_s(), h.timed_tokens += r.tokens();
     const int every = cfg.train().eval_every();
     if (has_val && ((s + 1) % every == 0 || s + 1 == steps)) {
-      rep->add_val_steps(double(s + 1));
-      rep->add_val_losses(std::stod(store.get(recovery::eval_key(s + 1), Millis(10000))));
+      // An evaluation cut short by a failure is not run again (the job goes on from the
+      // step it followed): that point of the curve is missing, not the report.
+      try {
+        const double loss = std::stod(store.get(recovery::eval_key(s + 1), Millis(100)));
+        rep->add_val_steps(double(s + 1));
+        rep->add_val_losses(loss);
+      } catch (const CommTimeout&) {
+      }
     }
   }
   for (int r = 0; r < world; ++r) {

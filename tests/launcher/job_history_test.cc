@@ -1,0 +1,41 @@
+// The job's history as rank 0 reads it back from the store for its report
+// (launcher/job_history.h), with an in-memory store.
+#include "launcher/job_history.h"
+
+#include <gtest/gtest.h>
+
+#include "launcher/recovery_protocol.h"
+#include "parallel/hash_store.h"
+
+namespace keel {
+namespace {
+
+// An evaluation cut short by a failure (a rank hung in it, say) is never run again: the job
+// goes on from the step it followed. Its point is missing from the curve; the report, and
+// the trained state with it, must not be lost waiting for it.
+TEST(JobHistory, AnEvaluationLostToAFailureIsLeftOutOfTheCurve) {
+  HashStore store;
+  config::JobConfig cfg;
+  cfg.mutable_train()->set_steps(10);
+  cfg.mutable_train()->set_eval_every(5);
+  store.set("start_step", "0");
+  for (int s = 0; s < 10; ++s) {
+    report::StepRecord r;
+    r.set_step(s);
+    r.set_loss(1.0 / (s + 1));
+    r.set_wall_s(0.01);
+    store.set(recovery::step_key(s), r.SerializeAsString());
+  }
+  store.set(recovery::eval_key(10), "0.5");  // the one after step 5 never ran
+  report::RunReport rep;
+  const auto t0 = std::chrono::steady_clock::now();
+  read_job_history(store, cfg, /*world=*/1, /*has_val=*/true, &rep);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  ASSERT_EQ(rep.val_steps_size(), 1);
+  EXPECT_EQ(rep.val_steps(0), 10);
+  EXPECT_EQ(rep.val_losses(0), 0.5);
+  EXPECT_EQ(rep.losses_size(), 10);
+}
+
+}  // namespace
+}  // namespace keel
