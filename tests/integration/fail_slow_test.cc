@@ -104,6 +104,32 @@ TEST(FailSlow, ASlowLinkIsPinnedOnItsRank) {
   expect_swapped(r, "slow_link", 3);
 }
 
+// The machine swapped out for being slow is healthy enough to check itself: it comes back as
+// a standby and takes the ranks of the next machine evicted (the slowness stayed with the
+// process that had it).
+TEST(FailSlow, TheSwappedOutMachineServesAsTheNextStandby) {
+  ASSERT_EQ(fault_free().exit_code, 0) << fault_free().output;
+  const std::string dir = temp_dir("slow-reuse");
+  JobRun r = run_launch_job(
+      dir, job_args(dir,
+                    "--fault slow@step=40,rank=5,delay_ms=" + std::to_string(3 * step_ms()) +
+                        " --fault hang@step=150,rank=6 --set parallel.comm_timeout_ms=60000",
+                    kSteps, /*standbys=*/1));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_string_field(r.report, "param_checksum"),
+            json_string_field(fault_free().report, "param_checksum"))
+      << r.output;
+  const auto inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 2u) << r.report;
+  EXPECT_EQ(json_string_field(inc[0], "kind"), "slow") << inc[0];
+  EXPECT_EQ(json_array_field(inc[0], "slots_evicted"), std::vector<double>({2})) << inc[0];
+  EXPECT_EQ(json_array_field(inc[0], "standbys_promoted"), std::vector<double>({4})) << inc[0];
+  EXPECT_EQ(json_string_field(inc[1], "kind"), "hang") << inc[1];
+  EXPECT_EQ(json_array_field(inc[1], "slots_evicted"), std::vector<double>({3})) << inc[1];
+  EXPECT_EQ(json_array_field(inc[1], "standbys_promoted"), std::vector<double>({2})) << inc[1];
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+}
+
 // Without a standby to take its ranks the degrader is named, once, and the job goes on slowly.
 TEST(FailSlow, WithoutAStandbyItWarnsAndTrainsOn) {
   ASSERT_EQ(fault_free().exit_code, 0) << fault_free().output;
