@@ -49,32 +49,56 @@ struct FdCloser {
   }
 };
 
+// A file system call on a checkpoint's path that failed: what, where and why, for the
+// incident (a full disk is expected here, not a bug).
+class WriteError : public Error {
+ public:
+  WriteError(std::string path, std::string error)
+      : Error(path + ": " + error), path_(std::move(path)), error_(std::move(error)) {}
+  const std::string& path() const { return path_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string path_, error_;
+};
+
+// Throws WriteError for a call that returned -1, naming the call and errno's text.
+void check_io(long rc, const char* call, const std::string& path) {
+  if (rc == -1) throw WriteError(path, std::string(call) + ": " + std::strerror(errno));
+}
+
 void fsync_dir(const std::string& dir) {
   FdCloser d;
-  KEEL_CHECK_ERRNO(d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  KEEL_CHECK_ERRNO(::fsync(d.fd));
+  check_io(d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), "open", dir);
+  check_io(::fsync(d.fd), "fsync", dir);
 }
 
 // Writes `path` so that it either holds all of `data` or is left as it was: the bytes go to
-// path.tmp, are fsynced, and only then renamed over path (and the rename made durable).
+// path.tmp, are fsynced, and only then renamed over path (and the rename made durable). On
+// failure path.tmp is removed (a full disk must not be left fuller) and WriteError names
+// `path`.
 void write_file_atomically(const std::string& path, const char* data, size_t size) {
   const std::string tmp = path + ".tmp";
-  {
+  try {
     FdCloser f;
-    KEEL_CHECK_ERRNO(f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    check_io(f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), "open",
+             path);
     size_t done = 0;
     while (done < size) {
       ssize_t n = ::write(f.fd, data + done, size - done);
       if (n == -1 && errno == EINTR) continue;
-      KEEL_CHECK_ERRNO(n);
+      check_io(n, "write", path);
       done += size_t(n);
     }
-    KEEL_CHECK_ERRNO(::fsync(f.fd));
+    check_io(::fsync(f.fd), "fsync", path);
     int fd = f.fd;
     f.fd = -1;
-    KEEL_CHECK_ERRNO(::close(fd));
+    check_io(::close(fd), "close", path);
+    check_io(::rename(tmp.c_str(), path.c_str()), "rename", path);
+  } catch (...) {
+    ::unlink(tmp.c_str());  // may not exist (open failed): nothing to check
+    throw;
   }
-  KEEL_CHECK_ERRNO(::rename(tmp.c_str(), path.c_str()));
   fsync_dir(fs::path(path).parent_path().string());
 }
 
@@ -180,6 +204,28 @@ std::string verify_step(const std::string& dir, const std::string& name, int64_t
 
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> describe_model(const config::JobConfig& cfg) {
+  const config::ModelConfig& m = cfg.model();
+  std::string stages;
+  for (int n : cfg.parallel().stage_layers()) {
+    if (!stages.empty()) stages += ',';
+    stages += std::to_string(n);
+  }
+  return {{"model.num_layers", std::to_string(m.num_layers())},
+          {"model.hidden_size", std::to_string(m.hidden_size())},
+          {"model.num_heads", std::to_string(m.num_heads())},
+          {"model.ffn_hidden_size", std::to_string(m.ffn_hidden_size())},
+          {"model.seq_len", std::to_string(m.seq_len())},
+          {"model.vocab_size", std::to_string(m.vocab_size())},
+          {"model.padded_vocab_size", std::to_string(m.padded_vocab_size())},
+          {"parallel.stage_layers", "[" + stages + "]"}};
+}
+
+std::string CheckpointWriteFailure::message() const {
+  return detail::concat("persistent checkpoint of step ", step, " not written: ", path, ": ",
+                        error);
+}
+
 std::string checkpoint_dir_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof(name), "step_%06" PRId64, step);
@@ -199,16 +245,8 @@ PersistentCheckpointer::~PersistentCheckpointer() {
   if (writer_.joinable()) writer_.join();
 }
 
-void PersistentCheckpointer::join_and_take_error(std::string* error) {
-  if (writer_.joinable()) writer_.join();
-  std::lock_guard<std::mutex> lock(mu_);
-  error->swap(error_);
-  error_.clear();
-}
-
 void PersistentCheckpointer::save_async(TrainState& state) {
-  std::string previous_error;
-  join_and_take_error(&previous_error);
+  wait();
 
   // Stage on the caller's thread: the state changes as soon as the next step runs.
   const int64_t step = state.step();
@@ -231,47 +269,91 @@ void PersistentCheckpointer::save_async(TrainState& state) {
   KEEL_CHECK(at == staging_.size(), "spans hold ", at - sizeof(header), " bytes, bytes() says ",
              state.bytes());
 
+  outcome_ = Outcome::kInFlight;
   writer_ = std::thread([this, step, fingerprint] {
+    bool ok = false;
     try {
       write(step, fingerprint);
+      ok = outcome_.load() != Outcome::kFailed;
     } catch (const std::exception& e) {
-      std::string msg = detail::concat("persistent checkpoint of step ", step, " to ", opts_.dir,
-                                       "/", checkpoint_dir_name(step), " failed: ", e.what());
-      std::fprintf(stderr, "keel: rank %d: %s\n", opts_.rank, msg.c_str());
-      std::lock_guard<std::mutex> lock(mu_);
-      error_ = msg;
+      // Not the disk (that is handled in write): the store, or a bug. Still no crash of the
+      // training: the step is not sealed, and the next interval tries again.
+      if (outcome_.load() != Outcome::kFailed)
+        failed({step, opts_.rank, opts_.dir + "/" + checkpoint_dir_name(step), e.what()});
     }
+    if (ok) outcome_ = Outcome::kWritten;
   });
-  if (!previous_error.empty()) throw Error(previous_error);
 }
 
 void PersistentCheckpointer::wait() {
-  std::string error;
-  join_and_take_error(&error);
-  if (!error.empty()) throw Error(error);
+  if (writer_.joinable()) writer_.join();
+}
+
+PersistentCheckpointer::Outcome PersistentCheckpointer::last_outcome() const {
+  return outcome_.load();
+}
+
+void PersistentCheckpointer::failed(const CheckpointWriteFailure& f) {
+  failures_.fetch_add(1);
+  std::fprintf(stderr,
+               "keel: rank %d: %s; its temporary files are removed, the newest complete "
+               "checkpoint stays\n",
+               f.rank, f.message().c_str());
+  if (opts_.on_write_failed) opts_.on_write_failed(f);
+  outcome_ = Outcome::kFailed;
 }
 
 void PersistentCheckpointer::write(int64_t step, uint64_t fingerprint) {
   if (!store_) store_ = store_factory_();
   const std::string step_dir = opts_.dir + "/" + checkpoint_dir_name(step);
-  fs::create_directories(step_dir);
-  write_file_atomically(step_dir + "/" + rank_file_name(opts_.rank), staging_.data(),
-                        staging_.size());
-  const uint64_t checksum = XXH3_64bits(staging_.data(), staging_.size());
-  const std::string record = detail::concat(staging_.size(), " ", checksum, " ", fingerprint);
-  store_->set(detail::concat("ckpt/", step, "/", opts_.rank), record);
-  if (opts_.rank == 0) {
-    write_manifest(step, record);
-    prune(step);
+  std::string record = "failed";
+  try {
+    std::error_code ec;
+    fs::create_directories(step_dir, ec);
+    if (ec) throw WriteError(step_dir, "mkdir: " + ec.message());
+    write_file_atomically(step_dir + "/" + rank_file_name(opts_.rank), staging_.data(),
+                          staging_.size());
+    const uint64_t checksum = XXH3_64bits(staging_.data(), staging_.size());
+    record = detail::concat(staging_.size(), " ", checksum, " ", fingerprint);
+  } catch (const WriteError& e) {
+    failed({step, opts_.rank, e.path(), e.error()});
   }
-}
+  // Published either way: rank 0 waits for every rank's record before it seals the step.
+  store_->set(detail::concat("ckpt/", step, "/", opts_.rank), record);
+  if (opts_.rank != 0) return;
 
-void PersistentCheckpointer::write_manifest(int64_t step, const std::string& my_record) {
   const int world = opts_.layout.world();
-  std::vector<std::string> keys;
+  std::vector<std::string> keys, records;
   for (int r = 0; r < world; ++r) keys.push_back(detail::concat("ckpt/", step, "/", r));
   // Throws CommTimeout naming the ranks that never wrote: the step stays incomplete.
   store_->wait(keys, opts_.wait_timeout);
+  bool whole = true;
+  for (int r = 0; r < world; ++r) {
+    records.push_back(r == 0 ? record : store_->get(keys[size_t(r)], opts_.wait_timeout));
+    whole = whole && records.back() != "failed";
+  }
+  if (whole) {
+    try {
+      write_manifest(step, records);
+    } catch (const WriteError& e) {
+      failed({step, opts_.rank, e.path(), e.error()});
+      whole = false;
+    }
+  }
+  if (!whole) {
+    // Every rank is done with the step (each published its record): what is left of it on
+    // the disk is no checkpoint, and takes room the next one needs.
+    std::error_code ec;
+    if (fs::exists(step_dir, ec)) fs::remove_all(step_dir, ec);
+    if (ec)
+      std::fprintf(stderr, "keel: cannot remove %s: %s\n", step_dir.c_str(), ec.message().c_str());
+    return;
+  }
+  prune(step);
+}
+
+void PersistentCheckpointer::write_manifest(int64_t step, const std::vector<std::string>& records) {
+  const int world = opts_.layout.world();
 
   ckpt::CheckpointManifest m;
   m.set_format_version(kFormatVersion);
@@ -282,8 +364,13 @@ void PersistentCheckpointer::write_manifest(int64_t step, const std::string& my_
   m.set_zero1(opts_.layout.zero1);
   m.set_plugin_name(opts_.layout.plugin_name);
   m.set_plugin_version(opts_.layout.plugin_version);
+  for (const auto& [name, value] : opts_.layout.model) {
+    ckpt::ModelField* f = m.add_model();
+    f->set_name(name);
+    f->set_value(value);
+  }
   for (int r = 0; r < world; ++r) {
-    std::string record = r == 0 ? my_record : store_->get(keys[size_t(r)], opts_.wait_timeout);
+    const std::string& record = records[size_t(r)];
     std::istringstream in(record);
     uint64_t bytes = 0, checksum = 0, fp = 0;
     KEEL_CHECK(bool(in >> bytes >> checksum >> fp), "rank ", r, " published a bad record \"",
@@ -361,6 +448,17 @@ ResumePoint find_resume_point(const std::string& dir, const CheckpointLayout& ex
     if (!expected.plugin_version.empty()) {
       differ("plugin_version", quoted(m.plugin_version()), quoted(expected.plugin_version));
     }
+    // The model: compared where both sides describe it (a manifest of an older keel does
+    // not; load_rank's fingerprint check still refuses another layout then).
+    if (!expected.model.empty() && m.model_size() > 0) {
+      for (const auto& [field, job] : expected.model) {
+        std::string found = "(not recorded)";
+        for (const auto& f : m.model())
+          if (f.name() == field) found = f.value();
+        if (found != job)
+          diffs.push_back(field + " = " + found + " in the checkpoint, " + job + " in this job");
+      }
+    }
     if (!diffs.empty()) {
       std::string text = dir + "/" + name + ": the checkpoint's layout differs from this job's:";
       for (const auto& d : diffs) text += " " + d + ";";
@@ -403,9 +501,14 @@ void load_rank(const ResumePoint& point, int rank, TrainState& state) {
                         point.step));
   }
   if (h.layout_fingerprint != state.layout_fingerprint()) {
-    fail(detail::concat("layout_fingerprint = ", h.layout_fingerprint,
-                        " (this rank's state: ", state.layout_fingerprint(),
-                        "): another model, plugin or parallel layout wrote it"));
+    // The manifest's model description names the field (find_resume_point); one of an older
+    // keel has none, and the plugin may shape its tensors by more than the configuration.
+    fail(detail::concat(
+        "layout_fingerprint = ", h.layout_fingerprint,
+        " (this rank's state: ", state.layout_fingerprint(),
+        "): the checkpoint's tensors have other shapes than this job's (another "
+        "model size, plugin or parallel layout wrote it",
+        point.manifest.model_size() == 0 ? "; its manifest does not record the model" : "", ")"));
   }
   if (h.payload_bytes != state.bytes() || bytes.size() != sizeof(h) + state.bytes()) {
     fail(detail::concat("payload of ", h.payload_bytes, " bytes, this rank's state has ",

@@ -8,20 +8,25 @@
 // Every file is written as <name>.tmp, fsynced and renamed, and the manifest is written last,
 // after every rank has published its file's checksum in the store, so a half-written
 // checkpoint is never taken for a whole one: a directory without a manifest is incomplete.
+// A write that fails (a full disk, an I/O error) is no error of the training: the rank
+// removes its temporary file, publishes "failed" instead of a checksum (rank 0 then removes
+// the step's directory instead of sealing it) and reports the failure when it happens.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "model/train_state.h"
 #include "parallel/store.h"
 #include "proto/checkpoint.pb.h"
+#include "proto/config.pb.h"
 
 namespace keel {
 
@@ -35,7 +40,28 @@ struct CheckpointLayout {
   // count (others are skipped and said so). Empty: none written, every one counts (a user's
   // --resume names the checkpoint to take).
   std::string lineage{};
+  // The configuration that shapes the state, as name/value pairs (describe_model below).
+  // Empty: not compared (and an old manifest without it is not either).
+  std::vector<std::pair<std::string, std::string>> model{};
   int world() const { return tp * pp * dp; }
+};
+
+// The fields of `cfg` that decide the state's layout besides tp/pp/dp/zero1, by their
+// configuration names: model.num_layers, model.hidden_size, model.num_heads,
+// model.ffn_hidden_size, model.seq_len, model.vocab_size, model.padded_vocab_size,
+// parallel.stage_layers. Kept in each manifest so that a resume with another model names
+// the field that differs.
+std::vector<std::pair<std::string, std::string>> describe_model(const config::JobConfig& cfg);
+
+// A persistent checkpoint this rank could not write.
+struct CheckpointWriteFailure {
+  int64_t step = 0;  // the checkpoint's step (steps completed when it was saved)
+  int rank = 0;
+  std::string path;   // what could not be written, e.g. DIR/step_000010/rank_1.bin
+  std::string error;  // why, e.g. "write: No space left on device"
+  // "persistent checkpoint of step 10 not written: DIR/step_000010/rank_1.bin: write: No
+  // space left on device"
+  std::string message() const;
 };
 
 struct PersistentCheckpointOptions {
@@ -45,6 +71,9 @@ struct PersistentCheckpointOptions {
   int keep = 3;  // complete checkpoints kept; older ones are deleted (0: keep all)
   // How long rank 0 waits for the other ranks' files before giving the step up.
   std::chrono::milliseconds wait_timeout{std::chrono::minutes(10)};
+  // Called on the writer thread, once per save of this rank that failed, as soon as its
+  // temporary file is removed (the failure is also printed to stderr). Must not throw.
+  std::function<void(const CheckpointWriteFailure&)> on_write_failed{};
 };
 
 // Writes this rank's checkpoints. Not thread-safe: call from the training thread.
@@ -63,27 +92,32 @@ class PersistentCheckpointer {
 
   // Waits for the previous save's write, copies `state` to a host staging buffer (the only
   // part on the caller's time besides that wait) and starts writing it in the background.
-  // A save that failed is logged to stderr when it fails; if the previous save failed this
-  // throws keel::Error saying why, after the new save has started.
+  // A write that fails throws nothing here: it goes to on_write_failed and stderr.
   void save_async(TrainState& state);
 
-  // Waits for the write in flight; throws keel::Error if it (or an unreported earlier one)
-  // failed.
+  // Waits for the write in flight. Never throws for a failed write (see save_async).
   void wait();
+
+  // What became of the newest save, without waiting: none started, still being written,
+  // written (this rank's part), or failed.
+  enum class Outcome { kNone, kInFlight, kWritten, kFailed };
+  Outcome last_outcome() const;
+  // This rank's failed saves so far.
+  int failures() const { return failures_.load(); }
 
  private:
   void write(int64_t step, uint64_t fingerprint);
-  void write_manifest(int64_t step, const std::string& my_record);
+  void write_manifest(int64_t step, const std::vector<std::string>& records);
   void prune(int64_t newest_step);
-  void join_and_take_error(std::string* error);
+  void failed(const CheckpointWriteFailure& f);
 
   PersistentCheckpointOptions opts_;
   StoreFactory store_factory_;
   std::shared_ptr<Store> store_;  // made and used by the background thread only
   std::vector<char> staging_;     // header + payload of the save in flight
   std::thread writer_;
-  std::mutex mu_;
-  std::string error_;  // the failed write not yet reported; guarded by mu_
+  std::atomic<Outcome> outcome_{Outcome::kNone};  // of the newest save
+  std::atomic<int> failures_{0};
 };
 
 // The checkpoint a job resumes from.
@@ -99,7 +133,8 @@ struct ResumePoint {
 //   step_000050: no manifest (incomplete)
 //   step_000040/rank_3.bin: checksum mismatch
 // Throws keel::InputError naming `dir` when no checkpoint is usable, or when the newest
-// usable one has another layout than `expected` (naming each field that differs).
+// usable one has another layout or model than `expected` (naming each field that differs
+// and both values, e.g. "model.hidden_size = 128 in the checkpoint, 64 in this job").
 ResumePoint find_resume_point(const std::string& dir, const CheckpointLayout& expected,
                               std::vector<std::string>* skipped = nullptr);
 

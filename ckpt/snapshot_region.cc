@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -124,6 +125,48 @@ std::vector<std::string> job_segments(const std::string& job) {
   ::closedir(dir);
   std::sort(out.begin(), out.end());
   return out;
+}
+
+namespace {
+
+// The paths own_segments_until_exit() registered, as plain arrays: a signal handler may not
+// allocate. g_owned_count is published after the paths are written.
+constexpr int kOwned = 2;  // the snapshot and the backup segment
+char g_owned[kOwned][256];
+std::atomic<int> g_owned_count{0};
+
+extern "C" void remove_owned_then_die(int sig) {
+  remove_owned_segments();
+  // SA_RESETHAND restored the default action; the signal, blocked while this runs, ends the
+  // process as it would have when the handler returns.
+  raise(sig);
+}
+
+}  // namespace
+
+void own_segments_until_exit(const std::string& job, int rank) {
+  g_owned_count.store(0, std::memory_order_release);
+  int n = 0;
+  for (const std::string& name :
+       {snapshot_segment_name(job, rank), backup_segment_name(job, rank)}) {
+    const std::string path = "/dev/shm" + name;  // where shm_open puts "/<name>" on Linux
+    KEEL_CHECK(path.size() < sizeof(g_owned[0]), "segment path too long: ", path);
+    std::memcpy(g_owned[n], path.c_str(), path.size() + 1);
+    ++n;
+  }
+  g_owned_count.store(n, std::memory_order_release);
+  struct sigaction sa {};
+  sa.sa_handler = remove_owned_then_die;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) KEEL_CHECK_ERRNO(sigaction(sig, &sa, nullptr));
+}
+
+void remove_owned_segments() {
+  const int n = g_owned_count.load(std::memory_order_acquire);
+  // ENOENT (never created, or already removed) is the outcome wanted; nothing else can be
+  // reported from a signal handler.
+  for (int i = 0; i < n; ++i) (void)::unlink(g_owned[i]);
 }
 
 int unlink_job_segments(const std::string& job) {

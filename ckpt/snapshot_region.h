@@ -47,6 +47,18 @@ std::vector<std::string> job_segments(const std::string& job);
 // open elsewhere stay valid until unmapped.
 int unlink_job_segments(const std::string& job);
 
+// A process that owns its job's segments outright (a rank started alone: no supervisor or
+// agent cleans up after it) registers them here: its own snapshot and backup segments of
+// `job` are then unlinked when SIGINT, SIGTERM or SIGHUP ends it (the handler unlinks, then
+// the signal ends the process as before, so its exit status still names the signal) and
+// when remove_owned_segments() is called on a path that skips destructors (an injected exit
+// fault's _exit). SIGKILL cannot be caught: a later run removes the segments of a dead PID.
+// Call from one thread, before the segments are created; calling again replaces the names.
+void own_segments_until_exit(const std::string& job, int rank);
+// Unlinks the segments own_segments_until_exit() registered (none registered: nothing).
+// Async-signal-safe: unlink(2) of names fixed at registration.
+void remove_owned_segments();
+
 // A committed slot as read from its header (payload points into the mapping).
 struct SlotView {
   int slot = -1;

@@ -109,7 +109,10 @@ int Agent::stop_without_controller(std::chrono::milliseconds silent) {
 }
 
 int Agent::run(const volatile int* stop) {
-  const std::string me = "agent/" + std::to_string(o_.slot);
+  // The pid makes the identity this process's own: another launcher that claims the same
+  // slot by mistake must not take over this one's connection (the controller's ROUTER hands
+  // an identity over to its newest client), only be refused.
+  const std::string me = detail::concat("agent/", o_.slot, "/", getpid());
   ControlClient client(o_.controller, me);
   auto send_register = [&] {
     control::Envelope r = make_envelope(0);
@@ -118,6 +121,7 @@ int Agent::run(const volatile int* stop) {
     reg->set_host(o_.host);
     reg->set_pid(int(getpid()));
     reg->set_workers(o_.workers);
+    reg->set_job(o_.job);
     client.send(r);
   };
   send_register();
@@ -147,6 +151,12 @@ int Agent::run(const volatile int* stop) {
         case control::Command::welcome:
           welcomed = true;
           break;
+        case control::Command::refuse:
+          // Said once, in keel-launch's form for bad input; nothing of the job runs here.
+          std::fprintf(stderr, "keel-launch: error: the controller at %s refused slot %d: %s\n",
+                       o_.controller.c_str(), o_.slot, c.message().c_str());
+          kill_workers();
+          return kExitJoinRefused;
         case control::Command::spawn: {
           std::map<std::string, std::string> env(c.env().begin(), c.env().end());
           // This machine's best OpenBLAS core, so the worker need not re-exec to get it.
@@ -311,7 +321,8 @@ int Agent::run(const volatile int* stop) {
       client.send(e);
       it = parked_.erase(it);
     }
-    if (Clock::now() >= next_heartbeat) {
+    // Only a welcomed agent holds its slot; until then its heartbeats would claim it.
+    if (welcomed && Clock::now() >= next_heartbeat) {
       next_heartbeat = Clock::now() + std::chrono::milliseconds(200);
       control::Envelope h = make_envelope(0);
       h.mutable_heartbeat()->set_slot(o_.slot);

@@ -39,12 +39,16 @@ struct AgentOptions {
 // silent: the slot stopped its workers and removed its shared memory. 75 is sysexits.h's
 // EX_TEMPFAIL: nothing is wrong with the slot; the job can be resumed (--resume).
 constexpr int kExitControllerLost = 75;
+// Agent::run's result when the controller refused the registration (a wrong job id, a slot
+// out of range, in use, or slot 0): bad input, as recovery::kExitInputError.
+constexpr int kExitJoinRefused = 2;
 
 class Agent {
  public:
   explicit Agent(AgentOptions o) : o_(std::move(o)) {}
   // Runs until the controller says shutdown (0), the controller cannot be reached at the
-  // start (1), the controller is silent for controller_timeout (kExitControllerLost), or
+  // start (1), refuses the registration (kExitJoinRefused, the reason said on stderr), the
+  // controller is silent for controller_timeout (kExitControllerLost), or
   // `stop` is set (from another thread or a signal handler; 0, and if the controller's
   // process is gone, the job's shared memory on this machine is removed too).
   int run(const volatile int* stop = nullptr);

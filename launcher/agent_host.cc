@@ -1,6 +1,7 @@
 #include "launcher/agent_host.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -55,9 +56,13 @@ std::vector<int> AgentHost::ranks_on(int slot) const {
 void AgentHost::on_message(const std::string& identity, const control::Envelope& m) {
   if (m.has_registration()) {
     const auto& reg = m.registration();
-    if (reg.slot() < 0 || reg.slot() >= int(slots_.size())) {
-      std::fprintf(stderr, "keel-launch: slot %d registered, but the job has slots 0..%d\n",
-                   reg.slot(), int(slots_.size()) - 1);
+    if (const std::string why = refusal(identity, reg); !why.empty()) {
+      std::fprintf(stderr, "keel-launch: refused keel-launch --join from %s (pid %d): %s\n",
+                   reg.host().c_str(), reg.pid(), why.c_str());
+      control::Envelope no = make_envelope(0);
+      no.mutable_command()->set_kind(control::Command::refuse);
+      no.mutable_command()->set_message(why);
+      server_->send(identity, no);
       return;
     }
     Slot& s = slots_[size_t(reg.slot())];
@@ -83,6 +88,9 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     const int k = m.heartbeat().slot();
     if (k < 0 || k >= int(slots_.size())) return;
     Slot& s = slots_[size_t(k)];
+    // Another agent that claims the slot (refused, or replaced by a newer one) must not keep
+    // it looking alive.
+    if (identity != s.identity) return;
     if (s.state == State::kLost) {
       // Its network came back, but its ranks were given up: their workers are stale.
       control::Envelope r = make_envelope(0);
@@ -118,6 +126,28 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
       std::fprintf(stderr, "keel-launch: slot %d: %s\n", e.slot(), e.message().c_str());
     }
   }
+}
+
+std::string AgentHost::refusal(const std::string& identity, const control::Register& reg) const {
+  if (!job_.empty() && reg.job() != job_)
+    return detail::concat("job id '", reg.job(), "' is not this controller's job (", job_,
+                          "): take --job from runs/<job>/controller");
+  const int last = int(slots_.size()) - 1;
+  if (reg.slot() < 0 || reg.slot() > last)
+    return detail::concat("slot ", reg.slot(), " is out of range: the job has slots 0..", last);
+  if (reg.slot() == 0 && reg.pid() != int(getpid()))
+    return detail::concat("slot 0 is the controller's own (keel-launch pid ", getpid(),
+                          "): join as ",
+                          last == 1 ? "slot 1" : detail::concat("one of slots 1..", last));
+  const Slot& s = slots_[size_t(reg.slot())];
+  if (s.state == State::kActive && identity != s.identity)
+    return detail::concat(
+        "slot ", reg.slot(), " is in use: keel-launch pid ", s.pid, " on ", s.host,
+        " runs it (last heartbeat ",
+        int64_t(std::chrono::duration<double, std::milli>(Clock::now() - s.last_heartbeat).count()),
+        " ms ago); a slot can be joined once it is taken as lost (no heartbeat for ",
+        slot_timeout_.count(), " ms)");
+  return "";
 }
 
 void AgentHost::start_standby(int slot, bool initial) {
@@ -177,7 +207,9 @@ bool AgentHost::promote(int lost, int standby) {
     adopt_[ranks[i]] = int(i);
   }
   slots_[size_t(standby)].role = Role::kActive;
-  slots_[size_t(lost)].role = Role::kEvicted;
+  // A live slot evicted a moment ago (evict()) has registered again and checks itself as a
+  // standby by now: it must stay one. Only a slot still holding the role is marked.
+  if (slots_[size_t(lost)].role == Role::kActive) slots_[size_t(lost)].role = Role::kEvicted;
   return true;
 }
 

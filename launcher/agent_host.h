@@ -33,8 +33,16 @@ class AgentHost : public RankHost {
             int slots, int standby_slots, std::vector<std::string> worker_argv,
             std::map<std::string, std::string> worker_env, std::chrono::milliseconds slot_timeout);
 
+  // The job id every registering agent must present (Register.job); empty: any.
+  void set_job(std::string job) { job_ = std::move(job); }
+
   // Messages of agents (the controller passes them on); `pump` handles the control plane's
   // pending messages (the controller's), for the calls here that wait on an agent.
+  // A Register is refused (Command refuse, with the reason; the job goes on untouched) when
+  // its job id is not this job's, its slot is outside 0..slots-1, it claims slot 0 from
+  // another process than this one (slot 0 is the controller's own), or its slot is active
+  // under another agent (a slot is free again once taken as lost: no heartbeat for the slot
+  // timeout). Heartbeats of an agent that is not its slot's registered one are ignored.
   void on_message(const std::string& identity, const control::Envelope& msg);
   void set_pump(std::function<void()> pump) { pump_ = std::move(pump); }
 
@@ -80,12 +88,15 @@ class AgentHost : public RankHost {
     bool initial_standby = false;  // a standby from the start (checked together)
   };
   void send(int slot, const control::Envelope& msg);
+  // Why a Register from `identity` cannot be taken ("" if it can).
+  std::string refusal(const std::string& identity, const control::Register& reg) const;
   void check_heartbeats();
   void start_standby(int slot, bool initial);
   bool standby_ready(int slot) const;
 
   ControlServer* server_;
   std::shared_ptr<Store> store_;
+  std::string job_;
   int world_, workers_per_slot_;
   std::vector<Slot> slots_;
   std::vector<std::string> worker_argv_;

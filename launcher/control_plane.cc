@@ -126,8 +126,9 @@ ControlServer::ControlServer(const std::string& bind_host, int port) try
   // Off (the default, set to say so): a message for a client that is gone is dropped, not
   // an EHOSTUNREACH the controller would have to handle on every send.
   sock_.set(zmq::sockopt::router_mandatory, false);
-  // A restarted agent, or one that reconnects after a partition while its old connection
-  // is not yet known dead, takes its identity over instead of being refused.
+  // A client that reconnects after a partition while its old connection is not yet known
+  // dead takes its identity over instead of being refused (agents name themselves by slot
+  // and pid, so a second process joining as the same slot gets a name of its own).
   sock_.set(zmq::sockopt::router_handover, true);
   if (bind_host.find(':') != std::string::npos) sock_.set(zmq::sockopt::ipv6, true);
   std::string addr = tcp_endpoint(bind_host, port == 0 ? "*" : std::to_string(port));

@@ -87,7 +87,7 @@ class ControlServer {
 class ControlClient {
  public:
   // Connects to `endpoint` ("tcp://host:port", as ControlServer::endpoint() gives it) under
-  // `identity` ("agent/3", "worker/12", "ctl/<pid>"): the name the server answers to. A
+  // `identity` ("agent/3/<pid>", "worker/12", "ctl/<pid>"): the name the server answers to. A
   // client that reconnects under an identity already known to the server takes it over.
   // Throws keel::Error if the endpoint is malformed.
   ControlClient(const std::string& endpoint, const std::string& identity);

@@ -166,10 +166,28 @@ void Controller::Impl::inject(const std::string& fault, control::InjectReply* r)
                        (host->slot_of(f.rank()) < 0 ? " has no slot (keel-launch runs slots)"
                                                     : " is on slot 0, which hosts the controller "
                                                       "and cannot be lost yet"));
+    // A fault at step S fires as its rank starts step S (counted from 0), when the rank
+    // reads the store's new faults. A rank that reported c steps completed may already have
+    // started step c, so S must be past c: S <= c is refused. S = c + 1 or later fires unless
+    // the rank completes step S - 1 before the fault reaches the store (the time of this
+    // call: with steps of a few ms, give a step some way ahead).
+    auto target = progress.find(f.rank());
+    if (target != progress.end() && f.step() <= target->second.first.step()) {
+      const int64_t done = target->second.first.step();
+      throw InputError(detail::concat(
+          fault, ": step ", f.step(), " has passed: rank ", f.rank(), " has completed ", done,
+          " step(s) (a fault fires as its rank starts the step, counted from 0); ",
+          done + 1 < o.cfg.train().steps() ? detail::concat("give step=", done + 1, " or later")
+                                           : std::string("the job has no step left to start")));
+    }
     const int64_t n = store->add("runtime_faults/count", 1) - 1;
     store->set("runtime_faults/" + std::to_string(n), fault);
     r->set_ok(true);
-    r->set_message("injected " + fault);
+    r->set_message("injected " + fault +
+                   (target == progress.end()
+                        ? std::string()
+                        : detail::concat(" (rank ", f.rank(), " has completed ",
+                                         target->second.first.step(), " step(s))")));
     event("inject_request", EventFields().add("fault", fault));
   } catch (const std::exception& e) {
     r->set_ok(false);

@@ -5,7 +5,9 @@
 //   keel-ctl replay [--run ... | --controller ...]
 //   keel-ctl update --plugin PATH [--urgent | --lazy] [--at-step S] [--run ... | --controller ...]
 //   keel-ctl plan-standby --machines N --mtbf-hours H --recovery-minutes R [--percentile P]
-// Without --run or --controller it finds the newest job under ./runs.
+// Without --run or --controller it finds the newest job under ./runs. Every error is one line
+// on stderr, "keel-ctl: error: ...": exit 2 for bad input or a request the controller refused
+// (inject at a step already passed, ...), 1 when no controller answers.
 #include <unistd.h>
 #include <cerrno>
 #include <cmath>
@@ -35,6 +37,13 @@ const char* kUsage =
     "DIR is a job's run directory (runs/<job>); by default the newest under ./runs.\n"
     "plan-standby needs no job: it sizes the warm spares for N machines (binomial model).\n";
 
+// Every error keel-ctl reports, from here or from the controller's answer: one line on
+// stderr under one prefix, then the exit status (2: refused, bad input; 1: no answer).
+int fail(int code, const std::string& why) {
+  std::fprintf(stderr, "keel-ctl: error: %s\n", why.c_str());
+  return code;
+}
+
 std::string find_endpoint(const std::string& run, const std::string& controller) {
   if (!controller.empty()) return controller;
   fs::path dir = run;
@@ -45,12 +54,12 @@ std::string find_endpoint(const std::string& run, const std::string& controller)
         if (fs::exists(e.path() / "controller") && e.last_write_time() >= newest)
           newest = e.last_write_time(), dir = e.path();
     if (dir.empty())
-      throw keel::InputError("keel-ctl: no job under ./runs; say which with --run or --controller");
+      throw keel::InputError("no job under ./runs; say which with --run or --controller");
   }
   std::ifstream in(dir / "controller");
   std::string ep;
   if (!std::getline(in, ep) || ep.empty())
-    throw keel::InputError("keel-ctl: " + (dir / "controller").string() +
+    throw keel::InputError((dir / "controller").string() +
                            ": missing or empty (is it a keel-launch run directory?)");
   return ep;
 }
@@ -59,10 +68,7 @@ int status(keel::ControlClient& c) {
   keel::control::Envelope req = keel::make_envelope(0);
   req.mutable_status_request();
   auto rep = c.request(req, std::chrono::seconds(3));
-  if (!rep || !rep->has_status_reply()) {
-    std::fprintf(stderr, "keel-ctl: the controller did not answer within 3 s\n");
-    return 1;
-  }
+  if (!rep || !rep->has_status_reply()) return fail(1, "the controller did not answer within 3 s");
   const auto& s = rep->status_reply();
   std::printf(
       "state %s | epoch %d | step %lld | loss %.6f | %.0f tok/s | MFU %.1f%% | ETTR %.3f | "
@@ -88,12 +94,11 @@ int inject(keel::ControlClient& c, const std::string& fault) {
   keel::control::Envelope req = keel::make_envelope(0);
   req.mutable_inject_request()->set_fault(fault);
   auto rep = c.request(req, std::chrono::seconds(3));
-  if (!rep || !rep->has_inject_reply()) {
-    std::fprintf(stderr, "keel-ctl: the controller did not answer within 3 s\n");
-    return 1;
-  }
+  if (!rep || !rep->has_inject_reply()) return fail(1, "the controller did not answer within 3 s");
+  // A refusal (a bad fault, a step already passed) names its reason; nothing was injected.
+  if (!rep->inject_reply().ok()) return fail(2, rep->inject_reply().message());
   std::printf("%s\n", rep->inject_reply().message().c_str());
-  return rep->inject_reply().ok() ? 0 : 2;
+  return 0;
 }
 
 // Every worker's native stacks, captured by the agents and grouped by the controller: the
@@ -103,17 +108,11 @@ int stacks(keel::ControlClient& c, const std::string& name) {
   req.mutable_stacks_request()->set_name(name);
   // The capture itself is bounded by the controller (under the slot timeout per agent).
   auto rep = c.request(req, std::chrono::seconds(15));
-  if (!rep || !rep->has_stacks_reply()) {
-    std::fprintf(stderr, "keel-ctl: the controller did not answer within 15 s\n");
-    return 1;
-  }
+  if (!rep || !rep->has_stacks_reply()) return fail(1, "the controller did not answer within 15 s");
   const auto& s = rep->stacks_reply();
   if (s.ok()) std::printf("stacks of every worker in %s\n", s.dir().c_str());
   std::fputs(s.summary().c_str(), stdout);
-  if (!s.ok()) {
-    std::fprintf(stderr, "keel-ctl: stacks: %s\n", s.message().c_str());
-    return 1;
-  }
+  if (!s.ok()) return fail(1, "stacks: " + s.message());
   return 0;
 }
 
@@ -123,12 +122,10 @@ int replay(keel::ControlClient& c) {
   keel::control::Envelope req = keel::make_envelope(0);
   req.mutable_replay_request();
   auto rep = c.request(req, std::chrono::seconds(5));
-  if (!rep || !rep->has_replay_reply()) {
-    std::fprintf(stderr, "keel-ctl: the controller did not answer within 5 s\n");
-    return 1;
-  }
+  if (!rep || !rep->has_replay_reply()) return fail(1, "the controller did not answer within 5 s");
+  if (!rep->replay_reply().ok()) return fail(2, rep->replay_reply().message());
   std::printf("%s\n", rep->replay_reply().message().c_str());
-  return rep->replay_reply().ok() ? 0 : 2;
+  return 0;
 }
 
 // Swaps the job's model plugin: the controller checks it with every rank, then every rank
@@ -143,20 +140,16 @@ int update(keel::ControlClient& c, const std::string& plugin, bool lazy, int64_t
   u->set_lazy(lazy);
   u->set_at_step(at_step);
   auto rep = c.request(req, std::chrono::seconds(30));
-  if (!rep || !rep->has_update_reply()) {
-    std::fprintf(stderr, "keel-ctl: the controller did not answer within 30 s\n");
-    return 1;
-  }
+  if (!rep || !rep->has_update_reply()) return fail(1, "the controller did not answer within 30 s");
+  if (!rep->update_reply().ok()) return fail(2, rep->update_reply().message());
   std::printf("%s\n", rep->update_reply().message().c_str());
-  return rep->update_reply().ok() ? 0 : 2;
+  return 0;
 }
 
 // keel-ctl plan-standby: parses its own flags (it talks to no controller) and prints the
 // plan. Bad input throws keel::InputError, which main reports with exit status 2.
 int plan_standby_command(int argc, char** argv) {
-  auto fail = [](const std::string& what) {
-    throw keel::InputError("keel-ctl plan-standby: " + what);
-  };
+  auto fail = [](const std::string& what) { throw keel::InputError("plan-standby: " + what); };
   // The whole text must be the number: "10x" or "" is refused, not read as 10 or 0.
   auto parse = [&](const std::string& flag, const char* text) {
     char* end = nullptr;
@@ -196,13 +189,10 @@ int plan_standby_command(int argc, char** argv) {
           : !have_mtbf   ? "--mtbf-hours"
                          : "--recovery-minutes") +
          "\n" + kUsage);
-  try {
-    const keel::StandbyPlan plan =
-        keel::plan_standby(static_cast<int>(machines), mtbf, recovery, percentile);
-    std::fputs(keel::format_standby_plan(plan).c_str(), stdout);
-  } catch (const keel::InputError& e) {
-    throw keel::InputError(std::string("keel-ctl ") + e.what());
-  }
+  // plan_standby's errors name "plan-standby:" already; main adds keel-ctl's prefix.
+  const keel::StandbyPlan plan =
+      keel::plan_standby(static_cast<int>(machines), mtbf, recovery, percentile);
+  std::fputs(keel::format_standby_plan(plan).c_str(), stdout);
   return 0;
 }
 
@@ -210,10 +200,7 @@ int plan_standby_command(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
-    if (argc < 2) {
-      std::fputs(kUsage, stderr);
-      return 2;
-    }
+    if (argc < 2) return fail(2, std::string("a command is needed\n") + kUsage);
     const std::string cmd = argv[1];
     if (cmd == "plan-standby") return plan_standby_command(argc, argv);
     std::string run, controller, fault, name, plugin;
@@ -232,40 +219,29 @@ int main(int argc, char** argv) {
       } else if (cmd == "update" && a == "--at-step" && i + 1 < argc) {
         char* end = nullptr;
         at_step = std::strtoll(argv[++i], &end, 10);
-        if (!end || *end || at_step < 1) {
-          std::fprintf(stderr, "keel-ctl: --at-step '%s': not a step count >= 1\n", argv[i]);
-          return 2;
-        }
+        if (!end || *end || at_step < 1)
+          return fail(2, std::string("--at-step '") + argv[i] + "': not a step count >= 1");
       } else if (cmd == "inject" && fault.empty() && a.rfind("--", 0) != 0) {
         fault = a;
       } else {
-        std::fprintf(stderr, "keel-ctl: unknown argument '%s'\n%s", a.c_str(), kUsage);
-        return 2;
+        return fail(2, "unknown argument '" + a + "'\n" + kUsage);
       }
     }
     if (cmd != "status" && cmd != "inject" && cmd != "stacks" && cmd != "replay" &&
         cmd != "update") {
-      std::fprintf(stderr, "keel-ctl: unknown command '%s'\n%s", cmd.c_str(), kUsage);
-      return 2;
+      return fail(2, "unknown command '" + cmd + "'\n" + kUsage);
     }
-    if (cmd == "inject" && fault.empty()) {
-      std::fprintf(stderr, "keel-ctl: inject needs a fault, e.g. crash@step=40,rank=3\n");
-      return 2;
-    }
-    if (cmd == "update" && plugin.empty()) {
-      std::fprintf(stderr, "keel-ctl: update needs --plugin PATH\n");
-      return 2;
-    }
+    if (cmd == "inject" && fault.empty())
+      return fail(2, "inject needs a fault, e.g. crash@step=40,rank=3");
+    if (cmd == "update" && plugin.empty()) return fail(2, "update needs --plugin PATH");
     keel::ControlClient c(find_endpoint(run, controller), "ctl/" + std::to_string(getpid()));
     if (cmd == "update") return update(c, plugin, lazy, at_step);
     if (cmd == "stacks") return stacks(c, name);
     if (cmd == "replay") return replay(c);
     return cmd == "status" ? status(c) : inject(c, fault);
   } catch (const keel::InputError& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
+    return fail(2, e.what());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "keel-ctl: %s\n", e.what());
-    return 1;
+    return fail(1, e.what());
   }
 }

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "launcher/rank_backend.h"
 #include "model/plugin_loader.h"
 #include "parallel/net_address.h"
 #include "parallel/socket_communicator.h"
@@ -184,17 +185,9 @@ void diagnose(const WorkerOptions& o, const DiagnoseEnv& de, const std::shared_p
       cfg.recovery().diagnostics_timeout_ms() > 0 ? cfg.recovery().diagnostics_timeout_ms() : 30000;
   const auto groups_deadline = start + Millis(budget_ms * 3 / 4);
 
-  const bool cuda = cfg.runtime().device() == config::RuntimeConfig::cuda;
-  const Precision precision = cfg.runtime().precision() == config::RuntimeConfig::bf16
-                                  ? Precision::kBf16
-                                  : Precision::kFp32;
-  const int local = std::max(1, o.local_world_size);
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads =
-      cfg.runtime().threads() > 0 ? cfg.runtime().threads() : std::max(1, cores / local);
+  const Precision precision = config_precision(cfg);
   // The device the rank itself uses.
-  std::unique_ptr<Backend> backend =
-      cuda ? make_cuda_backend(de.rank % local, precision) : make_cpu_backend(threads);
+  std::unique_ptr<Backend> backend = make_rank_backend(cfg, de.rank, o.local_world_size);
 
   const SelfCheckResult gemm = gemm_self_check(*backend, precision);
   d->set_gemm_ok(gemm.ok);
@@ -210,7 +203,7 @@ void diagnose(const WorkerOptions& o, const DiagnoseEnv& de, const std::shared_p
       defect.on_computed(s, c, p, n, again);
     };
   std::unique_ptr<Backend> one_thread;
-  if (!cuda) one_thread = make_cpu_backend(1);
+  if (backend->kind() == DeviceKind::kCpu) one_thread = make_cpu_backend(1);
   const GoldenCheckResult golden =
       golden_check(one_thread ? *one_thread : *backend, Plugin::load(cfg.model().plugin()), hooks,
                    std::nullopt, precision);

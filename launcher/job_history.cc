@@ -65,6 +65,14 @@ JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int worl
   for (int64_t i = 0; i < n; ++i) {
     report::Incident inc;
     inc.ParseFromString(store.get(recovery::incident_key(i), Millis(10000)));
+    // A rank's own report of a checkpoint it could not write: no fault caused it, no epoch
+    // recovered from it.
+    if (inc.kind() == "checkpoint_write_failed") {
+      rep->set_checkpoint_write_failures(rep->checkpoint_write_failures() + 1);
+      rep->set_checkpoint_last_error(inc.detail());
+      *rep->add_incidents() = inc;
+      continue;
+    }
     // The injection that caused it: the newest unused one before its detection, on its rank
     // when the culprit is known.
     int best = -1;

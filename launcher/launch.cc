@@ -268,6 +268,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
       {"OMP_WAIT_POLICY", "PASSIVE"}};
   AgentHost agents(&control, store, world, W, nslots, o.standby, worker_argv, standby_env,
                    std::chrono::milliseconds(cfg.detect().slot_timeout_ms()));
+  agents.set_job(job);  // a --join with another job's id is refused, not taken
   ControllerOptions co;
   co.cfg = cfg;
   co.job = job;
@@ -326,7 +327,7 @@ int run_launch(const LaunchOptions& opts) {
   LaunchOptions o = opts;
   if (!o.resume.empty() && o.join.empty()) resolve_resume(&o);
   if (o.config_path.empty())
-    throw InputError("keel-launch: --config FILE is required with --join\n" + launch_usage());
+    throw InputError("--config FILE is required with --join\n" + launch_usage());
   config::JobConfig cfg = load_config(o.config_path, o.overrides);
   if (!o.join.empty()) {
     const std::string host = reachable_address(endpoint_host(o.join));
@@ -351,7 +352,7 @@ int run_launch(const LaunchOptions& opts) {
     return run_agent(o, cfg, rank, endpoint, job, reachable_address(endpoint_host(endpoint)));
   }
   throw InputError(
-      "keel-launch: say where the slots are: --local N (this machine), under mpirun (one slot "
+      "say where the slots are: --local N (this machine), under mpirun (one slot "
       "per MPI rank), --slots N (slot 0 here, the others by hand), or --join ENDPOINT --slot K "
       "--job ID");
 }

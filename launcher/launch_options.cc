@@ -42,14 +42,14 @@ bool parse_launch_options(int argc, char** argv, LaunchOptions* o) {
     char* end = nullptr;
     long x = std::strtol(v.c_str(), &end, 10);
     if (v.empty() || *end != '\0' || x < min || x > 4096)
-      throw InputError(detail::concat("keel-launch: ", flag, " = '", v,
-                                      "': expected an integer in [", min, ", 4096]"));
+      throw InputError(
+          detail::concat(flag, " = '", v, "': expected an integer in [", min, ", 4096]"));
     return int(x);
   };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw InputError("keel-launch: " + a + " needs a value");
+      if (i + 1 >= argc) throw InputError(a + " needs a value");
       return argv[++i];
     };
     if (a == "--help" || a == "-h") {
@@ -84,16 +84,15 @@ bool parse_launch_options(int argc, char** argv, LaunchOptions* o) {
     } else if (a == "--quiet") {
       o->quiet = true;
     } else {
-      throw InputError("keel-launch: unknown argument '" + a + "'\n" + launch_usage());
+      throw InputError("unknown argument '" + a + "'\n" + launch_usage());
     }
   }
   if (o->config_path.empty() && o->resume.empty())
-    throw InputError("keel-launch: --config FILE is required (or --resume runs/<job>)\n" +
-                     launch_usage());
+    throw InputError("--config FILE is required (or --resume runs/<job>)\n" + launch_usage());
   if (o->slots > 0 && (o->local > 0 || !o->join.empty()))
-    throw InputError("keel-launch: --slots N cannot be combined with --local or --join");
+    throw InputError("--slots N cannot be combined with --local or --join");
   if (!o->join.empty() && (o->slot < 0 || o->job.empty()))
-    throw InputError("keel-launch: --join needs --slot K and --job ID");
+    throw InputError("--join needs --slot K and --job ID");
   return true;
 }
 

@@ -27,6 +27,9 @@ std::string RankExit::describe() const {
   if (WIFSIGNALED(status))
     return detail::concat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)),
                           ")");
+  if (WEXITSTATUS(status) == recovery::kExitWriteFailed)
+    return detail::concat("exited with status ", WEXITSTATUS(status),
+                          " (a checkpoint or output file could not be written: not restarted)");
   return detail::concat("exited with status ", WEXITSTATUS(status));
 }
 

@@ -36,7 +36,8 @@ struct RankExit {
   bool fatal() const {
     return !slot_lost && WIFEXITED(status) &&
            (WEXITSTATUS(status) == recovery::kExitInputError ||
-            WEXITSTATUS(status) == recovery::kExitNonFinite);
+            WEXITSTATUS(status) == recovery::kExitNonFinite ||
+            WEXITSTATUS(status) == recovery::kExitWriteFailed);
   }
   int code() const {
     if (slot_lost) return 1;

@@ -109,6 +109,11 @@ inline const char* kSdcCheckSeconds = "sdc/check_seconds";
 // or the same numbers would fail again.
 constexpr int kExitInputError = 2;
 constexpr int kExitNonFinite = 4;
+// The job could not write what it must: a persistent checkpoint under
+// checkpoint.on_write_error: stop (every rank, after the same step, once rank 0's report is
+// written), or an output at its end (--report, --loss-svg, --export-llmc; rank 0). A full
+// disk stays full: no restart.
+constexpr int kExitWriteFailed = 5;
 
 // Unix time in seconds, for timelines across processes.
 double unix_now();

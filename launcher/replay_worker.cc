@@ -11,6 +11,7 @@
 
 #include "ckpt/backup_placement.h"
 #include "ckpt/restore.h"
+#include "launcher/rank_backend.h"
 #include "launcher/recovery_protocol.h"
 #include "model/data_loader.h"
 #include "model/plugin_loader.h"
@@ -84,16 +85,7 @@ int replay(const WorkerOptions& o, const ReplayEnv& re, const std::shared_ptr<St
   const Coord c = topo_1.coord(g);
   const int x = topo_d.rank({0, c.pp, c.tp});  // the job's rank whose state this one replays
 
-  const bool cuda = cfg.runtime().device() == config::RuntimeConfig::cuda;
-  const Precision precision = cfg.runtime().precision() == config::RuntimeConfig::bf16
-                                  ? Precision::kBf16
-                                  : Precision::kFp32;
-  const int local = std::max(1, o.local_world_size);
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads =
-      cfg.runtime().threads() > 0 ? cfg.runtime().threads() : std::max(1, cores / local);
-  std::unique_ptr<Backend> backend =
-      cuda ? make_cuda_backend(g % local, precision) : make_cpu_backend(threads);
+  std::unique_ptr<Backend> backend = make_rank_backend(cfg, g, o.local_world_size);
   std::shared_ptr<Plugin> plugin = Plugin::load(cfg.model().plugin());
   DataLoader data = DataLoader::from_config(cfg_1);
   const Millis timeout(cfg.parallel().comm_timeout_ms());
@@ -132,7 +124,7 @@ int replay(const WorkerOptions& o, const ReplayEnv& re, const std::shared_ptr<St
   ProcessGroupOptions po;
   po.timeout = timeout;
   po.device = backend->kind();
-  po.cuda_device = g % local;
+  po.cuda_device = g % std::max(1, o.local_world_size);
   po.host = reachable_address(store_host);
   ProcessGroups groups =
       make_process_groups(topo_1, g, std::make_shared<PrefixStore>(re.key + "/pg/", store), po);

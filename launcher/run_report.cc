@@ -1,8 +1,13 @@
 #include "launcher/run_report.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -21,15 +26,32 @@ std::string num(double v) {
   return buf;
 }
 
+// Writes `path` whole or not at all: through path.tmp, renamed over it once every byte is
+// out. A failure (a full disk at the end of a run) removes path.tmp and throws keel::Error
+// naming the file and the call that failed, e.g. "r.json: write: No space left on device".
 void write_file(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    if (!f) throw InputError("cannot write " + tmp);
-    f << text;
-    if (!f.flush()) throw InputError("cannot write " + tmp);
+  const std::string tmp = path + ".tmp";
+  auto fail = [&](const char* call) {
+    const int err = errno;
+    ::unlink(tmp.c_str());  // may not exist (open failed): nothing to check
+    throw Error(path + ": " + call + ": " + std::strerror(err));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd == -1) fail("open");
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n == -1 && errno == EINTR) continue;
+    if (n == -1) {
+      const int err = errno;
+      ::close(fd);
+      errno = err;
+      fail("write");
+    }
+    done += size_t(n);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw InputError("cannot rename to " + path);
+  if (::close(fd) == -1) fail("close");
+  if (::rename(tmp.c_str(), path.c_str()) == -1) fail("rename");
 }
 
 }  // namespace
@@ -55,6 +77,8 @@ void write_loss_svg(const std::string& path, const RunReport& r) {
     << " steps, final " << num(r.final_loss());
   if (r.incidents_size() > 0)
     o << ", " << r.incidents_size() << " incident(s) survived, ETTR " << num(r.ettr()).substr(0, 5);
+  if (r.checkpoint_write_failures() > 0)
+    o << ", " << r.checkpoint_write_failures() << " persistent checkpoint write(s) FAILED";
   o << ")</text>\n";
   if (r.losses_size() > 0) {
     double lo = *std::min_element(r.losses().begin(), r.losses().end());

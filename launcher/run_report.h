@@ -13,6 +13,8 @@ namespace keel {
 
 using RunReport = report::RunReport;
 
+// Each writes `path` whole or leaves it as it was; a failure (a full disk) throws keel::Error
+// naming the file and why, and leaves no temporary file behind.
 void write_report_json(const std::string& path, const RunReport& r);
 
 // A self-contained SVG line chart of the losses by step.

@@ -4,6 +4,16 @@
 
 namespace keel {
 namespace worker_detail {
+namespace {
+
+// Ends the step loop early, on every rank at the same step: a persistent checkpoint failed
+// and checkpoint.on_write_error is stop. The job still finishes (report, exports).
+class CheckpointWriteStop : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace
 
 int Worker::run() {
   setup();
@@ -18,9 +28,13 @@ int Worker::run() {
   hooks.before_step.push_back([this](int64_t s) { sdc_before_step(s); });
   hooks.after_step.push_back([this](const StepStats& st) { after_step(st); });
   hooks.on_error = [this](int64_t s, const std::exception& e) { return on_error(s, e); };
-  run_step_loop([this]() -> Trainer& { return *trainer_; }, cfg_.train().steps(), hooks);
+  try {
+    run_step_loop([this]() -> Trainer& { return *trainer_; }, cfg_.train().steps(), hooks);
+  } catch (const CheckpointWriteStop& e) {
+    if (leader_) std::fprintf(stderr, "keel-worker: %s\n", e.what());
+  }
   finish();
-  return 0;
+  return exit_code_;
 }
 
 void Worker::setup() {
@@ -49,11 +63,8 @@ void Worker::setup() {
                        " faults need slots (machines): start the job with keel-launch");
   const int threads = worker_threads();
   const bool cuda = cfg_.runtime().device() == config::RuntimeConfig::cuda;
-  const Precision precision = cfg_.runtime().precision() == config::RuntimeConfig::bf16
-                                  ? Precision::kBf16
-                                  : Precision::kFp32;
-  backend_ = cuda ? make_cuda_backend(o_.rank % std::max(1, o_.local_world_size), precision)
-                  : make_cpu_backend(threads);
+  const Precision precision = config_precision(cfg_);
+  backend_ = make_rank_backend(cfg_, o_.rank, o_.local_world_size);
   plugin_ = Plugin::load(cfg_.model().plugin());
   data_ = std::make_unique<DataLoader>(DataLoader::from_config(cfg_));
   if (cfg_.train().eval_every() > 0)
@@ -131,6 +142,9 @@ void Worker::setup() {
   register_pid();
 
   state_ = make_train_state(cfg_, backend_.get(), *plugin_, topo_, o_.rank);
+  // A rank started alone owns its shared memory: Ctrl-C, a kill or an exit fault, which skip
+  // ~Worker, must not leave it behind.
+  if (!env_.supervised) own_segments_until_exit(env_.job, o_.rank);
   open_snapshots();
   if (injector_ && std::getenv("KEEL_SLOT")) {
     injector_->set_slot_actions(slot_fault_actions(env_.job));
@@ -377,6 +391,26 @@ void Worker::after_step(const StepStats& step_stats) {
       }
     }
   }
+  settle_checkpoint();
+}
+
+// checkpoint.on_write_error: stop. A save fails on one rank or on all of them, at times that
+// differ by rank, but every rank must stop after the same step: each step the ranks take the
+// worst outcome of their newest saves (failed > in flight > written), one float over the
+// world group, only in this mode. A failure stops the step loop after this step.
+void Worker::settle_checkpoint() {
+  if (!checkpointer_ || cfg_.checkpoint().on_write_error() != config::CheckpointConfig::stop)
+    return;
+  using Outcome = PersistentCheckpointer::Outcome;
+  const Outcome o = checkpointer_->last_outcome();
+  float worst = o == Outcome::kFailed ? 2.f : o == Outcome::kInFlight ? 1.f : 0.f;
+  if (topo_.world_size() > 1) groups_->world->all_reduce(&worst, 1, ReduceOp::kMax);
+  if (worst < 2 || checkpoint_stop_) return;
+  checkpoint_stop_ = true;
+  if (state_->step() < cfg_.train().steps())
+    throw CheckpointWriteStop(detail::concat(
+        "a persistent checkpoint could not be written: stopping after step ", state_->step(),
+        " of ", cfg_.train().steps(), " (checkpoint.on_write_error: stop)"));
 }
 
 // Rank 0 keeps each step's numbers in the job's store, so they survive its own restart.
@@ -425,6 +459,21 @@ void Worker::finish() {
   stop_update_watch();
   if (snapshotter_) snapshotter_->wait_idle();
   if (checkpointer_) checkpointer_->wait();
+  settle_checkpoint();  // the last save's outcome, now that it is written
+  // The job's steps are those it ran: the report covers them, not the configured ones.
+  const int64_t configured_steps = cfg_.train().steps();
+  if (checkpoint_stop_) {
+    const int64_t ran = state_->step();
+    // The report has a validation loss at the last step (every rank evaluates alike).
+    if (val_ && ran < configured_steps && ran % cfg_.train().eval_every() != 0) {
+      const double vl = trainer_->evaluate(*val_, cfg_.train().eval_batches());
+      char buf[40];
+      std::snprintf(buf, sizeof(buf), "%.17g", vl);
+      if (leader_) store_->set(recovery::eval_key(ran), buf);
+    }
+    cfg_.mutable_train()->set_steps(int(ran));
+    exit_code_ = recovery::kExitWriteFailed;
+  }
   if (recovery_) recovery_->stop_watch();
   // Every rank's figures reach rank 0's report through the store: set before the gather,
   // which rank 0 leaves only after every rank entered it.
@@ -437,20 +486,40 @@ void Worker::finish() {
     ParamDigest digest;
     for (const auto& name : trainer_->canonical_names()) digest.add(name, full.at(name));
     rep.set_param_checksum(digest.hex());
-    if (!o_.export_llmc_path.empty())
-      write_llmc_checkpoint(o_.export_llmc_path, trainer_->dims(), full);
-    if (!o_.report_path.empty()) write_report_json(o_.report_path, rep);
-    if (!o_.loss_svg_path.empty()) write_loss_svg(o_.loss_svg_path, rep);
+    rep.set_stopped_on_checkpoint_error(checkpoint_stop_);
+    // A full disk at the end costs the file it fills, never the others: the trained weights
+    // first, then the report and the chart, each tried; the exit code says one failed.
+    auto output = [&](const char* flag, const std::string& path, const auto& write) {
+      if (path.empty()) return;
+      try {
+        write();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "keel-worker: %s %s: not written: %s\n", flag, path.c_str(), e.what());
+        exit_code_ = recovery::kExitWriteFailed;
+      }
+    };
+    output("--export-llmc", o_.export_llmc_path,
+           [&] { write_llmc_checkpoint(o_.export_llmc_path, trainer_->dims(), full); });
+    output("--report", o_.report_path, [&] { write_report_json(o_.report_path, rep); });
+    output("--loss-svg", o_.loss_svg_path, [&] { write_loss_svg(o_.loss_svg_path, rep); });
+    std::string ckpt_text;
+    if (rep.checkpoint_write_failures() > 0)
+      ckpt_text =
+          detail::concat("; PERSISTENT CHECKPOINTS FAILED: ", rep.checkpoint_write_failures(),
+                         " write(s), the last: ", rep.checkpoint_last_error());
+    if (checkpoint_stop_)
+      ckpt_text += detail::concat("; stopped after step ", state_->step(), " of ", configured_steps,
+                                  " (checkpoint.on_write_error: stop)");
     char mfu_text[16] = "n/a";
     if (rep.mfu_unavailable().empty())
       std::snprintf(mfu_text, sizeof(mfu_text), "%.1f%%", 100 * rep.mfu());
     if (!o_.quiet)
       std::printf(
           "keel: done: %d steps, final loss %.6f, %.0f tok/s, MFU %s of %.3g FLOP/s "
-          "(%s), params %s, ETTR %.3f, %d incident(s), %.1f s\n",
+          "(%s), params %s, ETTR %.3f, %d incident(s), %.1f s%s\n",
           rep.steps_completed(), rep.final_loss(), rep.tokens_per_s(), mfu_text,
           rep.mfu_peak_flops(), rep.mfu_peak_source().c_str(), rep.param_checksum().c_str(),
-          rep.ettr(), rep.incidents_size(), rep.wall_s());
+          rep.ettr(), rep.incidents_size(), rep.wall_s(), ckpt_text.c_str());
   }
   // Keep every rank's communicators alive until rank 0 has its gather.
   groups_->world->barrier();

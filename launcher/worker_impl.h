@@ -31,6 +31,7 @@
 #include "launcher/job_history.h"
 #include "launcher/mfu.h"
 #include "launcher/progress_reporter.h"
+#include "launcher/rank_backend.h"
 #include "launcher/recovery_client.h"
 #include "launcher/recovery_protocol.h"
 #include "launcher/round_meter.h"
@@ -158,14 +159,11 @@ class Worker {
     l.plugin_name = plugin_->name();
     l.plugin_version = plugin_->version();
     l.lineage = env_.lineage;
+    l.model = describe_model(cfg_);
     return l;
   }
 
-  int worker_threads() const {
-    if (cfg_.runtime().threads() > 0) return cfg_.runtime().threads();
-    int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-    return std::max(1, cores / o_.local_world_size);
-  }
+  int worker_threads() const { return rank_threads(cfg_, o_.local_world_size); }
 
   // The state the job starts from: --resume (or, after restart_all, the newest checkpoint),
   // model.init_checkpoint, or a fresh init.
@@ -268,6 +266,11 @@ class Worker {
   std::string listen_host_ = "127.0.0.1";  // where this rank's sockets listen
   std::unique_ptr<Snapshotter> snapshotter_;
   std::unique_ptr<PersistentCheckpointer> checkpointer_;
+  // checkpoint.on_write_error: stop: a save failed on some rank, and every rank stops after
+  // the same step (settle_checkpoint in worker.cc).
+  bool checkpoint_stop_ = false;
+  void settle_checkpoint();
+  int exit_code_ = 0;  // once the job is done: kExitWriteFailed if a file could not be written
   int holder_ = -1;
   bool replica_holder_ = false;  // holder_ is a DP replica: its own snapshot is the backup
   int64_t nonfinite_retried_ = -1;

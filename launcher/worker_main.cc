@@ -53,6 +53,9 @@ int main(int argc, char** argv) {
       }
       return keel::run_supervisor(o, args);
     }
+    // A rank started alone is a job of its own, so it does what a supervisor does first:
+    // removes the shared memory of ended jobs (a lone rank killed by SIGKILL leaves its own).
+    if (!std::getenv("KEEL_JOB_ID")) keel::remove_stale_segments();
     return keel::run_worker(o);
   } catch (const keel::InputError& e) {
     std::fprintf(stderr, "keel-worker: error: %s\n", e.what());

@@ -87,14 +87,11 @@ void Worker::sdc_before_update(int64_t s) {
   if (v.golden) {
     // A tie between replicas: every rank trains the golden mini-GPT through the same
     // (possibly defective) unit, and whoever differs from the reference is named.
-    const Precision precision = cfg_.runtime().precision() == config::RuntimeConfig::bf16
-                                    ? Precision::kBf16
-                                    : Precision::kFp32;
+    const Precision precision = config_precision(cfg_);
     if (!golden_backend_)
-      golden_backend_ =
-          backend_->kind() == DeviceKind::kCpu
-              ? make_cpu_backend(1)
-              : make_cuda_backend(o_.rank % std::max(1, o_.local_world_size), precision);
+      golden_backend_ = backend_->kind() == DeviceKind::kCpu
+                            ? make_cpu_backend(1)
+                            : make_rank_backend(cfg_, o_.rank, o_.local_world_size);
     TrainerHooks hooks;
     if (injector_ && sdc_injected_)
       hooks.computed = [this](int64_t st, TensorClass cls, float* d, size_t n, bool re) {

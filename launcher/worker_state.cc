@@ -33,6 +33,33 @@ void Worker::open_checkpointer() {
   po.rank = o_.rank;
   po.layout = checkpoint_layout();
   po.keep = cfg_.checkpoint().keep();
+  // An incident of its own, in the job's store at once (the report reads it back), never a
+  // failure of the rank: training goes on, protected by the in-memory snapshots.
+  po.on_write_failed =
+      [connect = connect_,
+       stop = cfg_.checkpoint().on_write_error() == config::CheckpointConfig::stop,
+       every = cfg_.checkpoint().persistent_every_steps()](const CheckpointWriteFailure& f) {
+        report::Incident inc;
+        inc.set_kind("checkpoint_write_failed");
+        inc.set_rank(f.rank);
+        inc.set_slot(std::getenv("KEEL_SLOT") ? std::atoi(std::getenv("KEEL_SLOT")) : -1);
+        inc.set_step(int(f.step));
+        inc.set_detected_at(recovery::unix_now());
+        inc.set_epoch(-1);
+        inc.set_detail(f.message());
+        inc.set_rule("checkpoint_write");
+        inc.set_action(stop ? "the job stops (checkpoint.on_write_error: stop)"
+                            : detail::concat("training goes on; the next checkpoint is step ",
+                                             f.step + every));
+        try {
+          std::shared_ptr<Store> store = connect();
+          const int64_t n = store->add(recovery::kIncidentCount, 1) - 1;
+          store->set(recovery::incident_key(n), inc.SerializeAsString());
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "keel: rank %d: cannot record the checkpoint incident: %s\n", f.rank,
+                       e.what());
+        }
+      };
   checkpointer_ = std::make_unique<PersistentCheckpointer>(po, connect_);
 }
 

@@ -297,6 +297,12 @@ constexpr int kMaxSeqLen = 1 << 16;
 constexpr int kMaxThreads = 1024;
 // Token shards store tokens as uint16.
 constexpr int kMaxVocab = 1 << 16;
+// Agents send a heartbeat, and workers a liveness report, every this many milliseconds
+// (launcher/agent.cc, launcher/progress_reporter.h); the controller answers each heartbeat.
+constexpr int kReportPeriodMs = 200;
+// The longest timeout: a day is "never" for a job, and code that scales a budget in int
+// milliseconds (3/4 of it, say) stays far from overflow.
+constexpr int kMaxTimeoutMs = 24 * 3600 * 1000;
 
 // A value shown as is (an enum name, a list), where a string would be quoted.
 struct Raw {
@@ -420,8 +426,19 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
     require_list(sum == m.num_layers(), "must sum to " + ref("model.num_layers", m.num_layers()));
   }
   v.require(p.bucket_mb() > 0, "parallel.bucket_mb", p.bucket_mb(), "must be positive");
-  v.require(p.comm_timeout_ms() > 0, "parallel.comm_timeout_ms", p.comm_timeout_ms(),
-            "must be positive");
+  // A time field must be long enough to work: a timeout shorter than a few report periods (or
+  // than a healthy step's skew) fires on a healthy job and blames the wrong machine.
+  auto require_ms = [&](const std::string& path, int value, int min, const std::string& why,
+                        bool zero_is_off = false) {
+    v.require(value >= min || (zero_is_off && value == 0), path, value,
+              std::string("must be ") + (zero_is_off ? "0 (off) or " : "") + ">= " + show(min) +
+                  " (" + why + ")");
+    v.require(value <= kMaxTimeoutMs, path, value,
+              "must be at most " + show(kMaxTimeoutMs) + " (one day)");
+  };
+  require_ms("parallel.comm_timeout_ms", p.comm_timeout_ms(), 1000,
+             "every collective waits this long for its slowest peer, whose step may lag by "
+             "seconds; shorter, a healthy job times out");
 
   v.require(t.micro_batch_size() >= 1, "train.micro_batch_size", t.micro_batch_size(),
             "must be >= 1");
@@ -462,16 +479,27 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
   v.require(c.keep() >= 0, "checkpoint.keep", c.keep(), "must be >= 0 (0 keeps all)");
 
   const auto& rc = cfg.recovery();
-  v.require(rc.abort_timeout_ms() > 0, "recovery.abort_timeout_ms", rc.abort_timeout_ms(),
-            "must be positive");
+  require_ms("recovery.abort_timeout_ms", rc.abort_timeout_ms(), 500,
+             "a survivor answers the abort through the store once its current call returns; "
+             "shorter, healthy survivors are killed as hung");
   v.require(rc.max_incidents() >= 0, "recovery.max_incidents", rc.max_incidents(), "must be >= 0");
   v.require(rc.abort_timeout_steps() >= 1, "recovery.abort_timeout_steps", rc.abort_timeout_steps(),
             "must be >= 1");
   const auto& dc = cfg.detect();
-  v.require(dc.controller_timeout_ms() > 0, "detect.controller_timeout_ms",
-            dc.controller_timeout_ms(), "must be positive");
-  v.require(dc.liveness_timeout_ms() >= 400, "detect.liveness_timeout_ms", dc.liveness_timeout_ms(),
-            "must be >= 400 (workers report every 200 ms)");
+  const std::string period = show(kReportPeriodMs) + " ms";
+  require_ms(
+      "detect.slot_timeout_ms", dc.slot_timeout_ms(), 5 * kReportPeriodMs,
+      "agents send a heartbeat every " + period + ": a few late ones must not lose a healthy slot");
+  require_ms("detect.controller_timeout_ms", dc.controller_timeout_ms(), 5 * kReportPeriodMs,
+             "the controller answers a heartbeat every " + period +
+                 ": a few late answers must not stop a healthy slot");
+  require_ms("detect.liveness_timeout_ms", dc.liveness_timeout_ms(), 3 * kReportPeriodMs,
+             "workers report every " + period + ": a late report must not make a rank hung");
+  require_ms("detect.hang_grace_ms", dc.hang_grace_ms(), 3 * kReportPeriodMs,
+             "the controller sees the step count through reports every " + period +
+                 ": a shorter grace takes a healthy job between two reports for stalled; "
+                 "0 leaves hangs to parallel.comm_timeout_ms",
+             /*zero_is_off=*/true);
   v.require(dc.slow_round_steps() >= 0, "detect.slow_round_steps", dc.slow_round_steps(),
             "must be >= 0 (0 turns fail-slow detection off)");
   v.require(dc.slow_factor() > 1.0, "detect.slow_factor", dc.slow_factor(),
@@ -485,11 +513,43 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
             "must be in [1, detect.slow_window = " + show(dc.slow_window()) + "]");
   v.require(rc.repeat_window_steps() >= 0, "recovery.repeat_window_steps", rc.repeat_window_steps(),
             "must be >= 0 (0: a failure never counts as a repeat)");
-  v.require(rc.diagnostics_timeout_ms() >= 0, "recovery.diagnostics_timeout_ms",
-            rc.diagnostics_timeout_ms(), "must be >= 0 (0 skips the diagnostics)");
+  require_ms("recovery.diagnostics_timeout_ms", rc.diagnostics_timeout_ms(), 4000,
+             "three group tests of at least a second each run in three quarters of it",
+             /*zero_is_off=*/true);
+  require_ms("sdc.replay_timeout_ms", cfg.sdc().replay_timeout_ms(), 5000,
+             "each phase starts a worker per machine, loads the plugin and data and runs a "
+             "step");
+  const auto& u = cfg.update();
+  v.require(u.probation_steps() >= 0, "update.probation_steps", u.probation_steps(),
+            "must be >= 0 (0: no probation)");
+  v.require(std::isfinite(u.max_loss_jump()) && u.max_loss_jump() > 0, "update.max_loss_jump",
+            u.max_loss_jump(), "must be positive (a loss above (1 + this) × the mean is a jump)");
   v.require(rc.on_no_standby() != config::RecoveryConfig::shrink_dp || !cfg.parallel().zero1(),
             "recovery.on_no_standby", Raw{"shrink_dp"},
             "needs parallel.zero1 = false (a ZeRO-1 shard of the dropped replica would be lost)");
+  // Settings the chosen recovery.mode never reads are refused, not ignored: whoever set them
+  // expects a behaviour the job would not have.
+  using RC = config::RecoveryConfig;
+  const std::string mode = RC::Mode_Name(rc.mode());
+  v.require(dc.on_slot_loss() != config::DetectConfig::wait || rc.mode() == RC::in_place,
+            "detect.on_slot_loss", Raw{"wait"},
+            "needs recovery.mode = in_place, not " + mode + " (" + mode +
+                " replaces a lost slot by a standby; to wait for one, set "
+                "recovery.on_no_standby = wait)");
+  v.require(rc.evict() == RC::culprit || rc.mode() == RC::hot_swap, "recovery.evict",
+            Raw{RC::Evict_Name(rc.evict())},
+            "needs recovery.mode = hot_swap, not " + mode + " (" + mode +
+                (rc.mode() == RC::in_place ? " never evicts a slot)"
+                                           : " restarts every rank; it evicts only lost slots)"));
+  v.require(rc.on_no_standby() == RC::fail || rc.mode() != RC::in_place, "recovery.on_no_standby",
+            Raw{RC::OnNoStandby_Name(rc.on_no_standby())},
+            "needs recovery.mode = hot_swap or restart_all, not in_place (in_place never "
+            "evicts a slot, so never looks for a standby; a lost slot follows "
+            "detect.on_slot_loss)");
+  v.require(rc.on_no_standby() != RC::shrink_dp || rc.mode() != RC::restart_all,
+            "recovery.on_no_standby", Raw{"shrink_dp"},
+            "needs recovery.mode = hot_swap, not restart_all (restart_all restarts every rank "
+            "in the full layout; it cannot drop a replica)");
 
   const auto& r = cfg.runtime();
   v.require(

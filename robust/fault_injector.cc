@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ckpt/snapshot_region.h"
 #include "parallel/link_delay.h"
 #include "robust/fault_spec.h"
 
@@ -80,9 +82,14 @@ void FaultInjector::before_step(int64_t step) {
         if (!claim(i)) break;
         record(f, step);
         // Like a library that gives up (a CUDA illegal address): a message, then the exit
-        // status, with no unwinding and no atexit handlers.
-        std::fprintf(stderr, "%s\n", f.message().c_str());
+        // status, with no unwinding and no atexit handlers. The line says the fault was
+        // injected, so that a run it ends is not taken for a real failure.
+        std::fprintf(stderr, "%s: rank %d: injected exit fault at step %lld (code %d)%s%s\n",
+                     program_invocation_short_name, rank_, static_cast<long long>(step),
+                     f.exit_code(), f.message().empty() ? "" : ": ", f.message().c_str());
         std::fflush(stderr);
+        // A rank started alone owns its shared memory, which no destructor removes now.
+        remove_owned_segments();
         _exit(f.exit_code());
       case faults::Fault::hang:
       case faults::Fault::hang_in_collective:

@@ -45,13 +45,15 @@ class FaultInjector {
   // epoch's) and may be shared with other threads if it is thread-safe.
   FaultInjector(faults::FaultSchedule schedule, int rank, std::shared_ptr<Store> store);
 
-  // At the start of step `step`: a crash SIGKILLs this process, an exit prints its message
-  // to stderr and _exits with its code, a slow fault sleeps delay_ms (at this and every
-  // later step), a hang arms the switch so the step's first communicator call blocks
-  // forever, a hang_in_collective so that the step's first collective completes and then
-  // never returns; a freeze SIGSTOPs the whole process (it goes on from here on SIGCONT),
-  // a spin loops forever in compute on this thread, never returning. Throws keel::Error for
-  // a hang or hang_in_collective when wrap() was never called.
+  // At the start of step `step`: a crash SIGKILLs this process, an exit says on stderr that
+  // an injected fault ends it (with its message, if any) and _exits with its code, a slow
+  // fault sleeps delay_ms (at this and every later step), a slow_link delays every message
+  // sent from then on, a link_error aborts the rank's communicators, a hang arms the switch
+  // so the step's first communicator call blocks forever, a hang_in_collective so that the
+  // step's first collective completes and then never returns; a freeze SIGSTOPs the whole
+  // process (it goes on from here on SIGCONT), a spin loops forever in compute on this
+  // thread, never returning. Throws keel::Error for a hang, hang_in_collective or
+  // link_error when wrap() was never called.
   void before_step(int64_t step);
 
   // What corrupt_snapshot and lose_snapshot do to this rank's snapshot before the rank

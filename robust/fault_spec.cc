@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -46,6 +47,13 @@ std::string FaultOrigin::where(const std::string& field) const {
   if (it == lines.end()) it = lines.find("");  // the fault's own line
   std::string at = it == lines.end() ? file : file + ":" + std::to_string(it->second);
   return at + ": fault[" + std::to_string(index) + "]." + field;
+}
+
+std::string FaultOrigin::label() const {
+  if (!flag.empty()) return "--fault '" + flag + "'";
+  auto it = lines.find("");
+  std::string at = it == lines.end() ? file : file + ":" + std::to_string(it->second);
+  return at + ": fault[" + std::to_string(index) + "]";
 }
 
 faults::Fault parse_fault_flag(const std::string& value) {
@@ -159,13 +167,23 @@ void add_fault_flag(FaultPlan* plan, const std::string& value) {
 }
 
 void add_fault_file(FaultPlan* plan, const std::string& path) {
+  // A directory opens as an empty stream on Linux: the job would run with no faults at all.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(path +
+                     ": is a directory, expected a fault schedule file (text protobuf, "
+                     "proto/faults.proto)");
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot open: " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
-  if (in.bad()) throw InputError(path + ": read failed");
+  if (in.bad()) throw InputError(path + ": read failed: " + std::strerror(errno));
   std::vector<std::map<std::string, int>> lines;
   faults::FaultSchedule s = parse_fault_schedule(ss.str(), path, &lines);
+  if (s.fault_size() == 0)
+    throw InputError(path +
+                     ": holds no fault (expected `fault { kind: crash step: 5 rank: 1 }` "
+                     "entries, proto/faults.proto)");
   for (int i = 0; i < s.fault_size(); ++i) {
     *plan->schedule.add_fault() = s.fault(i);
     plan->origins.push_back({.file = path, .index = i, .lines = lines[size_t(i)]});
@@ -216,6 +234,25 @@ void validate_fault_plan(const FaultPlan& plan, int world_size, int64_t steps) {
       require(!f.has_message(), o, "message", "\"" + f.message() + "\"",
               "only an exit fault takes a message (this one is " + kind + ")");
     }
+  }
+  // The same fault twice fires twice (each copy is claimed on its own): refused. Two faults
+  // are the same when every value the kind reads is equal.
+  std::map<std::string, int> first;
+  for (int i = 0; i < plan.schedule.fault_size(); ++i) {
+    const faults::Fault& f = plan.schedule.fault(i);
+    const std::string key =
+        detail::concat(f.kind(), " ", f.step(), " ", f.rank(), " ", f.exit_code(), " ",
+                       f.delay_ms(), " ", f.target(), " ", f.once(), " ", f.message());
+    auto [it, fresh] = first.emplace(key, i);
+    if (fresh) continue;
+    auto origin = [&](int k) {
+      return size_t(k) < plan.origins.size()
+                 ? plan.origins[size_t(k)].label()
+                 : FaultOrigin{.file = "fault schedule", .index = k}.label();
+    };
+    if (!text.empty()) text += "\n";
+    text += origin(i) + ": the same fault as " + origin(it->second) +
+            " (given twice, it would fire twice; give it once)";
   }
   if (!text.empty()) throw InputError(text);
 }

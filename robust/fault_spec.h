@@ -24,6 +24,8 @@ struct FaultOrigin {
   std::map<std::string, int> lines{};  // field ("rank") → 1-based line in the file
   // "--fault 'crash@step=3,rank=1': rank" or "faults.pbtxt:7: fault[1].rank".
   std::string where(const std::string& field) const;
+  // The fault itself: "--fault 'crash@step=3,rank=1'" or "faults.pbtxt:5: fault[1]".
+  std::string label() const;
 };
 
 // Faults from every --fault and --inject of a command line, in the order given.
@@ -44,14 +46,17 @@ faults::FaultSchedule parse_fault_schedule(
     const std::string& text, const std::string& name_for_errors,
     std::vector<std::map<std::string, int>>* lines = nullptr);
 
-// Appends one --fault value, or every fault of one --inject file, to a plan.
+// Appends one --fault value, or every fault of one --inject file, to a plan. A file that is a
+// directory, cannot be read, or holds no fault is refused (an --inject that injects nothing
+// is a mistake, not a fault-free run).
 void add_fault_flag(FaultPlan* plan, const std::string& value);
 void add_fault_file(FaultPlan* plan, const std::string& path);
 
 // Refuses a plan that could not run as written: a rank outside [0, world_size), a step
 // outside [0, steps) (steps <= 0: unbounded), a slow fault without delay_ms > 0, an exit code
-// outside [1, 255], or a field that the fault's kind does not take. Throws one InputError
-// listing every violation, one per line.
+// outside [1, 255], a field that the fault's kind does not take, or a fault given twice (each
+// copy would fire; both origins are named). Throws one InputError listing every violation,
+// one per line.
 void validate_fault_plan(const FaultPlan& plan, int world_size, int64_t steps);
 
 // "crash", "exit", "hang", "slow", "nan", ..., "freeze", "hang_in_collective", "spin".

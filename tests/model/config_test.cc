@@ -141,8 +141,6 @@ TEST(ConfigTest, EachValidationRuleNamesFileLineFieldAndValue) {
       {"model { num_layers: 4 }\nparallel {\n pp: 2\n stage_layers: [1, 2]\n}",
        "cfg.pbtxt:4: parallel.stage_layers = [1,2]: must sum to model.num_layers = 4"},
       {"parallel {\n bucket_mb: 0\n}", "cfg.pbtxt:2: parallel.bucket_mb = 0: must be positive"},
-      {"parallel {\n comm_timeout_ms: 0\n}",
-       "cfg.pbtxt:2: parallel.comm_timeout_ms = 0: must be positive"},
       {"train {\n micro_batch_size: 0\n}", "cfg.pbtxt:2: train.micro_batch_size = 0: must be >= 1"},
       {"train {\n global_batch_size: 0\n}",
        "cfg.pbtxt:2: train.global_batch_size = 0: must be >= 1"},
@@ -182,6 +180,106 @@ TEST(ConfigTest, EachValidationRuleNamesFileLineFieldAndValue) {
     // The valid neighbours of a rule don't fire: one violation, one line.
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   }
+}
+
+// Every time field is bounded to what can work (issue 18, item 3): below a few of the 200 ms
+// report periods a healthy job would be declared lost or hung, and beyond a day is "never".
+TEST(ConfigTest, TimeFieldsAreBoundedWithTheReason) {
+  const std::vector<Rule> rules = {
+      {"detect {\n slot_timeout_ms: 0\n}",
+       "cfg.pbtxt:2: detect.slot_timeout_ms = 0: must be >= 1000 (agents send a heartbeat every "
+       "200 ms: a few late ones must not lose a healthy slot)"},
+      {"detect {\n slot_timeout_ms: 80\n}", "detect.slot_timeout_ms = 80: must be >= 1000"},
+      {"detect {\n slot_timeout_ms: -5\n}", "detect.slot_timeout_ms = -5: must be >= 1000"},
+      {"detect {\n slot_timeout_ms: 2000000000\n}",
+       "cfg.pbtxt:2: detect.slot_timeout_ms = 2000000000: must be at most 86400000 (one day)"},
+      {"detect {\n controller_timeout_ms: 300\n}",
+       "cfg.pbtxt:2: detect.controller_timeout_ms = 300: must be >= 1000 (the controller answers "
+       "a heartbeat every 200 ms"},
+      {"detect {\n liveness_timeout_ms: 400\n}",
+       "cfg.pbtxt:2: detect.liveness_timeout_ms = 400: must be >= 600 (workers report every "
+       "200 ms"},
+      {"detect {\n hang_grace_ms: -1\n}",
+       "cfg.pbtxt:2: detect.hang_grace_ms = -1: must be 0 (off) or >= 600 (the controller sees "
+       "the step count through reports every 200 ms"},
+      {"detect {\n hang_grace_ms: 50\n}", "detect.hang_grace_ms = 50: must be 0 (off) or >= 600"},
+      {"parallel {\n comm_timeout_ms: 0\n}",
+       "cfg.pbtxt:2: parallel.comm_timeout_ms = 0: must be >= 1000 (every collective waits"},
+      {"parallel {\n comm_timeout_ms: 100000000\n}",
+       "parallel.comm_timeout_ms = 100000000: must be at most 86400000 (one day)"},
+      {"recovery {\n abort_timeout_ms: 10\n}",
+       "cfg.pbtxt:2: recovery.abort_timeout_ms = 10: must be >= 500 (a survivor answers the "
+       "abort"},
+      {"recovery {\n diagnostics_timeout_ms: -1\n}",
+       "cfg.pbtxt:2: recovery.diagnostics_timeout_ms = -1: must be 0 (off) or >= 4000 (three "
+       "group tests"},
+      {"recovery {\n diagnostics_timeout_ms: 500\n}",
+       "recovery.diagnostics_timeout_ms = 500: must be 0 (off) or >= 4000"},
+      {"sdc {\n replay_timeout_ms: 100\n}",
+       "cfg.pbtxt:2: sdc.replay_timeout_ms = 100: must be >= 5000 (each phase starts a worker"},
+      {"update {\n probation_steps: -1\n}",
+       "cfg.pbtxt:2: update.probation_steps = -1: must be >= 0 (0: no probation)"},
+      {"update {\n max_loss_jump: 0\n}", "cfg.pbtxt:2: update.max_loss_jump = 0: must be positive"},
+  };
+  for (const auto& r : rules) {
+    std::string e = error_of(r.text);
+    EXPECT_HAS(e, r.expect);
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  // The bounds themselves, and the values 0 switches off, are accepted.
+  EXPECT_NO_THROW(parse_config_text(
+      "detect { slot_timeout_ms: 1000 controller_timeout_ms: 1000 liveness_timeout_ms: 600 "
+      "hang_grace_ms: 0 }\nparallel { comm_timeout_ms: 86400000 }\nrecovery { "
+      "abort_timeout_ms: 500 diagnostics_timeout_ms: 0 }\nsdc { replay_timeout_ms: 5000 }\n"
+      "update { probation_steps: 0 }",
+      "x", {}));
+  EXPECT_NO_THROW(
+      parse_config_text("detect { hang_grace_ms: 600 }\n"
+                        "recovery { diagnostics_timeout_ms: 4000 }",
+                        "x", {}));
+  // Through --set, as the issue's user typed it.
+  EXPECT_HAS(error_of("", {"detect.slot_timeout_ms=0"}),
+             "cfg.pbtxt (--set detect.slot_timeout_ms=0): detect.slot_timeout_ms = 0: must be >= "
+             "1000");
+}
+
+// Settings the chosen recovery.mode never reads are refused, saying why (issue 18, item 8).
+TEST(ConfigTest, RecoverySettingsTheModeIgnoresAreRefused) {
+  const std::vector<Rule> rules = {
+      {"recovery { mode: restart_all }\ndetect {\n on_slot_loss: wait\n}",
+       "cfg.pbtxt:3: detect.on_slot_loss = wait: needs recovery.mode = in_place, not "
+       "restart_all (restart_all replaces a lost slot by a standby; to wait for one, set "
+       "recovery.on_no_standby = wait)"},
+      {"detect {\n on_slot_loss: wait\n}",
+       "cfg.pbtxt:2: detect.on_slot_loss = wait: needs recovery.mode = in_place, not hot_swap"},
+      {"recovery {\n mode: in_place\n evict: dp_replica\n}",
+       "cfg.pbtxt:3: recovery.evict = dp_replica: needs recovery.mode = hot_swap, not in_place "
+       "(in_place never evicts a slot)"},
+      {"recovery {\n mode: in_place\n evict: pp_group\n}",
+       "cfg.pbtxt:3: recovery.evict = pp_group: needs recovery.mode = hot_swap, not in_place"},
+      {"recovery {\n mode: restart_all\n evict: pp_group\n}",
+       "cfg.pbtxt:3: recovery.evict = pp_group: needs recovery.mode = hot_swap, not restart_all "
+       "(restart_all restarts every rank; it evicts only lost slots)"},
+      {"recovery {\n mode: in_place\n on_no_standby: wait\n}",
+       "cfg.pbtxt:3: recovery.on_no_standby = wait: needs recovery.mode = hot_swap or "
+       "restart_all, not in_place (in_place never evicts a slot, so never looks for a standby; "
+       "a lost slot follows detect.on_slot_loss)"},
+      {"recovery {\n mode: restart_all\n on_no_standby: shrink_dp\n}",
+       "cfg.pbtxt:3: recovery.on_no_standby = shrink_dp: needs recovery.mode = hot_swap, not "
+       "restart_all"},
+  };
+  for (const auto& r : rules) {
+    std::string e = error_of(r.text);
+    EXPECT_HAS(e, r.expect);
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  // The combinations that mean something pass.
+  for (const char* ok :
+       {"recovery { mode: in_place } detect { on_slot_loss: wait }",
+        "recovery { mode: hot_swap evict: dp_replica on_no_standby: shrink_dp }",
+        "recovery { mode: hot_swap on_no_standby: wait }",
+        "recovery { mode: restart_all on_no_standby: wait }", "recovery { mode: in_place }"})
+    EXPECT_NO_THROW(parse_config_text(ok, "x", {})) << ok;
 }
 
 TEST(ConfigTest, ValidCornerCasesPass) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <new>
 #include <thread>
 
@@ -281,7 +282,10 @@ TEST(FaultInjector, ExitPrintsItsMessageAndExitsWithItsCodeOnce) {
   }
   std::ifstream in(err);
   std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  EXPECT_EQ(text, "CUDA error: an illegal memory access\n");
+  // Said to be injected, so that the run it ends is not taken for a real failure.
+  EXPECT_EQ(text, std::string(program_invocation_short_name) +
+                      ": rank 0: injected exit fault at step 2 (code 77): CUDA error: an illegal "
+                      "memory access\n");
 
   TcpStore store("127.0.0.1", server.port(), 20s);
   auto records = FaultInjector::read_injections(store);

@@ -154,6 +154,64 @@ TEST(FaultSpec, ScheduleFileValidationNamesLineFieldAndValue) {
              path + ".missing: cannot open");
 }
 
+// --inject of a directory, an empty schedule or a file that cannot be read (issue 18, item 4):
+// each would run with no faults at all.
+TEST(FaultSpec, ScheduleFileThatInjectsNothingIsRefused) {
+  const std::string dir = test::temp_dir("fault_spec_files");
+  FaultPlan plan;
+  EXPECT_EQ(input_error_of([&] { add_fault_file(&plan, dir); }),
+            dir +
+                ": is a directory, expected a fault schedule file (text protobuf, "
+                "proto/faults.proto)");
+  std::ofstream(dir + "/empty.pbtxt") << "";
+  EXPECT_EQ(input_error_of([&] { add_fault_file(&plan, dir + "/empty.pbtxt"); }),
+            dir +
+                "/empty.pbtxt: holds no fault (expected `fault { kind: crash step: 5 rank: 1 }` "
+                "entries, proto/faults.proto)");
+  std::ofstream(dir + "/comments.pbtxt") << "# nothing yet\n";
+  EXPECT_HAS(input_error_of([&] { add_fault_file(&plan, dir + "/comments.pbtxt"); }),
+             dir + "/comments.pbtxt: holds no fault");
+  EXPECT_EQ(input_error_of([&] { add_fault_file(&plan, dir + "/missing.pbtxt"); }),
+            dir + "/missing.pbtxt: cannot open: No such file or directory");
+  EXPECT_EQ(plan.schedule.fault_size(), 0);
+}
+
+// The same fault given twice would fire twice (issue 18, item 10): refused, naming both.
+TEST(FaultSpec, DuplicateFaultsAreRefusedNamingBothOrigins) {
+  FaultPlan plan;
+  add_fault_flag(&plan, "crash@step=3,rank=1");
+  add_fault_flag(&plan, "crash@step=3,rank=1");
+  EXPECT_EQ(input_error_of([&] { validate_fault_plan(plan, 2, 10); }),
+            "--fault 'crash@step=3,rank=1': the same fault as --fault 'crash@step=3,rank=1' "
+            "(given twice, it would fire twice; give it once)");
+
+  // Spelled differently, or once in a file: the same fault. Defaults count as written.
+  const std::string path = test::temp_dir("fault_spec_dup") + "/faults.pbtxt";
+  std::ofstream(path) << "fault { kind: slow step: 2 rank: 0 delay_ms: 100 }\n"
+                         "fault {\n  kind: exit\n  step: 4\n  rank: 1\n}\n";
+  FaultPlan mixed;
+  add_fault_flag(&mixed, "slow@rank=0,step=2,delay_ms=100");
+  add_fault_file(&mixed, path);
+  add_fault_flag(&mixed, "exit@step=4,rank=1,code=1");
+  EXPECT_EQ(input_error_of([&] { validate_fault_plan(mixed, 2, 10); }),
+            path +
+                ":1: fault[0]: the same fault as --fault 'slow@rank=0,step=2,delay_ms=100' "
+                "(given twice, it would fire twice; give it once)\n"
+                "--fault 'exit@step=4,rank=1,code=1': the same fault as " +
+                path + ":2: fault[1] (given twice, it would fire twice; give it once)");
+
+  // Faults that differ in any value are different faults.
+  FaultPlan different;
+  add_fault_flag(&different, "crash@step=3,rank=1");
+  add_fault_flag(&different, "crash@step=4,rank=1");
+  add_fault_flag(&different, "crash@step=3,rank=0");
+  add_fault_flag(&different, "exit@step=5,rank=0,code=3");
+  add_fault_flag(&different, "exit@step=5,rank=0,code=4");
+  add_fault_flag(&different, "sdc@step=6,rank=1,target=grad");
+  add_fault_flag(&different, "sdc@step=6,rank=1,target=param");
+  EXPECT_NO_THROW(validate_fault_plan(different, 2, 10));
+}
+
 TEST(FaultSpec, ValidationListsEveryViolation) {
   FaultPlan plan;
   add_fault_flag(&plan, "slow@step=2,rank=0");
