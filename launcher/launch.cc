@@ -66,19 +66,27 @@ int workers_per_slot(const LaunchOptions& o, const config::JobConfig& cfg) {
 // The job's event log: one JSON object a line, appended by the controller's thread.
 class EventLog {
  public:
-  explicit EventLog(const std::string& path) : out_(path, std::ios::app) {}
+  explicit EventLog(const std::string& path) : path_(path), out_(path, std::ios::app) {}
   void write(const std::string& kind, const std::string& json) {
     std::lock_guard<std::mutex> l(mu_);
     char t[32];
     std::snprintf(t, sizeof(t), "%.6f", recovery::unix_now());
     out_ << "{\"t\": " << t << ", \"kind\": \"" << kind << "\", \"data\": " << json << "}\n";
     out_.flush();
+    // A full disk costs the log, never the job: said once, and the events still reach glog.
+    if (!out_ && !said_) {
+      said_ = true;
+      std::fprintf(stderr, "keel-launch: %s: cannot write (%s); the job goes on without it\n",
+                   path_.c_str(), std::strerror(errno));
+    }
     LOG(INFO) << kind << " " << json;
   }
 
  private:
   std::mutex mu_;
+  const std::string path_;
   std::ofstream out_;
+  bool said_ = false;
 };
 
 // --resume DIR is a job's run directory (it holds config.pbtxt) or a checkpoint directory.

@@ -255,5 +255,30 @@ TEST_F(FullDisk, OutputsOnAFullDiskAreNamedAndTheWeightsKept) {
   EXPECT_TRUE(r.leftover_shm.empty());
 }
 
+// keel-launch's run directory on a disk that fills while the job runs: the event log and the
+// workers' logs stop growing, the job does not (it says so once), and the report elsewhere
+// has every step.
+TEST_F(FullDisk, ARunDirectoryThatFillsCostsItsLogsNotTheJob) {
+  if (!mount_tmpfs("64k")) GTEST_SKIP() << skip_why_;
+  {
+    std::ofstream fill(mnt_ + "/fill", std::ios::binary);
+    const std::string block(4096, 'x');
+    for (int i = 0; i < 15; ++i) fill.write(block.data(), std::streamsize(block.size()));
+  }
+  const std::string cfg = write_config(dir_);
+  const JobRun r =
+      run_command(dir_, bin_dir() + "/keel-launch --report " + dir_ + "/report.json --run-dir " +
+                            mnt_ + "/runs --local 2 --config " + cfg +
+                            " --set parallel.dp=2 --set train.steps=60 --set train.eval_every=0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 60) << r.report;
+  EXPECT_TRUE(contains(r.output,
+                       "events.jsonl: cannot write (No space left on device); the job "
+                       "goes on without it"))
+      << r.output;
+  EXPECT_FALSE(contains(r.output, "terminate called")) << r.output;
+  EXPECT_EQ(r.leftover_processes, 0);
+}
+
 }  // namespace
 }  // namespace keel::test
