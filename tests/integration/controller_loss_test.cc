@@ -40,10 +40,6 @@ std::string bin(const std::string& name) {
   return bin_dir() + "/" + name;
 }
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 std::string slurp(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;

@@ -38,17 +38,6 @@ using namespace std::chrono_literals;
 
 constexpr int kSlotBase = 10;  // rank r runs on slot 10 + r
 
-bool has(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 class DiagnoseTest : public testing::Test {
  protected:
   void TearDown() override {
@@ -92,7 +81,7 @@ class DiagnoseTest : public testing::Test {
   std::string log_path(int rank) const { return detail::concat(dir, "/diag-", rank, ".log"); }
   std::string logs() const {
     std::string s;
-    for (int r = 0; r < 4; ++r) s += read_file(log_path(r));
+    for (int r = 0; r < 4; ++r) s += read_text(log_path(r));
     return s;
   }
 
@@ -191,12 +180,12 @@ TEST_F(DiagnoseTest, BrokenLinksAndSdcDefectFailTheirMachinesOnly) {
 
   const diag::Verdict v = diag::judge(rows, {10, 11, 12, 13});
   EXPECT_EQ(v.failed_slots, (std::vector<int>{11, 13})) << v.summary;
-  EXPECT_TRUE(has(
+  EXPECT_TRUE(contains(
       v.summary,
       "slot 11 fails (rank 1 broke its links in dp.pp0.tp1; rank 1 broke its links in tp.dp0.pp0)"))
       << v.summary;
-  EXPECT_TRUE(has(v.summary, "slot 13 fails (rank 3: golden mini-GPT differs)")) << v.summary;
-  EXPECT_TRUE(has(v.summary, "slots 10, 12 passed")) << v.summary;
+  EXPECT_TRUE(contains(v.summary, "slot 13 fails (rank 3: golden mini-GPT differs)")) << v.summary;
+  EXPECT_TRUE(contains(v.summary, "slots 10, 12 passed")) << v.summary;
 }
 
 // Rank 2's stand-in never comes (its slot is gone): its peers' group tests time out within
@@ -231,7 +220,7 @@ TEST_F(DiagnoseTest, AMissingStandInFailsItsSlotAndTimeoutsBlameNobody) {
   }
   const diag::Verdict v = diag::judge(rows, {12});
   EXPECT_EQ(v.failed_slots, std::vector<int>{12}) << v.summary;
-  EXPECT_TRUE(has(v.summary, "slot 12 fails (rank 2 did not answer)")) << v.summary;
+  EXPECT_TRUE(contains(v.summary, "slot 12 fails (rank 2 did not answer)")) << v.summary;
 }
 
 // Healthy machines on a loaded two-core host: a DP group of four passes exactly, and nobody's

@@ -26,10 +26,6 @@ namespace fs = std::filesystem;
 constexpr int kSteps = 20, kEvery = 5;
 constexpr int kExitWriteFailed = 5;  // launcher/recovery_protocol.h
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // Every file under `dir`, for the messages.
 std::vector<std::string> files_under(const std::string& dir) {
   std::vector<std::string> out;

@@ -22,10 +22,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // Refused before anything started: exit 2, `part` in the output, no report, no process and
 // no shared memory left, and (keel-launch) no run directory made.
 void expect_refused(const JobRun& r, const std::string& dir, const std::string& part) {

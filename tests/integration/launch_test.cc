@@ -41,10 +41,6 @@ std::string launch_bin() {
   return bin_dir() + "/keel-launch";
 }
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 std::string slurp(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;

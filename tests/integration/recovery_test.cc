@@ -27,10 +27,6 @@ std::string job_args(const std::string& dir, const std::string& extra = "") {
          " --set parallel.comm_timeout_ms=3000 --set recovery.abort_timeout_ms=1500 " + extra;
 }
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // The same job without faults, run once per test binary.
 const JobRun& fault_free() {
   static const JobRun r = [] {

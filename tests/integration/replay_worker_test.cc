@@ -45,17 +45,6 @@ constexpr int kStep = 3;   // the snapshots' step: the replay runs step 3 (0-bas
 constexpr int kEpoch = 7;  // the parked job's epoch
 constexpr int kDp = 2;
 
-bool has(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 class ReplayWorkerTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -137,7 +126,7 @@ class ReplayWorkerTest : public testing::Test {
     return detail::concat(dir, "/", key, "-", g, ".log");
   }
   std::string logs(const std::string& key) const {
-    return read_file(log_path(key, 0)) + read_file(log_path(key, 1));
+    return read_text(log_path(key, 0)) + read_text(log_path(key, 1));
   }
 
   // Waits (deadline) for every started worker; their exit codes by pid.
@@ -194,8 +183,8 @@ TEST_F(ReplayWorkerTest, HealthyGroupsAgreeDefectiveMachineDiffers) {
   EXPECT_EQ(da, db) << logs("replay/1/0/0") << logs("replay/1/0/1");
   ASSERT_EQ(dc.size(), 16u) << logs("replay/1/0/2");
   EXPECT_NE(dc, da) << logs("replay/1/0/2");
-  EXPECT_TRUE(has(logs("replay/1/0/2"), "defective machine")) << logs("replay/1/0/2");
-  EXPECT_FALSE(has(logs("replay/1/0/0"), "defective machine")) << logs("replay/1/0/0");
+  EXPECT_TRUE(contains(logs("replay/1/0/2"), "defective machine")) << logs("replay/1/0/2");
+  EXPECT_FALSE(contains(logs("replay/1/0/0"), "defective machine")) << logs("replay/1/0/0");
   const std::string loss = value("replay/1/0/0/loss");
   EXPECT_GT(std::stod(loss), 0.0);
   EXPECT_EQ(value("replay/1/0/1/loss"), loss);
@@ -217,12 +206,12 @@ TEST_F(ReplayWorkerTest, MissingSourceIsNamed) {
   for (const auto& [pid, code] : codes) EXPECT_EQ(code, 1) << "pid " << pid;
 
   const std::string no_holder = value("replay/2/0/0/error");
-  EXPECT_TRUE(has(no_holder, "no backup server of rank")) << no_holder << logs("replay/2/0/0");
-  EXPECT_TRUE(has(no_holder, "backup_addr/8/")) << no_holder;
+  EXPECT_TRUE(contains(no_holder, "no backup server of rank")) << no_holder << logs("replay/2/0/0");
+  EXPECT_TRUE(contains(no_holder, "backup_addr/8/")) << no_holder;
   const std::string no_step = value("replay/2/0/1/error");
-  EXPECT_TRUE(has(no_step, "step 8")) << no_step << logs("replay/2/0/1");
+  EXPECT_TRUE(contains(no_step, "step 8")) << no_step << logs("replay/2/0/1");
   const std::string z = value("replay/2/0/2/error");
-  EXPECT_TRUE(has(z, "zero1")) << z << logs("replay/2/0/2");
+  EXPECT_TRUE(contains(z, "zero1")) << z << logs("replay/2/0/2");
   for (const char* k : {"replay/2/0/0", "replay/2/0/1", "replay/2/0/2"})
     EXPECT_EQ(value(std::string(k) + "/digest"), "") << k;
 }

@@ -10,10 +10,6 @@
 namespace keel::test {
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 TEST(ResumeModel, AnotherHiddenSizeIsNamedWithBothValues) {
   const std::string dir = temp_dir("resume-model");
   const std::string ck = dir + "/ck";

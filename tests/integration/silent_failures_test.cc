@@ -21,10 +21,6 @@
 namespace keel::test {
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 std::string config(const std::string& dir) {
   return write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
 }

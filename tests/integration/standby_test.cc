@@ -29,10 +29,6 @@ std::string job_args(const std::string& dir, int standby, const std::string& ext
          " --set detect.slot_timeout_ms=1000 --set parallel.comm_timeout_ms=60000 " + extra;
 }
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 const JobRun& fault_free() {
   static const JobRun r = [] {
     std::string dir = temp_dir("standby-base");

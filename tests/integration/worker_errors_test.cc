@@ -18,10 +18,6 @@
 namespace keel::test {
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 TEST(WorkerErrors, ConfigTypoNamesFileLineAndField) {
   std::string dir = temp_dir("typo");
   std::string cfg = write_config(dir, {{"model", "num_layer: 3"}});

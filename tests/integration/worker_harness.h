@@ -17,6 +17,11 @@ struct WorkerRun {
   std::string report;  // the --report JSON ("" if none was written)
 };
 
+// Whether `s` holds `part`, for checking messages.
+bool contains(const std::string& s, const std::string& part);
+// The whole file at `path` ("" if it cannot be read).
+std::string read_text(const std::string& path);
+
 // A folder with train_000000.bin / val_000000.bin made from Debian's fortunes text.
 const std::string& demo_data_dir();
 

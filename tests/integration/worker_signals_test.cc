@@ -18,10 +18,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 std::string long_job(const std::string& dir) {
   std::string cfg = write_config(dir, {{"parallel", "dp: 2 pp: 2"}});
   return "--config " + cfg + " --nproc 4 --set train.steps=100000 --set train.eval_every=0";
