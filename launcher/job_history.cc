@@ -20,6 +20,7 @@ JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int worl
     report::StepRecord r;
     r.ParseFromString(store.get(recovery::step_key(s), Millis(10000)));
     rep->add_losses(r.loss());
+    rep->add_step_end_s(r.end_at());  // unix seconds; the caller makes them job-relative
     rep->add_grad_norms(r.grad_norm());
     rep->add_lrs(r.lr());
     rep->set_compute_s(rep->compute_s() + r.compute_s());

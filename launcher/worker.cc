@@ -429,6 +429,7 @@ void Worker::record_step(const StepStats& st) {
   r.set_bytes_dp(double(st.bytes_dp));
   r.set_bytes_emb(double(st.bytes_emb));
   r.set_tokens(double(st.tokens));
+  r.set_end_at(unix_now());
   store_->set(recovery::step_key(st.step), r.SerializeAsString());
   store_->set("progress", std::to_string(st.step + 1));
   live_step_s_ += st.wall_s;
@@ -548,6 +549,7 @@ void Worker::fill_report(RunReport* rep) {
   rep->set_recovery_mode(config::RecoveryConfig::Mode_Name(cfg_.recovery().mode()));
   const int64_t steps = cfg_.train().steps();
   const JobHistory h = read_job_history(*store_, cfg_, topo_.world_size(), val_ != nullptr, rep);
+  for (double& t : *rep->mutable_step_end_s()) t = t > 0 ? t - env_.job_start : 0;
   const double kept_s = h.kept_s, timed_s = h.timed_s, timed_tokens = h.timed_tokens;
   rep->set_steps_completed(int(steps));
   if (rep->losses_size() > 0) rep->set_final_loss(rep->losses(rep->losses_size() - 1));

@@ -1,0 +1,27 @@
+// keel-bench's report: one BenchRun (proto/bench.proto) per keel-launch run, with the time the
+// run did not spend in kept steps split by cause, and the whole report as JSON.
+#pragma once
+
+#include <string>
+
+#include "proto/bench.pb.h"
+#include "proto/report.pb.h"
+
+namespace keel::bench {
+
+// The lost time of `r`'s incidents by phase (detection, eviction, rebuild, restore, first
+// step), its thrown-away steps at `step_s` each, and the rest of wall − productive as other.
+// A phase whose ends were not both recorded counts nothing.
+LostTime lost_time(const report::RunReport& r, double step_s);
+
+// The BenchRun of one finished run: `r` is keel-launch's report (empty when it failed),
+// `tokens_per_step` the config's global batch × sequence length, `reference_checksum` the
+// fault-free run's parameters (empty for the fault-free run itself).
+BenchRun make_run(const std::string& name, const std::string& policy, int exit_code,
+                  const report::RunReport& r, double step_s, double tokens_per_step,
+                  const std::string& reference_checksum);
+
+// The report through protobuf's JSON printer (field names as in the .proto, indented).
+std::string report_json(const BenchReport& rep);
+
+}  // namespace keel::bench
