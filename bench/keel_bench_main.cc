@@ -45,7 +45,7 @@ struct Options {
   uint64_t seed = 1;
   std::vector<std::string> policies = {"hot_swap", "in_place", "restart_all"};
   int local = 0, standby = 2, workers_per_slot = 2, persistent_every = 50;
-  bool persistent_all = false;
+  bool persistent_all = true;
   std::vector<std::string> sets;
 };
 
@@ -67,9 +67,10 @@ constexpr const char* kUsage =
     "  --local N               slots (default world / W + K)\n"
     "  --standby K             warm standby slots (default 2)\n"
     "  --workers-per-slot W    ranks per slot (default 2)\n"
-    "  --persistent-every N    checkpoint.persistent_every_steps of the restart_all runs\n"
-    "                          (default 50), which restore from these\n"
-    "  --persistent-all        every run writes persistent checkpoints, not only restart_all\n"
+    "  --persistent-every N    checkpoint.persistent_every_steps of every run (default 50);\n"
+    "                          restart_all restores from these\n"
+    "  --persistent-restart-all-only\n"
+    "                          only the restart_all runs write persistent checkpoints\n"
     "  --set PATH=VALUE        a config override, passed to every run (repeatable)\n";
 
 std::vector<std::string> split(const std::string& s) {
@@ -88,8 +89,8 @@ int parse(int argc, char** argv, Options* o) {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    if (a == "--persistent-all") {
-      o->persistent_all = true;
+    if (a == "--persistent-restart-all-only") {
+      o->persistent_all = false;
       continue;
     }
     if (i + 1 >= argc) {
@@ -166,9 +167,9 @@ std::string quote(const std::string& s) {
   return "'" + s + "'";
 }
 
-// The keel-launch flags of a run. restart_all restores from persistent checkpoints, so its
-// runs write them; the others protect the job with in-memory snapshots and write them only
-// with --persistent-all (the checkpoints' cost then in every run alike).
+// The keel-launch flags of a run. Every run writes persistent checkpoints (their cost then
+// in every run alike, as a real job pays it); restart_all restores from them. With
+// --persistent-restart-all-only the others rely on the in-memory snapshots alone.
 std::string common_args(const Options& o, const std::string& ckpt_dir, const std::string& policy) {
   std::string a = "--config " + quote(o.config) + " --local " + std::to_string(o.local) +
                   " --standby " + std::to_string(o.standby) + " --workers-per-slot " +

@@ -245,8 +245,14 @@ PersistentCheckpointer::~PersistentCheckpointer() {
   if (writer_.joinable()) writer_.join();
 }
 
+void PersistentCheckpointer::abandon_unsealed() {
+  abandon_ = true;
+}
+
 void PersistentCheckpointer::save_async(TrainState& state) {
+  abandon_unsealed();
   wait();
+  abandon_ = false;
 
   // Stage on the caller's thread: the state changes as soon as the next step runs.
   const int64_t step = state.step();
@@ -323,15 +329,38 @@ void PersistentCheckpointer::write(int64_t step, uint64_t fingerprint) {
   if (opts_.rank != 0) return;
 
   const int world = opts_.layout.world();
-  std::vector<std::string> keys, records;
-  for (int r = 0; r < world; ++r) keys.push_back(detail::concat("ckpt/", step, "/", r));
-  // Throws CommTimeout naming the ranks that never wrote: the step stays incomplete.
-  store_->wait(keys, opts_.wait_timeout);
-  bool whole = true;
-  for (int r = 0; r < world; ++r) {
-    records.push_back(r == 0 ? record : store_->get(keys[size_t(r)], opts_.wait_timeout));
-    whole = whole && records.back() != "failed";
+  std::vector<std::string> records(static_cast<size_t>(world));
+  records[0] = record;
+  // Every rank's part, in short looks: a rank that died while saving never publishes, and
+  // abandon_unsealed() ends the wait after one more look at every part.
+  const auto deadline = std::chrono::steady_clock::now() + opts_.wait_timeout;
+  std::vector<int> missing;
+  for (bool last = false;;) {
+    last = last || abandon_.load() || std::chrono::steady_clock::now() > deadline;
+    missing.clear();
+    for (int r = 1; r < world; ++r) {
+      if (!records[size_t(r)].empty()) continue;
+      try {
+        records[size_t(r)] = store_->get(detail::concat("ckpt/", step, "/", r),
+                                         std::chrono::milliseconds(last ? 1 : 50));
+      } catch (const CommTimeout&) {
+        missing.push_back(r);
+      }
+    }
+    if (missing.empty() || last) break;
   }
+  if (!missing.empty()) {
+    std::string who;
+    for (int r : missing) who += detail::concat(who.empty() ? "" : ", ", r);
+    std::fprintf(stderr,
+                 "keel: persistent checkpoint of step %lld left incomplete: rank(s) %s never "
+                 "wrote their part (a rank that failed while saving); the newest complete "
+                 "checkpoint stays\n",
+                 static_cast<long long>(step), who.c_str());
+    return;
+  }
+  bool whole = true;
+  for (const std::string& rec : records) whole = whole && rec != "failed";
   if (whole) {
     try {
       write_manifest(step, records);

@@ -93,7 +93,16 @@ class PersistentCheckpointer {
   // Waits for the previous save's write, copies `state` to a host staging buffer (the only
   // part on the caller's time besides that wait) and starts writing it in the background.
   // A write that fails throws nothing here: it goes to on_write_failed and stderr.
+  // Rank 0 seals a step once every rank published its part; a seal still waiting when the
+  // next save starts is abandoned (abandon_unsealed): a rank that died while saving never
+  // publishes, and must not hold the training up.
   void save_async(TrainState& state);
+
+  // Rank 0: a seal still waiting for other ranks' parts looks once more and, if a part is
+  // still missing, gives up: the step stays incomplete (a resume skips it, saying so), the
+  // newest complete checkpoint stays. For when every rank that lives has published (the
+  // job's end), and before the next save. Returns at once; wait() then returns soon.
+  void abandon_unsealed();
 
   // Waits for the write in flight. Never throws for a failed write (see save_async).
   void wait();
@@ -117,6 +126,7 @@ class PersistentCheckpointer {
   std::vector<char> staging_;     // header + payload of the save in flight
   std::thread writer_;
   std::atomic<Outcome> outcome_{Outcome::kNone};  // of the newest save
+  std::atomic<bool> abandon_{false};              // abandon_unsealed() was called
   std::atomic<int> failures_{0};
 };
 

@@ -16,9 +16,26 @@ JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int worl
   JobHistory h;
   const int64_t first = std::stoll(store.get("start_step", Millis(10000)));
   rep->set_first_step(int(first));
+  report::StepRecord r;
   for (int64_t s = first; s < steps; ++s) {
-    report::StepRecord r;
-    r.ParseFromString(store.get(recovery::step_key(s), Millis(10000)));
+    // Rank 0 writes each record right after its step; a rank 0 that died between its update
+    // and the record (a hang found there) is restored past the step, and the record is lost
+    // for good: the curve keeps the step before's values there, and the report says which.
+    try {
+      r.ParseFromString(store.get(recovery::step_key(s), Millis(s == first ? 10000 : 200)));
+    } catch (const CommTimeout&) {
+      if (s == first) throw;
+      rep->add_steps_without_record(int(s));
+      r.set_wall_s(0);
+      r.set_tokens(0);
+      r.set_compute_s(0);
+      r.set_comm_s(0);
+      r.set_bubble_s(0);
+      r.set_bytes_tp(0);
+      r.set_bytes_pp(0);
+      r.set_bytes_dp(0);
+      r.set_bytes_emb(0);
+    }
     rep->add_losses(r.loss());
     rep->add_step_end_s(r.end_at());  // unix seconds; the caller makes them job-relative
     rep->add_grad_norms(r.grad_norm());

@@ -459,7 +459,15 @@ void Worker::record_step(const StepStats& st) {
 void Worker::finish() {
   stop_update_watch();
   if (snapshotter_) snapshotter_->wait_idle();
-  if (checkpointer_) checkpointer_->wait();
+  if (checkpointer_) {
+    // Every rank that lives has published its part of the last save once it has waited for
+    // its own write; a part still missing then belongs to a rank that failed while saving,
+    // and rank 0 stops waiting for it.
+    if (!leader_) checkpointer_->wait();
+    groups_->world->barrier();
+    checkpointer_->abandon_unsealed();
+    checkpointer_->wait();
+  }
   settle_checkpoint();  // the last save's outcome, now that it is written
   // The job's steps are those it ran: the report covers them, not the configured ones.
   const int64_t configured_steps = cfg_.train().steps();

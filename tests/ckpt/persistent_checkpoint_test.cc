@@ -302,6 +302,46 @@ TEST(PersistentCheckpoint, ARankThatCannotWriteLeavesNoPartialStep) {
   EXPECT_EQ(find_resume_point(dir, two_ranks()).step, 12);
 }
 
+// A rank that dies while saving never publishes its part: rank 0 must not hold the training up
+// waiting for it (it was a wait of wait_timeout in the next save_async, long enough for the
+// hang rules to take rank 0 for hung). The next save gives the old step up, incomplete, and
+// seals its own; so does the job's end (abandon_unsealed).
+TEST(PersistentCheckpoint, APartThatNeverComesDoesNotHoldTheNextSaveUp) {
+  std::string dir = test::temp_dir("pckpt_dead_rank");
+  auto store = std::make_shared<HashStore>();
+  auto be = make_cpu_backend(1);
+  TrainState state(be.get(), model(), 0, 1, 1, false);
+  PersistentCheckpointer rank0(
+      {.dir = dir, .rank = 0, .layout = two_ranks(), .wait_timeout = std::chrono::seconds(120)},
+      [&] { return store; });
+  fill(state, 0, 4);
+  rank0.save_async(state);  // rank 1's part of step 4 never comes: it died
+  const auto start = std::chrono::steady_clock::now();
+  fill(state, 0, 8);
+  rank0.save_async(state);
+  store->set("ckpt/8/1", "failed");  // rank 1 (restarted) could not write step 8 either
+  rank0.abandon_unsealed();
+  rank0.wait();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_FALSE(fs::exists(dir + "/step_000004/manifest.pb"));
+  EXPECT_FALSE(fs::exists(dir + "/step_000008/manifest.pb"));
+  // A later step whose parts all come is sealed as before.
+  fill(state, 0, 12);
+  rank0.save_async(state);
+  // Rank 1's real part: the same bytes a rank-1 checkpointer would publish.
+  {
+    TrainState other(be.get(), model(), 0, 1, 1, false);
+    fill(other, 1, 12);
+    PersistentCheckpointer rank1({.dir = dir, .rank = 1, .layout = two_ranks()},
+                                 [&] { return store; });
+    rank1.save_async(other);
+    rank1.wait();
+  }
+  rank0.wait();
+  EXPECT_TRUE(fs::exists(dir + "/step_000012/manifest.pb"));
+  EXPECT_EQ(find_resume_point(dir, two_ranks()).step, 12);
+}
+
 // The manifest keeps the model's description: a job with another one is told the field and
 // both values; a manifest without one (an older keel) is not compared.
 TEST(PersistentCheckpoint, ModelMismatchNamesTheField) {
