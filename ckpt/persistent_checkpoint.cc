@@ -243,16 +243,25 @@ PersistentCheckpointer::PersistentCheckpointer(PersistentCheckpointOptions opts,
 
 PersistentCheckpointer::~PersistentCheckpointer() {
   if (writer_.joinable()) writer_.join();
+  {
+    std::lock_guard<std::mutex> l(seal_mu_);
+    abandon_ = stop_ = true;
+  }
+  seal_cv_.notify_all();
+  if (sealer_.joinable()) sealer_.join();
 }
 
 void PersistentCheckpointer::abandon_unsealed() {
-  abandon_ = true;
+  {
+    std::lock_guard<std::mutex> l(seal_mu_);
+    abandon_ = !pending_.empty();
+  }
+  seal_cv_.notify_all();
 }
 
 void PersistentCheckpointer::save_async(TrainState& state) {
-  abandon_unsealed();
-  wait();
-  abandon_ = false;
+  if (writer_.joinable()) writer_.join();
+  if (opts_.rank == 0 && !sealer_.joinable()) sealer_ = std::thread([this] { seal_loop(); });
 
   // Stage on the caller's thread: the state changes as soon as the next step runs.
   const int64_t step = state.step();
@@ -293,6 +302,8 @@ void PersistentCheckpointer::save_async(TrainState& state) {
 
 void PersistentCheckpointer::wait() {
   if (writer_.joinable()) writer_.join();
+  std::unique_lock<std::mutex> l(seal_mu_);
+  seal_cv_.wait(l, [&] { return pending_.empty(); });
 }
 
 PersistentCheckpointer::Outcome PersistentCheckpointer::last_outcome() const {
@@ -327,45 +338,90 @@ void PersistentCheckpointer::write(int64_t step, uint64_t fingerprint) {
   // Published either way: rank 0 waits for every rank's record before it seals the step.
   store_->set(detail::concat("ckpt/", step, "/", opts_.rank), record);
   if (opts_.rank != 0) return;
+  Pending p{step, std::vector<std::string>(size_t(opts_.layout.world())),
+            std::chrono::steady_clock::now() + opts_.wait_timeout};
+  p.records[0] = record;
+  {
+    std::lock_guard<std::mutex> l(seal_mu_);
+    pending_.push_back(std::move(p));
+  }
+  seal_cv_.notify_all();
+}
 
-  const int world = opts_.layout.world();
-  std::vector<std::string> records(static_cast<size_t>(world));
-  records[0] = record;
-  // Every rank's part, in short looks: a rank that died while saving never publishes, and
-  // abandon_unsealed() ends the wait after one more look at every part.
-  const auto deadline = std::chrono::steady_clock::now() + opts_.wait_timeout;
-  std::vector<int> missing;
-  for (bool last = false;;) {
-    last = last || abandon_.load() || std::chrono::steady_clock::now() > deadline;
-    missing.clear();
-    for (int r = 1; r < world; ++r) {
-      if (!records[size_t(r)].empty()) continue;
-      try {
-        records[size_t(r)] = store_->get(detail::concat("ckpt/", step, "/", r),
-                                         std::chrono::milliseconds(last ? 1 : 50));
-      } catch (const CommTimeout&) {
-        missing.push_back(r);
+// Rank 0's sealer: looks at every pending step's missing parts in short waits and seals
+// each step that is whole. A step older than one just sealed, or past its deadline, or
+// still missing a part when abandon_unsealed() was called, is given up.
+void PersistentCheckpointer::seal_loop() {
+  std::shared_ptr<Store> store;
+  try {
+    store = store_factory_();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "keel: persistent checkpoints cannot be sealed: %s\n", e.what());
+  }
+  std::unique_lock<std::mutex> l(seal_mu_);
+  while (true) {
+    if (pending_.empty()) {
+      if (stop_) return;
+      seal_cv_.wait(l, [&] { return stop_ || !pending_.empty(); });
+      continue;
+    }
+    const bool last_look = abandon_;
+    std::vector<Pending> work = pending_;
+    l.unlock();
+    // Look for every missing part (outside the lock: the writer thread enqueues meanwhile).
+    for (Pending& p : work)
+      for (size_t r = 1; r < p.records.size(); ++r) {
+        if (!p.records[r].empty() || !store) continue;
+        try {
+          p.records[r] = store->get(detail::concat("ckpt/", p.step, "/", r),
+                                    std::chrono::milliseconds(last_look ? 1 : 20));
+        } catch (const CommTimeout&) {
+        }
+      }
+    std::vector<int64_t> done;
+    int64_t sealed = -1;
+    for (const Pending& p : work) {
+      std::vector<int> missing;
+      for (size_t r = 1; r < p.records.size(); ++r)
+        if (p.records[r].empty()) missing.push_back(int(r));
+      if (missing.empty()) {
+        if (seal(p)) sealed = p.step;
+        done.push_back(p.step);
+        continue;
+      }
+      if (last_look || std::chrono::steady_clock::now() > p.deadline) {
+        std::string who;
+        for (int r : missing) who += detail::concat(who.empty() ? "" : ", ", r);
+        std::fprintf(stderr,
+                     "keel: persistent checkpoint of step %lld left incomplete: rank(s) %s never "
+                     "wrote their part (a rank that failed while saving); the newest complete "
+                     "checkpoint stays\n",
+                     static_cast<long long>(p.step), who.c_str());
+        done.push_back(p.step);
       }
     }
-    if (missing.empty() || last) break;
+    l.lock();
+    // What was learned goes back; a step older than one now sealed is no longer worth it.
+    for (Pending& p : pending_)
+      for (const Pending& w : work)
+        if (w.step == p.step) p.records = w.records;
+    std::erase_if(pending_, [&](const Pending& p) {
+      return std::find(done.begin(), done.end(), p.step) != done.end() || p.step < sealed;
+    });
+    if (last_look) abandon_ = false;
+    seal_cv_.notify_all();
   }
-  if (!missing.empty()) {
-    std::string who;
-    for (int r : missing) who += detail::concat(who.empty() ? "" : ", ", r);
-    std::fprintf(stderr,
-                 "keel: persistent checkpoint of step %lld left incomplete: rank(s) %s never "
-                 "wrote their part (a rank that failed while saving); the newest complete "
-                 "checkpoint stays\n",
-                 static_cast<long long>(step), who.c_str());
-    return;
-  }
+}
+
+bool PersistentCheckpointer::seal(const Pending& p) {
+  const std::string step_dir = opts_.dir + "/" + checkpoint_dir_name(p.step);
   bool whole = true;
-  for (const std::string& rec : records) whole = whole && rec != "failed";
+  for (const std::string& rec : p.records) whole = whole && rec != "failed";
   if (whole) {
     try {
-      write_manifest(step, records);
+      write_manifest(p.step, p.records);
     } catch (const WriteError& e) {
-      failed({step, opts_.rank, e.path(), e.error()});
+      failed({p.step, opts_.rank, e.path(), e.error()});
       whole = false;
     }
   }
@@ -376,9 +432,10 @@ void PersistentCheckpointer::write(int64_t step, uint64_t fingerprint) {
     if (fs::exists(step_dir, ec)) fs::remove_all(step_dir, ec);
     if (ec)
       std::fprintf(stderr, "keel: cannot remove %s: %s\n", step_dir.c_str(), ec.message().c_str());
-    return;
+    return false;
   }
-  prune(step);
+  prune(p.step);
+  return true;
 }
 
 void PersistentCheckpointer::write_manifest(int64_t step, const std::vector<std::string>& records) {

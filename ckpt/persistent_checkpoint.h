@@ -15,9 +15,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -71,7 +73,7 @@ struct PersistentCheckpointOptions {
   int keep = 3;  // complete checkpoints kept; older ones are deleted (0: keep all)
   // How long rank 0 waits for the other ranks' files before giving the step up.
   std::chrono::milliseconds wait_timeout{std::chrono::minutes(10)};
-  // Called on the writer thread, once per save of this rank that failed, as soon as its
+  // Called on a background thread, once per save of this rank that failed, as soon as its
   // temporary file is removed (the failure is also printed to stderr). Must not throw.
   std::function<void(const CheckpointWriteFailure&)> on_write_failed{};
 };
@@ -93,18 +95,19 @@ class PersistentCheckpointer {
   // Waits for the previous save's write, copies `state` to a host staging buffer (the only
   // part on the caller's time besides that wait) and starts writing it in the background.
   // A write that fails throws nothing here: it goes to on_write_failed and stderr.
-  // Rank 0 seals a step once every rank published its part; a seal still waiting when the
-  // next save starts is abandoned (abandon_unsealed): a rank that died while saving never
-  // publishes, and must not hold the training up.
+  // Rank 0 seals a step (its manifest) on a thread of its own once every rank published its
+  // part, never on the caller's: a rank that died while saving never publishes, and must not
+  // hold the training up. A step still unsealed when a newer one is sealed, or after
+  // wait_timeout, is given up: incomplete (a resume skips it, saying so).
   void save_async(TrainState& state);
 
-  // Rank 0: a seal still waiting for other ranks' parts looks once more and, if a part is
-  // still missing, gives up: the step stays incomplete (a resume skips it, saying so), the
-  // newest complete checkpoint stays. For when every rank that lives has published (the
-  // job's end), and before the next save. Returns at once; wait() then returns soon.
+  // Rank 0: every step still waiting for parts is looked at once more and, where a part is
+  // still missing, given up. For when every rank that lives has published its part (the
+  // job's end, after a barrier; a change of layout). Returns at once.
   void abandon_unsealed();
 
-  // Waits for the write in flight. Never throws for a failed write (see save_async).
+  // Waits for this rank's write in flight and, on rank 0, for every pending seal to be done
+  // or given up. Never throws for a failed write (see save_async).
   void wait();
 
   // What became of the newest save, without waiting: none started, still being written,
@@ -122,11 +125,23 @@ class PersistentCheckpointer {
 
   PersistentCheckpointOptions opts_;
   StoreFactory store_factory_;
-  std::shared_ptr<Store> store_;  // made and used by the background thread only
+  std::shared_ptr<Store> store_;  // made and used by the writer thread only
   std::vector<char> staging_;     // header + payload of the save in flight
   std::thread writer_;
   std::atomic<Outcome> outcome_{Outcome::kNone};  // of the newest save
-  std::atomic<bool> abandon_{false};              // abandon_unsealed() was called
+  // Rank 0's seals: steps whose own part is written, waiting for the others'.
+  struct Pending {
+    int64_t step;
+    std::vector<std::string> records;  // by rank; "" while missing
+    std::chrono::steady_clock::time_point deadline;
+  };
+  void seal_loop();
+  bool seal(const Pending& p);  // true: a complete checkpoint now
+  std::mutex seal_mu_;
+  std::condition_variable seal_cv_;
+  std::vector<Pending> pending_;  // ascending steps
+  bool abandon_ = false, stop_ = false;
+  std::thread sealer_;
   std::atomic<int> failures_{0};
 };
 

@@ -77,7 +77,11 @@ void Worker::relayout(int rank, int dp, const membership::Rebuild& rb) {
     shm_unlink(snapshot_segment_name(env_.job, o_.rank).c_str());
     shm_unlink(backup_segment_name(env_.job, o_.rank).c_str());
   }
-  if (checkpointer_) checkpointer_->wait();
+  if (checkpointer_) {
+    // A rank lost in the failure that led here never publishes its part of a step in flight.
+    checkpointer_->abandon_unsealed();
+    checkpointer_->wait();
+  }
   checkpointer_.reset();
   cfg_.mutable_parallel()->set_dp(dp);
   topo_ = Topology(cfg_.parallel().tp(), cfg_.parallel().pp(), dp);
