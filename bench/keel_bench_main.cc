@@ -30,6 +30,7 @@
 #include "proto/bench.pb.h"
 #include "proto/config_loader.h"
 #include "proto/faults.pb.h"
+#include "runtime/text.h"
 
 #ifdef KEEL_BENCH_HAS_PROJECTION
 #include "bench/projection.h"
@@ -73,14 +74,6 @@ constexpr const char* kUsage =
     "                          only the restart_all runs write persistent checkpoints\n"
     "  --set PATH=VALUE        a config override, passed to every run (repeatable)\n";
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string w; std::getline(in, w, ',');)
-    if (!w.empty()) out.push_back(w);
-  return out;
-}
-
 // Parses argv into *o; returns an exit status to end with (-1: go on).
 int parse(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
@@ -108,11 +101,11 @@ int parse(int argc, char** argv, Options* o) {
       else if (a == "--mtbf-s")
         o->mtbf_s = std::stod(v);
       else if (a == "--kinds")
-        o->kinds = split(v);
+        o->kinds = split(v, ',', /*skip_empty=*/true);
       else if (a == "--seed")
         o->seed = std::stoull(v);
       else if (a == "--policies")
-        o->policies = split(v);
+        o->policies = split(v, ',', /*skip_empty=*/true);
       else if (a == "--local")
         o->local = std::stoi(v);
       else if (a == "--standby")

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "robust/ettr_projection.h"
+#include "runtime/text.h"
 
 namespace keel::bench {
 namespace {
@@ -51,14 +52,6 @@ std::string read_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("--from: cannot read " + path);
   return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
 }
 
 void print_help(const std::vector<Flag>& flags) {
@@ -124,7 +117,7 @@ int project_main(int argc, char** argv) {
       {"policies", "LIST", "hot_swap,in_place,restart_all (all)",
        [&](const std::string& v) {
          policies.clear();
-         for (const auto& name : split_commas(v)) {
+         for (const auto& name : split(v, ',', /*skip_empty=*/true)) {
            const auto p = parse_projected_policy(name);
            if (!p) throw std::invalid_argument("--policies: unknown policy " + name);
            policies.push_back(*p);

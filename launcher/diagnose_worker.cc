@@ -21,6 +21,7 @@
 #include "robust/fault_injector.h"
 #include "robust/golden_check.h"
 #include "robust/self_check.h"
+#include "runtime/text.h"
 
 namespace keel {
 namespace {
@@ -33,15 +34,6 @@ struct DiagnoseEnv {
   int epoch = 0;
   std::set<int> suspects;  // empty: every group
 };
-
-std::vector<std::string> split(const std::string& v, char sep) {
-  std::vector<std::string> f;
-  size_t from = 0;
-  for (size_t at; (at = v.find(sep, from)) != std::string::npos; from = at + 1)
-    f.push_back(v.substr(from, at - from));
-  f.push_back(v.substr(from));
-  return f;
-}
 
 // "<key>:<job rank>:<epoch>", and KEEL_DIAGNOSE_SUSPECTS.
 DiagnoseEnv read_diagnose_env() {

@@ -23,6 +23,7 @@
 #include "proto/config_loader.h"
 #include "robust/fault_injector.h"
 #include "runtime/block_digest.h"
+#include "runtime/text.h"
 
 namespace keel {
 namespace {
@@ -37,11 +38,7 @@ struct ReplayEnv {
 // "<key>:<step>:<epoch>:<source_dp>".
 ReplayEnv read_replay_env() {
   const std::string v = std::getenv("KEEL_REPLAY");
-  std::vector<std::string> f;
-  size_t from = 0;
-  for (size_t at; (at = v.find(':', from)) != std::string::npos; from = at + 1)
-    f.push_back(v.substr(from, at - from));
-  f.push_back(v.substr(from));
+  const std::vector<std::string> f = split(v, ':');
   if (f.size() != 4 || f[0].empty())
     throw InputError("KEEL_REPLAY = '" + v + "': expected <key>:<step>:<epoch>:<source_dp>");
   ReplayEnv e;

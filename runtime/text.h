@@ -1,0 +1,25 @@
+// Small text helpers shared by the command lines and the environment values the processes
+// pass each other.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace keel {
+
+// `text` cut at every `sep`: "a:b::c" gives a, b, "", c (a field per separator, so that a
+// value's arity can be checked); with skip_empty, the empty fields are left out ("a,,b" gives
+// a, b: a list the user typed).
+inline std::vector<std::string> split(const std::string& text, char sep, bool skip_empty = false) {
+  std::vector<std::string> out;
+  size_t from = 0;
+  while (true) {
+    const size_t at = text.find(sep, from);
+    std::string field = text.substr(from, at == std::string::npos ? std::string::npos : at - from);
+    if (!skip_empty || !field.empty()) out.push_back(std::move(field));
+    if (at == std::string::npos) return out;
+    from = at + 1;
+  }
+}
+
+}  // namespace keel
