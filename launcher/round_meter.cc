@@ -1,26 +1,18 @@
 #include "launcher/round_meter.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 
 namespace keel {
 namespace {
 
-struct GroupRef {
-  const char* name;
-  const Communicator* comm;
-  std::vector<int> members;  // global ranks by group rank
-};
+// The rank's groups in this order: names and communicators alike.
+constexpr const char* kGroupNames[] = {"tp", "pp", "dp", "emb", "world"};
 
-std::vector<GroupRef> groups_of(const ProcessGroups& g, const Topology& topo, int rank) {
-  std::vector<int> all(size_t(topo.world_size()));
-  std::iota(all.begin(), all.end(), 0);
-  return {{"tp", g.tp.get(), topo.tp_group(rank)},
-          {"pp", g.pp.get(), topo.pp_group(rank)},
-          {"dp", g.dp.get(), topo.dp_group(rank)},
-          {"emb", g.emb.get(), topo.embedding_group(rank)},
-          {"world", g.world.get(), all}};
+std::array<const Communicator*, 5> comms_of(const ProcessGroups& g) {
+  return {g.tp.get(), g.pp.get(), g.dp.get(), g.emb.get(), g.world.get()};
 }
 
 constexpr size_t kMaxSamples = 8192;
@@ -64,6 +56,7 @@ double RoundMeter::step_seconds() const {
 
 void RoundMeter::new_epoch() {
   last_.clear();
+  members_.clear();
   round_groups_.clear();
   round_links_.clear();
   round_.Clear();
@@ -83,7 +76,20 @@ std::optional<control::RoundStats> RoundMeter::end_step(int64_t steps_completed,
   compute_samples_.add(compute);
   round_.set_wall_s(round_.wall_s() + wall);
   round_.set_compute_s(round_.compute_s() + compute);
-  for (const GroupRef& g : groups_of(groups, topo, rank)) {
+  // Who is at the other end of each group's links: fixed for an epoch, so found once.
+  if (members_.empty()) {
+    std::vector<int> all(size_t(topo.world_size()));
+    std::iota(all.begin(), all.end(), 0);
+    members_ = {topo.tp_group(rank), topo.pp_group(rank), topo.dp_group(rank),
+                topo.embedding_group(rank), all};
+  }
+  const auto comms = comms_of(groups);
+  for (size_t k = 0; k < comms.size(); ++k) {
+    struct {
+      const char* name;
+      const Communicator* comm;
+      const std::vector<int>& members;  // global ranks by group rank
+    } g{kGroupNames[k], comms[k], members_[k]};
     if (!g.comm) continue;
     const CommStats cs = g.comm->stats();
     std::vector<LinkStats> links = g.comm->link_stats();

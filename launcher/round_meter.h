@@ -61,8 +61,9 @@ class RoundMeter {
   int round_steps_;
   std::chrono::steady_clock::time_point step_start_{};
   bool started_ = false;
-  std::map<std::string, Totals> last_;  // cumulative counters at the last step's end
-  control::RoundStats round_;           // the round in progress
+  std::map<std::string, Totals> last_;     // cumulative counters at the last step's end
+  std::vector<std::vector<int>> members_;  // per group (tp, pp, dp, emb, world), this epoch
+  control::RoundStats round_;              // the round in progress
   std::map<std::string, std::pair<double, double>> round_groups_;  // wait_s, bytes
   std::map<LinkKey, LinkSum> round_links_;
   int round_steps_done_ = 0;
