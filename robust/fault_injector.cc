@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -30,6 +31,15 @@ double unix_now() {
 [[noreturn]] void spin_forever() {
   volatile uint64_t x = 1;
   for (;;) x = x * 6364136223846793005ull + 1442695040888963407ull;
+}
+
+// A machine's defect record: the value, and a count beside it that says it exists. A lookup
+// asks the count (a plain round trip) rather than a get with a tiny timeout, which a loaded
+// machine's store can miss although the record is there (a defective machine taken for a
+// healthy one).
+std::optional<std::string> machine_record(Store& store, const std::string& key) {
+  if (store.add(key + "/set", 0) <= 0) return std::nullopt;
+  return store.get(key, std::chrono::seconds(10));
 }
 
 }  // namespace
@@ -127,9 +137,9 @@ void FaultInjector::before_step(int64_t step) {
         // ... and with the machine it runs on, which a replay worker started there later
         // inherits (arm_machine_defects).
         if (machine_ >= 0 && !f.once())
-          store_->set(machine_defect_key(machine_),
-                      detail::concat("sdc@step=", f.step(), ",rank=", f.rank(),
-                                     ",target=", faults::Fault::Target_Name(f.target())));
+          record_machine(*store_, machine_defect_key(machine_),
+                         detail::concat("sdc@step=", f.step(), ",rank=", f.rank(),
+                                        ",target=", faults::Fault::Target_Name(f.target())));
         break;
       case faults::Fault::slow_link:
         if (!claim(i)) break;
@@ -146,8 +156,8 @@ void FaultInjector::before_step(int64_t step) {
         if (!f.once()) {
           broken_links_ = true;
           if (machine_ >= 0)
-            store_->set(machine_link_defect_key(machine_),
-                        detail::concat("link_error@step=", f.step(), ",rank=", f.rank()));
+            record_machine(*store_, machine_link_defect_key(machine_),
+                           detail::concat("link_error@step=", f.step(), ",rank=", f.rank()));
         }
         groups_->abort_all();
         return;
@@ -238,17 +248,17 @@ void FaultInjector::on_computed(int64_t step, TensorClass cls, float* data, size
   }
 }
 
+void FaultInjector::record_machine(Store& store, const std::string& key, const std::string& fault) {
+  store.set(key, fault);
+  store.add(key + "/set", 1);
+}
+
 std::string FaultInjector::machine_link_defect_key(int slot) {
   return "link/defective/" + std::to_string(slot);
 }
 
 bool FaultInjector::machine_link_defective(Store& store, int slot) {
-  try {
-    store.get(machine_link_defect_key(slot), std::chrono::milliseconds(1));
-    return true;
-  } catch (const CommTimeout&) {
-    return false;
-  }
+  return machine_record(store, machine_link_defect_key(slot)).has_value();
 }
 
 std::string FaultInjector::machine_defect_key(int slot) {
@@ -256,13 +266,9 @@ std::string FaultInjector::machine_defect_key(int slot) {
 }
 
 bool FaultInjector::arm_machine_defects(int slot) {
-  std::string text;
-  try {
-    text = store_->get(machine_defect_key(slot), std::chrono::milliseconds(1));
-  } catch (const CommTimeout&) {
-    return false;  // a healthy machine
-  }
-  faults::Fault f = parse_fault_flag(text);
+  const std::optional<std::string> text = machine_record(*store_, machine_defect_key(slot));
+  if (!text) return false;  // a healthy machine
+  faults::Fault f = parse_fault_flag(*text);
   f.set_once(false);
   // Rank -1: before_step never claims it again; on_computed looks at the target only.
   f.set_rank(-1);

@@ -108,6 +108,9 @@ class FaultInjector {
   // "link/defective/<slot>": set by a persistent link_error fault; whether machine `slot`'s
   // network is defective (a diagnostic run there must break its links too).
   static std::string machine_link_defect_key(int slot);
+  // Records machine defect `key` (one of the two above) as `fault`, a --fault text; a record
+  // is found by its count beside it, not by a get racing a tiny timeout.
+  static void record_machine(Store& store, const std::string& key, const std::string& fault);
   static bool machine_link_defective(Store& store, int slot);
 
   // The injections recorded so far, in firing order.

@@ -135,8 +135,10 @@ class DiagnoseTest : public testing::Test {
 // Rank 1's machine has a defective network, rank 3's a persistent gradient flip. Every rank is
 // a suspect: TP groups {0,1} {2,3}, DP groups {0,2} {1,3}, all tested.
 TEST_F(DiagnoseTest, BrokenLinksAndSdcDefectFailTheirMachinesOnly) {
-  store->set(FaultInjector::machine_link_defect_key(kSlotBase + 1), "link_error@step=5,rank=1");
-  store->set(FaultInjector::machine_defect_key(kSlotBase + 3), "sdc@step=1,rank=3,target=grad");
+  FaultInjector::record_machine(*store, FaultInjector::machine_link_defect_key(kSlotBase + 1),
+                                "link_error@step=5,rank=1");
+  FaultInjector::record_machine(*store, FaultInjector::machine_defect_key(kSlotBase + 3),
+                                "sdc@step=1,rank=3,target=grad");
   const std::string key = "diag/1/3";
   for (int r = 0; r < 4; ++r) start(key, r, r, 4, "0,1,2,3", 30000);
   const std::vector<int> codes = wait_all(120s);

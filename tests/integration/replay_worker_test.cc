@@ -170,7 +170,8 @@ class ReplayWorkerTest : public testing::Test {
 // machine 5 the job recorded as defective (a persistent gradient flip), differs. The loss is
 // the forward's and equal everywhere: the defect shows in the state after the update only.
 TEST_F(ReplayWorkerTest, HealthyGroupsAgreeDefectiveMachineDiffers) {
-  store->set(FaultInjector::machine_defect_key(5), "sdc@step=1,rank=3,target=grad");
+  FaultInjector::record_machine(*store, FaultInjector::machine_defect_key(5),
+                                "sdc@step=1,rank=3,target=grad");
   const auto a = start_group("replay/1/0/0", kStep, kEpoch, {0, 1});
   const auto b = start_group("replay/1/0/1", kStep, kEpoch, {2, 3});
   const auto c = start_group("replay/1/0/2", kStep, kEpoch, {4, 5});

@@ -138,7 +138,8 @@ bool has(const std::string& s, const std::string& part) {
 // Slot 1's network is recorded defective. Its rank 1 and the peers of its groups (0 in TP,
 // 3 in DP) are checked, rank 2 is not; slot 1 fails, slots 0 and 3 are only peers.
 TEST_F(ControllerDiagnoseTest, StartsTheSuspectsAndTheirPeersAndFailsTheBrokenSlot) {
-  store->set(FaultInjector::machine_link_defect_key(1), "link_error@step=5,rank=1");
+  FaultInjector::record_machine(*store, FaultInjector::machine_link_defect_key(1),
+                                "link_error@step=5,rank=1");
   auto c = controller(30000);
   report::Incident inc;
   const auto t0 = std::chrono::steady_clock::now();
