@@ -7,7 +7,8 @@
 //   keel-ctl plan-standby --machines N --mtbf-hours H --recovery-minutes R [--percentile P]
 // Without --run or --controller it finds the newest job under ./runs. Every error is one line
 // on stderr, "keel-ctl: error: ...": exit 2 for bad input or a request the controller refused
-// (inject at a step already passed, ...), 1 when no controller answers.
+// (inject at a step already passed, ...), 1 when no controller answers. The command line is
+// CLI11's (runtime/cli.h): one subcommand, each with its own --help.
 #include <unistd.h>
 #include <cerrno>
 #include <cmath>
@@ -20,22 +21,12 @@
 #include "launcher/control_plane.h"
 #include "launcher/standby_plan.h"
 #include "runtime/check.h"
+#include "runtime/cli.h"
+#include "runtime/logging.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-const char* kUsage =
-    "usage: keel-ctl status [--run DIR | --controller ENDPOINT]\n"
-    "       keel-ctl inject KIND@step=S,rank=R[,...] [--run DIR | --controller ENDPOINT]\n"
-    "       keel-ctl stacks [--name NAME] [--run DIR | --controller ENDPOINT]\n"
-    "       keel-ctl replay [--run DIR | --controller ENDPOINT]\n"
-    "       keel-ctl update --plugin PATH [--urgent | --lazy] [--at-step S]\n"
-    "                       [--run DIR | --controller ENDPOINT]\n"
-    "       keel-ctl plan-standby --machines N --mtbf-hours H --recovery-minutes R\n"
-    "                             [--percentile P (default 99)]\n"
-    "DIR is a job's run directory (runs/<job>); by default the newest under ./runs.\n"
-    "plan-standby needs no job: it sizes the warm spares for N machines (binomial model).\n";
 
 // Every error keel-ctl reports, from here or from the controller's answer: one line on
 // stderr under one prefix, then the exit status (2: refused, bad input; 1: no answer).
@@ -146,49 +137,18 @@ int update(keel::ControlClient& c, const std::string& plugin, bool lazy, int64_t
   return 0;
 }
 
-// keel-ctl plan-standby: parses its own flags (it talks to no controller) and prints the
-// plan. Bad input throws keel::InputError, which main reports with exit status 2.
-int plan_standby_command(int argc, char** argv) {
-  auto fail = [](const std::string& what) { throw keel::InputError("plan-standby: " + what); };
-  // The whole text must be the number: "10x" or "" is refused, not read as 10 or 0.
-  auto parse = [&](const std::string& flag, const char* text) {
-    char* end = nullptr;
-    errno = 0;
-    double v = std::strtod(text, &end);
-    if (end == text || *end != '\0' || errno == ERANGE)
-      fail(flag + " '" + text + "': not a number");
-    return v;
-  };
-  double machines = -1, mtbf = -1, recovery = -1, percentile = 99;
-  bool have_machines = false, have_mtbf = false, have_recovery = false;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a != "--machines" && a != "--mtbf-hours" && a != "--recovery-minutes" &&
-        a != "--percentile")
-      fail("unknown argument '" + a + "'\n" + kUsage);
-    if (i + 1 >= argc) fail(a + " needs a value");
-    const double v = parse(a, argv[++i]);
-    if (a == "--machines") {
-      if (v != std::floor(v)) fail("--machines " + std::string(argv[i]) + ": not a whole number");
-      // Beyond int's range plan_standby would not see the value given, so refuse it here.
-      if (std::fabs(v) > keel::kMaxStandbyMachines)
-        fail("--machines " + std::string(argv[i]) + ": must be between 1 and " +
-             std::to_string(keel::kMaxStandbyMachines));
-      machines = v, have_machines = true;
-    } else if (a == "--mtbf-hours") {
-      mtbf = v, have_mtbf = true;
-    } else if (a == "--recovery-minutes") {
-      recovery = v, have_recovery = true;
-    } else {
-      percentile = v;
-    }
-  }
-  if (!have_machines || !have_mtbf || !have_recovery)
-    fail(std::string("missing ") +
-         (!have_machines ? "--machines"
-          : !have_mtbf   ? "--mtbf-hours"
-                         : "--recovery-minutes") +
-         "\n" + kUsage);
+// keel-ctl plan-standby: sizes the warm spares for N machines; it talks to no controller.
+// Bad input throws keel::InputError, which main reports with exit status 2.
+int plan_standby_command(double machines, double mtbf, double recovery, double percentile) {
+  // plan_standby takes an int: a fraction, or a count beyond int's range, would not be the
+  // value given, so refuse them here.
+  if (machines != std::floor(machines))
+    throw keel::InputError(
+        keel::detail::concat("plan-standby: --machines ", machines, ": not a whole number"));
+  if (std::fabs(machines) > keel::kMaxStandbyMachines)
+    throw keel::InputError(keel::detail::concat("plan-standby: --machines ", machines,
+                                                ": must be between 1 and ",
+                                                keel::kMaxStandbyMachines));
   // plan_standby's errors name "plan-standby:" already; main adds keel-ctl's prefix.
   const keel::StandbyPlan plan =
       keel::plan_standby(static_cast<int>(machines), mtbf, recovery, percentile);
@@ -196,45 +156,108 @@ int plan_standby_command(int argc, char** argv) {
   return 0;
 }
 
+// Which job a command talks to: --run DIR or --controller ENDPOINT (default: the newest job
+// under ./runs).
+struct Target {
+  std::string run, controller;
+};
+
+CLI::App* add_command(CLI::App& app, const std::string& name, const std::string& what, Target* t) {
+  CLI::App* sub = app.add_subcommand(name, what);
+  auto* run = sub->add_option("--run", t->run,
+                              "the job's run directory runs/<job> (default: the newest under "
+                              "./runs)")
+                  ->type_name("DIR");
+  sub->add_option("--controller", t->controller,
+                  "the job's controller, as runs/<job>/controller names it (instead of --run)")
+      ->type_name("ENDPOINT")
+      ->excludes(run);
+  return sub;
+}
+
+// --at-step: the whole text a step count >= 1 ("10x", "0" and "-3" are refused).
+CLI::Validator step_count() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || *end != '\0' || errno == ERANGE || v < 1)
+          return "'" + text + "': not a step count >= 1";
+        return "";
+      },
+      "");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  keel::init_logging(argv[0]);
+  CLI::App app(
+      "keel-ctl: talks to a running job's controller (status, inject, stacks, replay, "
+      "update), or sizes warm standbys (plan-standby).",
+      "keel-ctl");
+  app.require_subcommand(0, 1);
+  Target target;
+  add_command(app, "status", "the job's state, slots and ranks", &target);
+
+  std::string fault;
+  add_command(app, "inject", "inject a fault into the running job", &target)
+      ->add_option("fault", fault,
+                   "KIND@step=S,rank=R[,...], as keel-launch --fault takes it, e.g. "
+                   "crash@step=40,rank=3")
+      ->type_name("FAULT");
+
+  std::string name;
+  add_command(app, "stacks", "capture every worker's native stacks, grouped", &target)
+      ->add_option("--name", name, "the capture's name: it goes to runs/<job>/stacks/NAME")
+      ->type_name("NAME");
+
+  add_command(app, "replay",
+              "suspected silent data corruption: replay the newest step on groups of machines "
+              "and evict the one found",
+              &target);
+
+  std::string plugin;
+  bool lazy = false, urgent = false;
+  int64_t at_step = 0;
+  CLI::App* update_cmd = add_command(
+      app, "update", "swap the job's model plugin, checked first with every rank", &target);
+  update_cmd->add_option("--plugin", plugin, "the new plugin (a shared library)")
+      ->type_name("PATH")
+      ->required();
+  auto* lazy_flag = update_cmd->add_flag(
+      "--lazy", lazy, "switch with the next recovery, not at a step boundary (not with --urgent)");
+  update_cmd->add_flag("--urgent", urgent, "switch at the next step boundary (the default)")
+      ->excludes(lazy_flag);
+  update_cmd->add_option("--at-step", at_step, "switch at step S")
+      ->type_name("S")
+      ->check(step_count());
+
+  double machines = 0, mtbf = 0, recovery = 0, percentile = 99;
+  CLI::App* plan = app.add_subcommand(
+      "plan-standby", "size the warm spares for N machines (binomial model); needs no job");
+  plan->add_option("--machines", machines, "machines in the job")->type_name("N")->required();
+  plan->add_option("--mtbf-hours", mtbf, "mean time between failures of one machine")
+      ->type_name("H")
+      ->required();
+  plan->add_option("--recovery-minutes", recovery, "time to bring back a lost machine")
+      ->type_name("R")
+      ->required();
+  plan->add_option("--percentile", percentile, "cover this percentile of failures (default 99)")
+      ->type_name("P");
+
+  if (auto rc = keel::cli::parse(app, argc, argv)) return *rc;
   try {
-    if (argc < 2) return fail(2, std::string("a command is needed\n") + kUsage);
-    const std::string cmd = argv[1];
-    if (cmd == "plan-standby") return plan_standby_command(argc, argv);
-    std::string run, controller, fault, name, plugin;
-    bool lazy = false;
-    int64_t at_step = 0;
-    for (int i = 2; i < argc; ++i) {
-      std::string a = argv[i];
-      if ((a == "--run" || a == "--controller") && i + 1 < argc) {
-        (a == "--run" ? run : controller) = argv[++i];
-      } else if (cmd == "stacks" && a == "--name" && i + 1 < argc) {
-        name = argv[++i];
-      } else if (cmd == "update" && a == "--plugin" && i + 1 < argc) {
-        plugin = argv[++i];
-      } else if (cmd == "update" && (a == "--lazy" || a == "--urgent")) {
-        lazy = a == "--lazy";
-      } else if (cmd == "update" && a == "--at-step" && i + 1 < argc) {
-        char* end = nullptr;
-        at_step = std::strtoll(argv[++i], &end, 10);
-        if (!end || *end || at_step < 1)
-          return fail(2, std::string("--at-step '") + argv[i] + "': not a step count >= 1");
-      } else if (cmd == "inject" && fault.empty() && a.rfind("--", 0) != 0) {
-        fault = a;
-      } else {
-        return fail(2, "unknown argument '" + a + "'\n" + kUsage);
-      }
-    }
-    if (cmd != "status" && cmd != "inject" && cmd != "stacks" && cmd != "replay" &&
-        cmd != "update") {
-      return fail(2, "unknown command '" + cmd + "'\n" + kUsage);
-    }
+    if (app.got_subcommand(plan)) return plan_standby_command(machines, mtbf, recovery, percentile);
+    if (app.get_subcommands().empty())
+      return keel::cli::usage_error(
+          app, "a command is needed: status, inject, stacks, replay, update or plan-standby");
+    const std::string cmd = app.get_subcommands().front()->get_name();
     if (cmd == "inject" && fault.empty())
-      return fail(2, "inject needs a fault, e.g. crash@step=40,rank=3");
-    if (cmd == "update" && plugin.empty()) return fail(2, "update needs --plugin PATH");
-    keel::ControlClient c(find_endpoint(run, controller), "ctl/" + std::to_string(getpid()));
+      return keel::cli::usage_error(app, "inject needs a fault, e.g. crash@step=40,rank=3");
+    keel::ControlClient c(find_endpoint(target.run, target.controller),
+                          "ctl/" + std::to_string(getpid()));
     if (cmd == "update") return update(c, plugin, lazy, at_step);
     if (cmd == "stacks") return stacks(c, name);
     if (cmd == "replay") return replay(c);

@@ -4,11 +4,13 @@
 #include "launcher/launch.h"
 #include "launcher/recovery_protocol.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 int main(int argc, char** argv) {
+  keel::init_logging(argv[0]);
   keel::LaunchOptions o;
   try {
-    if (!keel::parse_launch_options(argc, argv, &o)) return 0;
+    if (auto rc = keel::parse_launch_options(argc, argv, &o)) return *rc;
     return keel::run_launch(o);
   } catch (const keel::InputError& e) {
     std::fprintf(stderr, "keel-launch: error: %s\n", e.what());

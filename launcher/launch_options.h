@@ -3,6 +3,7 @@
 // is started by hand (to bring back a lost machine) and joins a running job's controller.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,15 +21,17 @@ struct LaunchOptions {
   std::string join;                      // --join ENDPOINT: the controller of a running job
   int slot = -1;                         // --slot K (with --join)
   std::string job;                       // --job ID (with --join; default: from the endpoint)
-  std::vector<std::string> worker_args;  // passed to every keel-worker (--report, --fault, ...)
+  std::vector<std::string> worker_args;  // passed to every keel-worker (--report, --fault, ...),
+                                         // flag then value, in the order given
   std::string resume;  // --resume DIR: a checkpoint directory, or a run directory runs/<job>/
                        // (its config.pbtxt names the checkpoint directory and, without
                        // --config, is the job's config)
   bool quiet = false;
 };
 
-// Throws keel::InputError naming the flag on a bad or missing value; false for --help.
-bool parse_launch_options(int argc, char** argv, LaunchOptions* out);
-std::string launch_usage();
+// Parses argv (CLI11, runtime/cli.h). Returns nothing to go on, or the exit status to end
+// with: 0 after --help, 2 (recovery::kExitInputError) after a usage error, which it has
+// reported on stderr as "keel-launch: error: ..." naming the flag.
+std::optional<int> parse_launch_options(int argc, char** argv, LaunchOptions* out);
 
 }  // namespace keel

@@ -17,11 +17,13 @@
 #include "parallel/comm_error.h"
 #include "proto/config_loader.h"
 #include "runtime/cpu/blas_core.h"
+#include "runtime/logging.h"
 
 int main(int argc, char** argv) {
+  keel::init_logging(argv[0]);
   keel::WorkerOptions o;
   try {
-    if (!keel::parse_worker_options(argc, argv, &o)) return 0;
+    if (auto rc = keel::parse_worker_options(argc, argv, &o)) return *rc;
     // First, while no thread of keel's runs: OpenBLAS chose its kernels when it loaded, and
     // if they are not the best for this CPU (or not runtime.blas_core's), this executes the
     // binary again with OPENBLAS_CORETYPE set and does not return.
@@ -45,10 +47,12 @@ int main(int argc, char** argv) {
       std::vector<std::string> args;
       for (int i = 0; i < argc; ++i) {
         std::string a = argv[i];
+        // Both spellings CLI11 takes: "--nproc N" and "--nproc=N".
         if (a == "--nproc") {
           ++i;
           continue;
         }
+        if (a.rfind("--nproc=", 0) == 0) continue;
         args.push_back(a);
       }
       return keel::run_supervisor(o, args);

@@ -3,6 +3,7 @@
 // later, keel-launch start workers.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,10 +25,12 @@ struct WorkerOptions {
   std::string resume_dir;              // --resume DIR: continue from a persistent checkpoint
 };
 
-// Parses argv (throws keel::InputError naming the flag on a bad or missing value).
-// Returns false (after printing usage) for --help.
-bool parse_worker_options(int argc, char** argv, WorkerOptions* out);
+// Parses argv and the environment (CLI11, runtime/cli.h). Returns nothing to go on, or the
+// exit status to end with: 0 after --help, 2 (recovery::kExitInputError) after a usage error,
+// which it has reported on stderr as "keel-worker: error: ..." naming the flag or variable.
+std::optional<int> parse_worker_options(int argc, char** argv, WorkerOptions* out);
 
+// The generated --help text.
 std::string worker_usage();
 
 }  // namespace keel

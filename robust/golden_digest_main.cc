@@ -9,50 +9,38 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "robust/golden_check.h"
-
-namespace {
-
-int usage() {
-  std::fprintf(stderr,
-               "usage: keel-golden [--check] [--device cpu|cuda] [--precision fp32|bf16] "
-               "[--plugin PATH] [--repeat N]\n");
-  return 2;
-}
-
-}  // namespace
+#include "runtime/cli.h"
+#include "runtime/logging.h"
 
 int main(int argc, char** argv) {
-  bool check = false, cuda = false;
-  keel::Precision precision = keel::Precision::kFp32;
+  keel::init_logging(argv[0]);
+  CLI::App app(
+      "keel-golden: runs the golden mini-GPT self-check in this process and prints "
+      "\"<key><TAB><digest>\" (what scripts/regen-golden-digests.sh records).",
+      "keel-golden");
+  bool check = false;
+  std::string device = "cpu", precision_name = "fp32";
   std::string plugin_path = "libkeel_gpt.so";
   int repeat = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (a == "--check") {
-      check = true;
-    } else if (a == "--device" && has_value) {
-      const std::string v = argv[++i];
-      if (v != "cpu" && v != "cuda") return usage();
-      cuda = v == "cuda";
-    } else if (a == "--precision" && has_value) {
-      const std::string v = argv[++i];
-      if (v != "fp32" && v != "bf16") return usage();
-      precision = v == "bf16" ? keel::Precision::kBf16 : keel::Precision::kFp32;
-    } else if (a == "--plugin" && has_value) {
-      plugin_path = argv[++i];
-    } else if (a == "--repeat" && has_value) {
-      repeat = std::atoi(argv[++i]);
-      if (repeat < 1) return usage();
-    } else {
-      return usage();
-    }
-  }
+  app.add_flag("--check", check, "print the check's line instead; exit 1 unless it passed");
+  app.add_option("--device", device, "where to run (default cpu)")
+      ->type_name("cpu|cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}).description(""));
+  app.add_option("--precision", precision_name, "the precision checked (default fp32)")
+      ->type_name("fp32|bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}).description(""));
+  app.add_option("--plugin", plugin_path, "the model plugin (default libkeel_gpt.so)")
+      ->type_name("PATH");
+  app.add_option("--repeat", repeat, "run N times; print the best wall time to stderr")
+      ->type_name("N")
+      ->check(keel::cli::range(1, 1'000'000));
+  if (auto rc = keel::cli::parse(app, argc, argv)) return *rc;
+  const bool cuda = device == "cuda";
+  const keel::Precision precision =
+      precision_name == "bf16" ? keel::Precision::kBf16 : keel::Precision::kFp32;
   try {
     auto backend = cuda ? keel::make_cuda_backend(0, precision) : keel::make_cpu_backend(1);
     auto plugin = keel::Plugin::load(plugin_path);

@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config clang-format
       libopenblas-dev libgoogle-glog-dev libgtest-dev libgmock-dev
       libprotobuf-dev protobuf-compiler libzmq3-dev cppzmq-dev libgloo-dev
-      libopenmpi-dev openmpi-bin libunwind-dev libxxhash-dev fortunes iproute2)
+      libopenmpi-dev openmpi-bin libunwind-dev libxxhash-dev libcli11-dev fortunes iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

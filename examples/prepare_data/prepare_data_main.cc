@@ -13,11 +13,14 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/token_shards.h"
 #include "runtime/check.h"
+#include "runtime/cli.h"
+#include "runtime/logging.h"
 
 namespace {
 
@@ -31,57 +34,40 @@ struct Args {
   std::vector<std::string> files;
 };
 
-constexpr const char* kUsage =
-    "usage: keel-prepare-data --out DIR [--val-fraction 0.1] [--shard-tokens 10000000]\n"
-    "                         [--prefix NAME_] FILES...\n"
-    "Tokenizes text files byte by byte (vocab 256) into llm.c shards:\n"
-    "DIR/<prefix>train_000000.bin ... and DIR/<prefix>val_000000.bin ...\n";
-
-[[noreturn]] void usage_error(const std::string& why) {
-  std::cerr << "keel-prepare-data: " << why << "\n" << kUsage;
-  std::exit(2);
-}
-
-Args parse_args(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(arg + " needs a value");
-      return argv[++i];
-    };
-    try {
-      if (arg == "--out") {
-        a.out = next();
-      } else if (arg == "--val-fraction") {
-        a.val_fraction = std::stod(next());
-      } else if (arg == "--shard-tokens") {
-        a.shard_tokens = std::stoll(next());
-      } else if (arg == "--prefix") {
-        a.prefix = next();
-      } else if (arg == "-h" || arg == "--help") {
-        std::cout << kUsage;
-        std::exit(0);
-      } else if (arg.size() > 1 && arg[0] == '-') {
-        usage_error("unknown option " + arg);
-      } else {
-        a.files.push_back(arg);
-      }
-    } catch (const std::logic_error&) {  // stod/stoll: not a number, out of range
-      usage_error(arg + " = " + argv[i] + ": not a number");
-    }
-  }
-  if (a.out.empty()) usage_error("--out DIR is required");
-  if (a.files.empty()) usage_error("no input files");
-  if (!(a.val_fraction >= 0 && a.val_fraction < 1)) {
-    usage_error("--val-fraction = " + std::to_string(a.val_fraction) + ": must be in [0, 1)");
-  }
+// Fills *a from argv. Returns nothing to go on, or the exit status to end with (0 after
+// --help; 2 after a usage error, reported as "keel-prepare-data: error: ...").
+std::optional<int> parse_args(int argc, char** argv, Args* a) {
+  CLI::App app(
+      "keel-prepare-data: tokenizes text files byte by byte (vocab 256) into llm.c shards: "
+      "DIR/<prefix>train_000000.bin ... and DIR/<prefix>val_000000.bin ...",
+      "keel-prepare-data");
+  app.add_option("--out", a->out, "where the shards go (made if missing)")
+      ->type_name("DIR")
+      ->required();
+  app.add_option("--val-fraction", a->val_fraction,
+                 "the last fraction of the tokens, in [0, 1), becomes the val split (default 0.1)")
+      ->type_name("F")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double f = std::strtod(text.c_str(), &end);
+            return end != text.c_str() && *end == '\0' && f >= 0 && f < 1
+                       ? ""
+                       : text + ": must be in [0, 1)";
+          },
+          ""));
   // A shard needs two tokens for one (input, target) pair.
-  if (a.shard_tokens < 2 || a.shard_tokens > INT32_MAX) {
-    usage_error("--shard-tokens = " + std::to_string(a.shard_tokens) +
-                ": must be in [2, 2147483647]");
-  }
-  return a;
+  app.add_option("--shard-tokens", a->shard_tokens,
+                 "tokens per shard at most, in [2, 2147483647] (default 10000000)")
+      ->type_name("N")
+      ->check(CLI::Range(int64_t{2}, int64_t{INT32_MAX}).description(""));
+  app.add_option("--prefix", a->prefix, "put in front of every shard's name")->type_name("NAME_");
+  app.add_option("FILES", a->files,
+                 "the text files, read in order and concatenated; one holding a NUL byte is "
+                 "taken for binary and skipped")
+      ->type_name("")
+      ->required();
+  return keel::cli::parse(app, argc, argv);
 }
 
 // Writes tokens[begin, end) as equal shards of at most shard_tokens; returns how many.
@@ -150,7 +136,9 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args args = parse_args(argc, argv);
+  keel::init_logging(argv[0]);
+  Args args;
+  if (auto rc = parse_args(argc, argv, &args)) return *rc;
   try {
     return run(args);
   } catch (const std::exception& e) {

@@ -154,8 +154,7 @@ TEST(JoinErrors, RefusedJoinsExitTwoWithTheReasonAndTheJobTrainsOn) {
     EXPECT_EQ(j.leftovers, 0u) << j.output;
   }
   // The controller says each refusal too.
-  EXPECT_EQ(count_of(r.output, "keel-launch: refused keel-launch --join"), int(cases.size()))
-      << r.output;
+  EXPECT_EQ(count_of(r.output, "] refused keel-launch --join"), int(cases.size())) << r.output;
 
   EXPECT_EQ(inject.exit_code, 2) << inject.output;
   EXPECT_TRUE(contains(inject.output,
@@ -214,9 +213,11 @@ TEST(CommandLinePrefix, KeelLaunchSaysItsNameOnce) {
   const std::string cfg = write_config(dir);
   const std::string launch = bin_dir() + "/keel-launch --run-dir " + dir + "/runs ";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--config " + cfg + " --local 0", "keel-launch: error: --local = '0': expected an integer"},
-      {"--config " + cfg + " --local", "keel-launch: error: --local needs a value"},
-      {"--config " + cfg + " --bogus", "keel-launch: error: unknown argument '--bogus'"},
+      {"--config " + cfg + " --local 0",
+       "keel-launch: error: --local: Value 0 not in range 1 to 4096"},
+      {"--config " + cfg + " --local", "keel-launch: error: --local: 1 required N missing"},
+      {"--config " + cfg + " --bogus",
+       "keel-launch: error: The following argument was not expected: --bogus"},
       {"--local 2", "keel-launch: error: --config FILE is required"},
       {"--config " + cfg + " --join tcp://127.0.0.1:1",
        "keel-launch: error: --join needs --slot K and --job ID"},
@@ -235,16 +236,16 @@ TEST(CommandLinePrefix, KeelCtlErrorsSayKeelCtlOnce) {
   const std::string ctl = bin_dir() + "/keel-ctl ";
   const std::vector<std::tuple<std::string, int, std::string>> cases = {
       {"", 2, "keel-ctl: error: a command is needed"},
-      {"bogus", 2, "keel-ctl: error: unknown command 'bogus'"},
-      {"status --bogus", 2, "keel-ctl: error: unknown argument '--bogus'"},
+      {"bogus", 2, "keel-ctl: error: The following argument was not expected: bogus"},
+      {"status --bogus", 2, "keel-ctl: error: The following argument was not expected: --bogus"},
       {"inject", 2, "keel-ctl: error: inject needs a fault"},
-      {"update", 2, "keel-ctl: error: update needs --plugin PATH"},
-      {"update --plugin x --at-step 0", 2, "keel-ctl: error: --at-step '0': not a step count"},
+      {"update", 2, "keel-ctl: error: --plugin is required"},
+      {"update --plugin x --at-step 0", 2, "keel-ctl: error: --at-step: '0': not a step count"},
       {"status --run " + dir + "/none", 2,
        "keel-ctl: error: " + dir + "/none/controller: missing or empty"},
       {"plan-standby --machines 0 --mtbf-hours 1 --recovery-minutes 1", 2,
        "keel-ctl: error: plan-standby: --machines 0"},
-      {"plan-standby --machines x", 2, "keel-ctl: error: plan-standby: --machines 'x': not a"},
+      {"plan-standby --machines x", 2, "keel-ctl: error: Could not convert: --machines = x"},
       // Nothing listens on port 1: the request times out.
       {"status --controller tcp://127.0.0.1:1", 1,
        "keel-ctl: error: the controller did not answer within 3 s"},

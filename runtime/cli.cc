@@ -1,0 +1,168 @@
+#include "runtime/cli.h"
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+namespace keel::cli {
+namespace {
+
+// CLI11 prints each flag's help on one line however long; this wraps it into the column
+// after the flag names, so that no line of --help is wider than kWidth.
+class WrappingFormatter : public CLI::Formatter {
+ public:
+  static constexpr std::size_t kNameColumn = 28;
+  static constexpr std::size_t kWidth = 96;
+
+  WrappingFormatter() { column_width(kNameColumn); }
+
+  std::string make_option_desc(const CLI::Option* opt) const override {
+    return wrap(opt->get_description(), kWidth - kNameColumn);
+  }
+
+  // The placeholder and REQUIRED only: what excludes what is said in the flags' help.
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    if (!opt->get_option_text().empty()) return " " + opt->get_option_text();
+    std::string out;
+    if (opt->get_type_size() != 0 && !opt->get_type_name().empty())
+      out += " " + opt->get_type_name();
+    if (opt->get_required()) out += " REQUIRED";
+    return out;
+  }
+
+  std::string make_subcommand(const CLI::App* sub) const override {
+    std::ostringstream out;
+    CLI::detail::format_help(out, sub->get_display_name(true),
+                             wrap(sub->get_description(), kWidth - kNameColumn), kNameColumn);
+    return out.str();
+  }
+
+  std::string make_description(const CLI::App* app) const override {
+    const std::string d = app->get_description();
+    return d.empty() ? d : wrap(d, kWidth) + "\n";
+  }
+
+  // Words to lines of at most `width`; a newline in `text` starts a new line.
+  static std::string wrap(const std::string& text, std::size_t width) {
+    std::string out;
+    std::istringstream paragraphs(text);
+    for (std::string paragraph; std::getline(paragraphs, paragraph);) {
+      if (!out.empty()) out += '\n';
+      std::istringstream words(paragraph);
+      std::string line;
+      for (std::string word; words >> word;) {
+        if (!line.empty() && line.size() + 1 + word.size() > width) {
+          out += line + '\n';
+          line.clear();
+        }
+        line += (line.empty() ? "" : " ") + word;
+      }
+      out += line;
+    }
+    return out;
+  }
+};
+
+void use_wrapping_formatter(CLI::App& app, const std::shared_ptr<WrappingFormatter>& f) {
+  app.formatter(f);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    use_wrapping_formatter(*sub, f);
+}
+
+// A flag of one value given twice keeps the last, as keel's hand-written parsers did: a
+// harness or script that appends "--report X" to a command line overrides the one before.
+void take_last_values(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options())
+    if (opt->get_multi_option_policy() == CLI::MultiOptionPolicy::Throw &&
+        opt->get_expected_max() <= 1)
+      opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) take_last_values(*sub);
+}
+
+}  // namespace
+
+CLI::Validator range(int lo, int hi) {
+  // No description: the flag's help says the range, and the type shown stays the placeholder.
+  return CLI::Range(lo, hi).description("");
+}
+
+void add_job_flags(CLI::App& app, JobFlags* f, bool config_required) {
+  // No ExistingFile check: the config loader refuses a missing file or a directory with a
+  // message that says which (proto/config_loader.h).
+  auto* config =
+      app.add_option("--config", f->config, "job config (text protobuf, see proto/config.proto)")
+          ->type_name("FILE");
+  if (config_required) config->required();
+  // One value per --set, so that a following positional is never taken as an override; the
+  // order given is the order applied.
+  app.add_option("--set", f->set, "override a config field, e.g. --set train.steps=20 (repeatable)")
+      ->type_name("PATH=VALUE")
+      ->option_text("PATH=VALUE")
+      ->allow_extra_args(false)
+      ->take_all();
+}
+
+void add_slot_flags(CLI::App& app, SlotFlags* f) {
+  app.add_option("--local", f->local,
+                 "run N slots (machines, 1..4096) on this machine; without it, under mpirun, "
+                 "each MPI rank is a slot")
+      ->type_name("N")
+      ->check(range(1, kMaxCount));
+  app.add_option("--standby", f->standby,
+                 "the last K slots (0..4096) are warm standbys: their workers load the model, "
+                 "check themselves and wait to replace a lost or evicted slot")
+      ->type_name("K")
+      ->check(range(0, kMaxCount));
+  app.add_option("--workers-per-slot", f->workers_per_slot,
+                 "ranks per slot (1..4096; default: one per GPU, or 1 on CPU); ranks fill "
+                 "slots in Megatron order, so a TP group stays inside a slot where it fits")
+      ->type_name("W")
+      ->check(range(1, kMaxCount));
+}
+
+void add_fault_flags(CLI::App& app, FaultFlags* f) {
+  app.add_option("--fault", f->fault,
+                 "inject a fault (repeatable): KIND is crash, exit, hang, slow, nan, "
+                 "corrupt_snapshot, lose_snapshot, slot_loss, partition, freeze, "
+                 "hang_in_collective or spin; also ,code=C ,message=TEXT ,delay_ms=D")
+      ->type_name("KIND@step=S,rank=R")
+      ->option_text("KIND@step=S,rank=R")
+      ->allow_extra_args(false)
+      ->take_all();
+  app.add_option("--inject", f->inject,
+                 "inject the faults of a schedule (text protobuf, proto/faults.proto)")
+      ->type_name("FILE");
+  // No ExistingFile check either: the schedule's loader refuses a directory, a missing or an
+  // empty file with a message that says which (robust/fault_spec.h).
+}
+
+std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  use_wrapping_formatter(app, std::make_shared<WrappingFormatter>());
+  take_last_values(app);
+  try {
+    app.parse(argc, argv);
+    return std::nullopt;
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    std::cout << app.help("", CLI::AppFormatMode::All);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return usage_error(app, e.what());
+  }
+}
+
+std::string help(CLI::App& app) {
+  use_wrapping_formatter(app, std::make_shared<WrappingFormatter>());
+  return app.help();
+}
+
+int usage_error(const CLI::App& app, const std::string& what) {
+  std::fprintf(stderr, "%s: error: %s\nrun with --help for usage\n", app.get_name().c_str(),
+               what.c_str());
+  return 2;
+}
+
+}  // namespace keel::cli
