@@ -29,6 +29,7 @@
 #include "model/train_state.h"
 #include "parallel/comm_error.h"
 #include "parallel/tcp_store.h"
+#include "runtime/logging.h"
 
 namespace keel {
 
@@ -196,7 +197,7 @@ BackupServer::BackupServer(const std::string& job, int holder_rank, BackupServer
     m.region = SnapshotRegion::open_existing(m.segment, /*writable=*/true);
   } catch (const SnapshotError& e) {
     // Not worth failing the worker over: the next push makes a fresh segment.
-    std::fprintf(stderr, "keel backup server: %s; starting without backups\n", e.what());
+    LOG(WARNING) << "backup server: " << e.what() << "; starting without backups";
     if (::shm_unlink(m.segment.c_str()) != 0)
       KEEL_CHECK(errno == ENOENT, "shm_unlink ", m.segment, ": ", std::strerror(errno));
   }
@@ -257,8 +258,7 @@ void BackupServer::Impl::serve() {
       } catch (const std::exception& e) {
         // A request we could not serve (e.g. no memory for a segment) costs its connection,
         // not the server.
-        std::fprintf(stderr, "keel backup server %s: dropping a connection: %s\n", segment.c_str(),
-                     e.what());
+        LOG(WARNING) << "backup server " << segment << ": dropping a connection: " << e.what();
         drop[i - 2] = true;
       }
     }
@@ -337,8 +337,7 @@ bool BackupServer::Impl::handle_push(int fd, const RequestHeader& rq) {
                                 ", received ", got, ")"));
   }
   if (staging) {
-    std::fprintf(stderr, "keel backup server %s: new layout, dropping the old backups\n",
-                 segment.c_str());
+    LOG(INFO) << "backup server " << segment << ": new layout, dropping the old backups";
     region.reset();
     if (::shm_unlink(segment.c_str()) != 0)
       KEEL_CHECK(errno == ENOENT, "shm_unlink ", segment, ": ", std::strerror(errno));

@@ -16,6 +16,7 @@
 
 #include "ckpt/checkpoint_format.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -194,10 +195,8 @@ PersistentCheckpointer::Outcome PersistentCheckpointer::last_outcome() const {
 
 void PersistentCheckpointer::failed(const CheckpointWriteFailure& f) {
   failures_.fetch_add(1);
-  std::fprintf(stderr,
-               "keel: rank %d: %s; its temporary files are removed, the newest complete "
-               "checkpoint stays\n",
-               f.rank, f.message().c_str());
+  LOG(WARNING) << "rank " << f.rank << ": " << f.message()
+               << "; its temporary files are removed, the newest complete checkpoint stays";
   if (opts_.on_write_failed) opts_.on_write_failed(f);
   outcome_ = Outcome::kFailed;
 }
@@ -238,7 +237,7 @@ void PersistentCheckpointer::seal_loop() {
   try {
     store = store_factory_();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "keel: persistent checkpoints cannot be sealed: %s\n", e.what());
+    LOG(WARNING) << "persistent checkpoints cannot be sealed: " << e.what();
   }
   std::unique_lock<std::mutex> l(seal_mu_);
   while (true) {
@@ -274,11 +273,10 @@ void PersistentCheckpointer::seal_loop() {
       if (last_look || std::chrono::steady_clock::now() > p.deadline) {
         std::string who;
         for (int r : missing) who += detail::concat(who.empty() ? "" : ", ", r);
-        std::fprintf(stderr,
-                     "keel: persistent checkpoint of step %lld left incomplete: rank(s) %s never "
-                     "wrote their part (a rank that failed while saving); the newest complete "
-                     "checkpoint stays\n",
-                     static_cast<long long>(p.step), who.c_str());
+        LOG(WARNING) << "persistent checkpoint of step " << p.step << " left incomplete: rank(s) "
+                     << who
+                     << " never wrote their part (a rank that failed while saving); the newest "
+                        "complete checkpoint stays";
         done.push_back(p.step);
       }
     }
@@ -312,8 +310,7 @@ bool PersistentCheckpointer::seal(const Pending& p) {
     // the disk is no checkpoint, and takes room the next one needs.
     std::error_code ec;
     if (fs::exists(step_dir, ec)) fs::remove_all(step_dir, ec);
-    if (ec)
-      std::fprintf(stderr, "keel: cannot remove %s: %s\n", step_dir.c_str(), ec.message().c_str());
+    if (ec) LOG(WARNING) << "cannot remove " << step_dir << ": " << ec.message();
     return false;
   }
   prune(p.step);
@@ -383,8 +380,7 @@ void PersistentCheckpointer::prune(int64_t newest_step) {
     if (!drop) continue;
     std::error_code ec;
     fs::remove_all(path, ec);
-    if (ec)
-      std::fprintf(stderr, "keel: cannot remove %s: %s\n", path.c_str(), ec.message().c_str());
+    if (ec) LOG(WARNING) << "cannot remove " << path << ": " << ec.message();
   }
 }
 

@@ -9,6 +9,7 @@
 #include "ckpt/snapshot_region.h"
 #include "model/train_state.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 
@@ -285,10 +286,8 @@ void Snapshotter::push_loop() {
       if (addr == holder_) degraded_ = true;
       if (!push_error_reported_) {
         // Once per outage: a dead holder would otherwise log every step until the rebuild.
-        std::fprintf(stderr,
-                     "keel snapshotter: backup push of step %lld failed (%s); "
-                     "snapshots stay local until a push succeeds\n",
-                     static_cast<long long>(p.step), error.c_str());
+        LOG(WARNING) << "snapshotter: backup push of step " << p.step << " failed (" << error
+                     << "); snapshots stay local until a push succeeds";
         push_error_reported_ = true;
       }
     }

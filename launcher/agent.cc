@@ -25,6 +25,7 @@
 #include "launcher/stack_report.h"
 #include "runtime/check.h"
 #include "runtime/cpu/blas_core.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -86,9 +87,9 @@ void Agent::remove_shared_memory() {
 // job cannot go on here, and nothing of it must linger on this machine.
 int Agent::stop_without_controller(std::chrono::milliseconds silent) {
   const std::string why = detail::concat(
-      "keel-launch: slot ", o_.slot, ": no word from the controller at ", o_.controller, " for ",
-      silent.count(), " ms: stopping this slot's workers and removing its shared memory");
-  std::fprintf(stderr, "%s\n", why.c_str());
+      "slot ", o_.slot, ": no word from the controller at ", o_.controller, " for ", silent.count(),
+      " ms: stopping this slot's workers and removing its shared memory");
+  LOG(ERROR) << why;
   std::ofstream(o_.log_dir + "/slot" + std::to_string(o_.slot) + "-agent.log", std::ios::app)
       << why << "\n";
   kill_workers();
@@ -97,14 +98,12 @@ int Agent::stop_without_controller(std::chrono::milliseconds silent) {
   // workers died with it and left their segments: remove every segment of the job here.
   int others = 0;
   if (controller_process_gone(o_.job)) others = unlink_job_segments(o_.job);
-  std::fprintf(
-      stderr,
-      "keel-launch: slot %d: workers stopped, shared memory of %zu rank(s)%s removed; "
-      "restart the job from its newest persistent checkpoint with keel-launch --resume "
-      "%s\n",
-      o_.slot, hosted_.size(),
-      others > 0 ? detail::concat(" and ", others, " more segment(s) of the job").c_str() : "",
-      std::filesystem::path(o_.log_dir).parent_path().c_str());  // runs/<job>
+  LOG(ERROR) << "slot " << o_.slot << ": workers stopped, shared memory of " << hosted_.size()
+             << " rank(s)"
+             << (others > 0 ? detail::concat(" and ", others, " more segment(s) of the job") : "")
+             << " removed; restart the job from its newest persistent checkpoint with "
+                "keel-launch --resume "
+             << std::filesystem::path(o_.log_dir).parent_path().string();  // runs/<job>
   return kExitControllerLost;
 }
 
@@ -133,10 +132,8 @@ int Agent::run(const volatile int* stop) {
   auto last_heard = Clock::now();
   while (!(stop && *stop)) {
     if (!welcomed && Clock::now() > register_deadline) {
-      std::fprintf(stderr,
-                   "keel-launch: slot %d: cannot reach the controller at %s within %lld s\n",
-                   o_.slot, o_.controller.c_str(),
-                   static_cast<long long>(o_.register_timeout.count() / 1000));
+      LOG(ERROR) << "slot " << o_.slot << ": cannot reach the controller at " << o_.controller
+                 << " within " << o_.register_timeout.count() / 1000 << " s";
       return 1;
     }
     if (welcomed && o_.controller_timeout.count() > 0 &&
@@ -152,7 +149,8 @@ int Agent::run(const volatile int* stop) {
           welcomed = true;
           break;
         case control::Command::refuse:
-          // Said once, in keel-launch's form for bad input; nothing of the job runs here.
+          // Said once, in keel-launch's form for bad input (as main() says the others, not
+          // through glog); nothing of the job runs here.
           std::fprintf(stderr, "keel-launch: error: the controller at %s refused slot %d: %s\n",
                        o_.controller.c_str(), o_.slot, c.message().c_str());
           kill_workers();
@@ -334,10 +332,9 @@ int Agent::run(const volatile int* stop) {
   // Stopped because the controller's process died (a --local slot gets SIGTERM then): no
   // shutdown will come, so the job's shared memory on this machine is this agent's to remove.
   if (controller_process_gone(o_.job)) {
-    std::fprintf(stderr,
-                 "keel-launch: slot %d: the controller's process is gone: workers stopped, "
-                 "removing the job's shared memory\n",
-                 o_.slot);
+    LOG(WARNING) << "slot " << o_.slot
+                 << ": the controller's process is gone: workers stopped, removing the job's "
+                    "shared memory";
     remove_shared_memory();
     unlink_job_segments(o_.job);
   }

@@ -10,6 +10,7 @@
 #include "launcher/control_plane.h"
 #include "launcher/standby.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -57,8 +58,8 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
   if (m.has_registration()) {
     const auto& reg = m.registration();
     if (const std::string why = refusal(identity, reg); !why.empty()) {
-      std::fprintf(stderr, "keel-launch: refused keel-launch --join from %s (pid %d): %s\n",
-                   reg.host().c_str(), reg.pid(), why.c_str());
+      LOG(WARNING) << "refused keel-launch --join from " << reg.host() << " (pid " << reg.pid()
+                   << "): " << why;
       control::Envelope no = make_envelope(0);
       no.mutable_command()->set_kind(control::Command::refuse);
       no.mutable_command()->set_message(why);
@@ -79,8 +80,8 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     // A slot whose ranks moved elsewhere comes back as a standby, after its self-check.
     if (s.role == Role::kEvicted || (back && ranks_on(reg.slot()).empty())) s.role = Role::kStandby;
     if (back)
-      std::fprintf(stderr, "keel-launch: slot %d (%s) rejoined%s\n", reg.slot(), reg.host().c_str(),
-                   s.role == Role::kStandby ? " as a standby" : "");
+      LOG(INFO) << "slot " << reg.slot() << " (" << reg.host() << ") rejoined"
+                << (s.role == Role::kStandby ? " as a standby" : "");
     if (s.role == Role::kStandby) start_standby(reg.slot(), s.initial_standby && s.gen == 0);
     return;
   }
@@ -123,7 +124,7 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
       x.detail = e.last_lines();
       exits_.push_back(x);
     } else if (e.kind() == control::Event::slot_error) {
-      std::fprintf(stderr, "keel-launch: slot %d: %s\n", e.slot(), e.message().c_str());
+      LOG(WARNING) << "slot " << e.slot() << ": " << e.message();
     }
   }
 }

@@ -10,6 +10,7 @@
 #include "robust/fault_injector.h"
 #include "robust/fault_spec.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 
@@ -26,7 +27,7 @@ Controller::Impl::Impl(ControllerOptions opts, RankHost* h, std::shared_ptr<Stor
 }
 
 void Controller::Impl::event(const std::string& kind, const EventFields& fields) {
-  if (o.on_event) o.on_event(kind, fields.json());
+  if (o.on_event) o.on_event(kind, fields);
 }
 
 std::map<std::string, std::string> Controller::Impl::rank_env(int rank, bool restarted) const {
@@ -202,8 +203,7 @@ int Controller::Impl::run() {
   auto next_error_poll = Clock::now(), next_grow_check = Clock::now();
   while (true) {
     if (stopping()) {
-      std::fprintf(stderr, "%s: %s: stopping every rank\n", o.program.c_str(),
-                   strsignal(*o.stop_signal));
+      LOG(WARNING) << strsignal(*o.stop_signal) << ": stopping every rank";
       host->stop_all(SIGTERM, std::chrono::seconds(5));
       return 128 + *o.stop_signal;
     }
@@ -218,8 +218,7 @@ int Controller::Impl::run() {
       if (!finished.empty() || ex->fatal()) {
         std::string why = detail::concat("rank ", ex->rank, " ", ex->describe());
         if (!ex->detail.empty() && !ex->slot_lost)
-          why +=
-              detail::concat("\n", o.program, ": rank ", ex->rank, "'s last lines:\n", ex->detail);
+          why += detail::concat("\nrank ", ex->rank, "'s last lines:\n", ex->detail);
         return stop_job(why, ex->code());
       }
       if (!recover(from_exit(*ex))) return stop_job("", ex->code() ? ex->code() : 1);
@@ -281,8 +280,7 @@ void Controller::Impl::serve_stacks_requests() {
 }
 
 int Controller::Impl::stop_job(const std::string& why, int code) {
-  if (!why.empty())
-    std::fprintf(stderr, "%s: %s; stopping the job\n", o.program.c_str(), why.c_str());
+  if (!why.empty()) LOG(ERROR) << why << "; stopping the job";
   event("stop", EventFields().add("code", code).add("why", why));
   host->stop_all(SIGTERM, std::chrono::seconds(5));
   return code;

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 
+#include "launcher/event_fields.h"
 #include "launcher/rank_host.h"
 #include "parallel/store.h"
 #include "parallel/topology.h"
@@ -37,13 +38,12 @@ struct ControllerOptions {
   double job_start = 0;             // unix seconds (ETTR counts from here)
   std::string store_addr;           // host:port of the rendezvous store the ranks meet through
   std::string controller_endpoint;  // the control plane's endpoint ("" under --nproc)
-  std::string program = "keel";     // how messages name the process ("keel-worker", ...)
   std::string run_dir;              // runs/<job>: stacks go to run_dir/stacks/<name>/
                                     // ("" : a temporary directory)
   bool console_progress = false;    // print rank 0's progress every train.log_every steps
   const volatile sig_atomic_t* stop_signal = nullptr;  // set by SIGINT/SIGTERM handlers
-  // Called for every event worth a line in the job's event log (kind, fields as JSON).
-  std::function<void(const std::string& kind, const std::string& json)> on_event;
+  // Called for every event worth a line in the job's event log (launcher/event_log.h).
+  std::function<void(const std::string& kind, const EventFields& fields)> on_event;
 };
 
 class Controller {

@@ -8,6 +8,7 @@
 #include "launcher/controller_impl.h"
 #include "robust/fault_injector.h"
 #include "robust/hang_rules.h"
+#include "runtime/logging.h"
 
 namespace keel {
 
@@ -80,8 +81,7 @@ std::optional<Controller::Impl::Detected> Controller::Impl::sdc() {
   d.failure.restore_at_most = d.inc.verified_step();
   for (const InjectionRecord& in : FaultInjector::read_injections(*store))
     if (in.kind == "sdc" && in.rank == d.inc.rank()) d.inc.set_injected_at(in.time);
-  std::fprintf(stderr, "%s: silent data corruption: %s\n", o.program.c_str(),
-               d.inc.detail().c_str());
+  LOG(WARNING) << "silent data corruption: " << d.inc.detail();
   return d;
 }
 
@@ -105,10 +105,10 @@ void Controller::Impl::label_slot_loss(Detected* d, int slot) {
       if (in.kind == "partition") d->failure.kind = policy::FailureKind::kPartition;
     }
   const double now = unix_now();
-  std::fprintf(stderr, "%s: slot %d lost (%s)%s\n", o.program.c_str(), slot, inc->kind().c_str(),
-               inc->injected_at() > 0
-                   ? detail::concat(" ", now - inc->injected_at(), " s after the injection").c_str()
-                   : "");
+  LOG(WARNING) << "slot " << slot << " lost (" << inc->kind() << ")"
+               << (inc->injected_at() > 0
+                       ? detail::concat(" ", now - inc->injected_at(), " s after the injection")
+                       : "");
   event("slot_lost",
         EventFields()
             .add("slot", slot)
@@ -160,8 +160,8 @@ std::optional<Controller::Impl::Detected> Controller::Impl::hang() {
     stacks_for_stall = last_advance;
     const control::StacksReply sr =
         capture_stacks(detail::concat("incident", incidents + 1, "-epoch", epoch));
-    std::fprintf(stderr, "%s: the job stalled and no rule names a culprit: stacks in %s: %s\n",
-                 o.program.c_str(), sr.dir().c_str(), sr.message().c_str());
+    LOG(WARNING) << "the job stalled and no rule names a culprit: stacks in " << sr.dir() << ": "
+                 << sr.message();
     if (sr.ok() && sr.culprits_size() > 0) {
       v.culprits.assign(sr.culprits().begin(), sr.culprits().end());
       v.rule = HangRule::kNone;
@@ -184,8 +184,7 @@ std::optional<Controller::Impl::Detected> Controller::Impl::hang() {
     host->kill(r);
     d.failure.dead.insert(r);
   }
-  std::fprintf(stderr, "%s: hang found (%s): %s\n", o.program.c_str(), d.inc.rule().c_str(),
-               v.detail.c_str());
+  LOG(WARNING) << "hang found (" << d.inc.rule() << "): " << v.detail;
   return d;
 }
 

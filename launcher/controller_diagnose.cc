@@ -11,6 +11,7 @@
 #include "launcher/controller_impl.h"
 #include "robust/diagnostics.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -26,7 +27,7 @@ std::vector<int> Controller::Impl::diagnose(const std::set<int>& suspect_slots,
   const int budget_ms = o.cfg.recovery().diagnostics_timeout_ms();
   auto none = [&](const std::string& why) {
     inc->set_diagnostics_summary("no diagnostics: " + why);
-    std::fprintf(stderr, "%s: no diagnostics: %s\n", o.program.c_str(), why.c_str());
+    LOG(WARNING) << "no diagnostics: " << why;
     event("diagnostics", EventFields().add("summary", inc->diagnostics_summary()));
     return std::vector<int>{};
   };
@@ -108,7 +109,7 @@ std::vector<int> Controller::Impl::diagnose(const std::set<int>& suspect_slots,
   for (const report::Diagnostic& d : rows) *inc->add_diagnostics() = d;
   inc->set_diagnostics_summary(v.summary);
   inc->set_diagnosed_at(unix_now());
-  std::fprintf(stderr, "%s: diagnostics: %s\n", o.program.c_str(), v.summary.c_str());
+  LOG(WARNING) << "diagnostics: " << v.summary;
   std::string failed;
   for (int s : v.failed_slots) failed += detail::concat(failed.empty() ? "" : ",", s);
   event("diagnostics",

@@ -10,6 +10,7 @@
 #include "launcher/controller_impl.h"
 #include "robust/sdc_replay.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -86,8 +87,7 @@ std::vector<int> Controller::Impl::replay(int64_t step, std::string* detail) {
             if (std::string(what) == "/digest")
               digests[g] = val;
             else
-              std::fprintf(stderr, "%s: replay group %zu (%s): %s\n", o.program.c_str(), g,
-                           kPhase[ph], val.c_str());
+              LOG(WARNING) << "replay group " << g << " (" << kPhase[ph] << "): " << val;
           } catch (const CommTimeout&) {
           }
           if (done[g]) break;
@@ -160,7 +160,7 @@ void Controller::Impl::pin_by_replay(Detected* d, const std::map<int, policy::Ho
   std::string detail;
   const std::vector<int> machines = step >= 0 ? replay(step, &detail) : std::vector<int>{};
   if (step < 0) detail = "no replay: no snapshot every rank holds";
-  std::fprintf(stderr, "%s: %s\n", o.program.c_str(), detail.c_str());
+  LOG(WARNING) << detail;
   d->inc.set_detail(d->inc.detail() + "; " + detail);
   event("replay", EventFields().add("detail", detail));
   for (int slot : machines) {

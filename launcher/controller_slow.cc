@@ -7,6 +7,7 @@
 
 #include "launcher/controller_impl.h"
 #include "robust/fault_injector.h"
+#include "runtime/logging.h"
 
 namespace keel {
 
@@ -59,8 +60,7 @@ std::optional<Controller::Impl::Detected> Controller::Impl::fail_slow() {
   for (const InjectionRecord& in : FaultInjector::read_injections(*store))
     if ((in.kind == "slow" || in.kind == "slow_link") && in.rank == v.rank)
       inc.set_injected_at(in.time);
-  std::fprintf(stderr, "%s: fail-slow: %s (%s)\n", o.program.c_str(), v.detail.c_str(),
-               v.figures.c_str());
+  LOG(WARNING) << "fail-slow: " << v.detail << " (" << v.figures << ")";
 
   if (v.kind == SlowVerdict::Kind::kMfuDecline) {
     inc.set_action("warn: the whole job slowed down; no rank or link explains it");
@@ -79,7 +79,7 @@ std::optional<Controller::Impl::Detected> Controller::Impl::fail_slow() {
     inc.set_rung("warn");
     inc.set_ladder_rung(1);
     inc.set_why(a.why);
-    std::fprintf(stderr, "%s: rank %d stays: %s\n", o.program.c_str(), v.rank, a.why.c_str());
+    LOG(WARNING) << "rank " << v.rank << " stays: " << a.why;
     record_incident(inc);
     return std::nullopt;
   }

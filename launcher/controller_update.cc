@@ -12,6 +12,7 @@
 #include "model/plugin_loader.h"
 #include "robust/update_probation.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -89,7 +90,7 @@ void Controller::Impl::request_update(const control::UpdateRequest& rq, control:
                                 "; the outcome is in the report (updates)"));
   event("update_request",
         EventFields().add("id", int(n)).add("plugin", rq.plugin()).add("mode", u.mode()));
-  std::fprintf(stderr, "%s: %s\n", o.program.c_str(), r->message().c_str());
+  LOG(INFO) << r->message();
 }
 
 void Controller::Impl::poll_updates() {
@@ -117,8 +118,7 @@ void Controller::Impl::poll_updates() {
       u.set_outcome("refused");
       u.set_why(refused);
       record_update(u);
-      std::fprintf(stderr, "%s: update %lld refused: %s\n", o.program.c_str(),
-                   static_cast<long long>(n), refused.c_str());
+      LOG(WARNING) << "update " << n << " refused: " << refused;
       event("update",
             EventFields().add("id", int(n)).add("outcome", "refused").add("why", refused));
       update_active = -1;
@@ -166,10 +166,9 @@ void Controller::Impl::applied_update(int64_t step) {
   plugin_changed = true;
   store->set(recovery::kPluginCurrent, plugin_hash + " " + plugin_path);
   update_phase = UpdatePhase::kProbation;
-  std::fprintf(stderr,
-               "%s: update %d applied: %s (build %s) from step %lld; on probation for %d steps\n",
-               o.program.c_str(), u.id(), u.version().c_str(), u.hash().c_str(),
-               static_cast<long long>(step + 1), o.cfg.update().probation_steps());
+  LOG(INFO) << "update " << u.id() << " applied: " << u.version() << " (build " << u.hash()
+            << ") from step " << step + 1 << "; on probation for "
+            << o.cfg.update().probation_steps() << " steps";
   event("update", EventFields()
                       .add("id", u.id())
                       .add("outcome", "applied")
@@ -226,8 +225,8 @@ void Controller::Impl::rollback_update(Detected* d, membership::Rebuild* rb) {
       detail::concat("rollback of update ", u.id(), " (", u.plugin(), ") in probation: ", why));
   d->inc.set_kind("rollback");
   event("update", EventFields().add("id", u.id()).add("outcome", "rolled_back").add("why", why));
-  std::fprintf(stderr, "%s: update %d rolled back to %s (build %s): %s\n", o.program.c_str(),
-               u.id(), u.previous_plugin().c_str(), u.previous_hash().c_str(), why.c_str());
+  LOG(WARNING) << "update " << u.id() << " rolled back to " << u.previous_plugin() << " (build "
+               << u.previous_hash() << "): " << why;
   update_active = -1;
 }
 

@@ -21,6 +21,7 @@
 #include "robust/fault_injector.h"
 #include "robust/golden_check.h"
 #include "robust/self_check.h"
+#include "runtime/logging.h"
 #include "runtime/text.h"
 
 namespace keel {
@@ -252,9 +253,8 @@ int run_diagnose_worker(const WorkerOptions& o) {
     d.set_error(e.what());
     code = 1;
   }
-  std::fprintf(stderr, "keel-diagnose: %s job rank %d (slot %d): %s%s\n", de.key.c_str(), de.rank,
-               d.slot(), d.error().empty() ? "" : "could not run its checks: ",
-               d.error().empty() ? d.message().c_str() : d.error().c_str());
+  LOG(INFO) << de.key << " job rank " << de.rank << " (slot " << d.slot() << "): "
+            << (d.error().empty() ? d.message() : "could not run its checks: " + d.error());
   // Without the store the answer cannot be given: main() reports that and exits non-zero,
   // and the controller counts this process as silent.
   store->set(detail::concat(de.key, "/result/", de.rank), d.SerializeAsString());

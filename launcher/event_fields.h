@@ -21,6 +21,8 @@ class EventFields {
     return *this;
   }
   EventFields& add(const std::string& key, const char* v) { return add(key, std::string(v)); }
+  // The fields as a Struct, e.g. to nest them in a larger message (launcher/event_log.h).
+  const google::protobuf::Struct& fields() const { return s_; }
   std::string json() const {
     std::string out;
     (void)google::protobuf::util::MessageToJsonString(s_, &out);

@@ -6,14 +6,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <glog/logging.h>
-
 #include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -24,6 +21,7 @@
 #include "launcher/agent_host.h"
 #include "launcher/control_plane.h"
 #include "launcher/controller.h"
+#include "launcher/event_log.h"
 #include "launcher/local_host.h"
 #include "launcher/recovery_protocol.h"
 #include "launcher/supervisor.h"
@@ -33,6 +31,7 @@
 #include "robust/fault_spec.h"
 #include "runtime/backend.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -62,32 +61,6 @@ int workers_per_slot(const LaunchOptions& o, const config::JobConfig& cfg) {
     return std::max(1, cuda_device_count());
   return 1;
 }
-
-// The job's event log: one JSON object a line, appended by the controller's thread.
-class EventLog {
- public:
-  explicit EventLog(const std::string& path) : path_(path), out_(path, std::ios::app) {}
-  void write(const std::string& kind, const std::string& json) {
-    std::lock_guard<std::mutex> l(mu_);
-    char t[32];
-    std::snprintf(t, sizeof(t), "%.6f", recovery::unix_now());
-    out_ << "{\"t\": " << t << ", \"kind\": \"" << kind << "\", \"data\": " << json << "}\n";
-    out_.flush();
-    // A full disk costs the log, never the job: said once, and the events still reach glog.
-    if (!out_ && !said_) {
-      said_ = true;
-      std::fprintf(stderr, "keel-launch: %s: cannot write (%s); the job goes on without it\n",
-                   path_.c_str(), std::strerror(errno));
-    }
-    LOG(INFO) << kind << " " << json;
-  }
-
- private:
-  std::mutex mu_;
-  const std::string path_;
-  std::ofstream out_;
-  bool said_ = false;
-};
 
 // --resume DIR is a job's run directory (it holds config.pbtxt) or a checkpoint directory.
 // Makes o->resume the checkpoint directory every worker resumes from (absolute: a worker's
@@ -184,8 +157,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     layout.zero1 = cfg.parallel().zero1();
     std::vector<std::string> skipped;
     resumed = find_resume_point(o.resume, layout, &skipped);
-    for (const auto& s : skipped)
-      std::fprintf(stderr, "keel-launch: skipped checkpoint %s\n", s.c_str());
+    for (const auto& s : skipped) LOG(WARNING) << "skipped checkpoint " << s;
     std::printf("keel-launch: resuming from checkpoint step %lld (%s)\n",
                 static_cast<long long>(resumed->step), resumed->dir.c_str());
     std::fflush(stdout);
@@ -195,8 +167,6 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   const fs::path dir = fs::path(o.run_dir) / job;
   fs::create_directories(dir / "logs");
   std::ofstream(dir / "config.pbtxt") << config_to_text(cfg);
-  FLAGS_log_dir = (dir / "logs").string();
-  google::InitGoogleLogging("keel-launch");
   EventLog events((dir / "events.jsonl").string());
 
   // Every slot on this machine: loopback; across machines (KEEL_IFNAME names the interface
@@ -220,8 +190,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   ControlServer control(host, 0);
   const std::string store_addr = host + ":" + std::to_string(store_server.port());
   std::ofstream(dir / "controller") << control.endpoint() << "\n" << job << "\n";
-  events.write("launch", "{\"job\": \"" + job + "\", \"slots\": " + std::to_string(nslots) +
-                             ", \"world\": " + std::to_string(world) + "}");
+  events.write("launch", EventFields().add("job", job).add("slots", nslots).add("world", world));
 
   std::vector<pid_t> children;
   if (mpi) {
@@ -284,11 +253,10 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   co.job_start = job_start;
   co.store_addr = store_addr;
   co.controller_endpoint = control.endpoint();
-  co.program = "keel-launch";
   co.run_dir = dir.string();
   co.console_progress = !o.quiet;
   co.stop_signal = &g_signal;
-  co.on_event = [&](const std::string& k, const std::string& j) { events.write(k, j); };
+  co.on_event = [&](const std::string& k, const EventFields& f) { events.write(k, f); };
   Controller controller(co, &agents, store, &control);
   controller.set_agent_handler(
       [&](const std::string& id, const control::Envelope& m) { agents.on_message(id, m); });
@@ -296,8 +264,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   int code = 0;
   if (!agents.wait_for_slots(std::chrono::seconds(60),
                              reinterpret_cast<const volatile int*>(&g_signal))) {
-    std::fprintf(stderr,
-                 "keel-launch: not every slot registered with the controller within 60 s\n");
+    LOG(ERROR) << "not every slot registered with the controller within 60 s";
     code = 1;
   } else {
     if (!o.quiet)
@@ -305,7 +272,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
                   nslots, W, dir.c_str());
     code = controller.run();
   }
-  events.write("end", "{\"code\": " + std::to_string(code) + "}");
+  events.write("end", EventFields().add("code", code));
   agents.stop_all(SIGKILL, std::chrono::milliseconds(0));
   agents.finish();
   // Give the agents a moment to take the shutdown, then make sure they are gone.
@@ -335,7 +302,7 @@ int run_launch(const LaunchOptions& opts) {
   LaunchOptions o = opts;
   if (!o.resume.empty() && o.join.empty()) resolve_resume(&o);
   if (o.config_path.empty())
-    throw InputError("--config FILE is required with --join\n" + launch_usage());
+    throw InputError("--config FILE is required with --join; run with --help for usage");
   config::JobConfig cfg = load_config(o.config_path, o.overrides);
   if (!o.join.empty()) {
     const std::string host = reachable_address(endpoint_host(o.join));

@@ -19,6 +19,7 @@
 #include "launcher/stack_capture.h"
 #include "launcher/stack_report.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 
@@ -61,6 +62,7 @@ pid_t spawn_child(const std::vector<std::string>& argv,
   std::vector<char*> args;
   for (const auto& a : args_owned) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  const std::string exec_failed = "keel: exec " + args_owned[0];
   std::fflush(nullptr);
   pid_t pid = fork();
   KEEL_CHECK_ERRNO(pid);
@@ -79,7 +81,9 @@ pid_t spawn_child(const std::vector<std::string>& argv,
   execv(args[0], args.data());
   // This binary's file was deleted (a rebuild): /proc/self/exe is still the same binary.
   if (errno == ENOENT && args_owned[0] == self) execv("/proc/self/exe", args.data());
-  std::perror(("keel: exec " + args_owned[0]).c_str());
+  // Straight to stderr, not through glog: in the child of a threaded process, after fork(),
+  // glog's locks may be held by a thread that is not here.
+  std::perror(exec_failed.c_str());
   _exit(127);
 }
 
@@ -101,9 +105,7 @@ void remove_stale_segments() {
   ::closedir(dir);
   for (const auto& job : stale) {
     const int n = unlink_job_segments(job);
-    if (n > 0)
-      std::fprintf(stderr, "keel: removed %d shared-memory segment(s) of ended job %s\n", n,
-                   job.c_str());
+    if (n > 0) LOG(INFO) << "removed " << n << " shared-memory segment(s) of ended job " << job;
   }
 }
 

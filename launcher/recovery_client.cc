@@ -5,6 +5,7 @@
 
 #include "launcher/recovery_protocol.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -49,7 +50,7 @@ void RecoveryClient::watch(int epoch, std::function<void()> on_abort) {
       }
     } catch (const std::exception& e) {
       // The store is the supervisor's: losing it means the job is over (PDEATHSIG follows).
-      std::fprintf(stderr, "keel-worker: rank %d: recovery watcher: %s\n", rank_, e.what());
+      LOG(ERROR) << "rank " << rank_ << ": recovery watcher: " << e.what();
     }
   });
 }

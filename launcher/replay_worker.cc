@@ -4,6 +4,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <iomanip>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "proto/config_loader.h"
 #include "robust/fault_injector.h"
 #include "runtime/block_digest.h"
+#include "runtime/logging.h"
 #include "runtime/text.h"
 
 namespace keel {
@@ -148,9 +150,9 @@ int replay(const WorkerOptions& o, const ReplayEnv& re, const std::shared_ptr<St
   }
   // Rank 0 has its gather before any peer's communicators go away.
   groups.world->barrier();
-  std::fprintf(stderr, "keel-replay: %s rank %d (job rank %d%s): step %lld replayed, loss %.6f\n",
-               re.key.c_str(), g, x, defective ? ", defective machine" : "",
-               static_cast<long long>(re.step + 1), st.loss);
+  LOG(INFO) << re.key << " rank " << g << " (job rank " << x
+            << (defective ? ", defective machine" : "") << "): step " << re.step + 1
+            << " replayed, loss " << std::fixed << std::setprecision(6) << st.loss;
   return 0;
 }
 
@@ -164,14 +166,13 @@ int run_replay_worker(const WorkerOptions& o) {
   try {
     return replay(o, re, store, host);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "keel-replay: %s rank %d: %s\n", re.key.c_str(), o.rank, e.what());
+    LOG(ERROR) << re.key << " rank " << o.rank << ": " << e.what();
     // The first failure is the cause; a peer's timeout on the failed rank comes later.
     try {
       if (store->add(re.key + "/errors", 1) == 1)
         store->set(re.key + "/error", detail::concat(o.rank, ": ", e.what()));
     } catch (const std::exception& e2) {
-      std::fprintf(stderr, "keel-replay: %s rank %d: could not publish the error: %s\n",
-                   re.key.c_str(), o.rank, e2.what());
+      LOG(ERROR) << re.key << " rank " << o.rank << ": could not publish the error: " << e2.what();
     }
     return 1;
   }

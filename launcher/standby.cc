@@ -8,6 +8,7 @@
 #include "robust/golden_check.h"
 #include "robust/self_check.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -60,8 +61,8 @@ StandbyAssignment park_as_standby(Backend& backend, std::shared_ptr<Plugin> plug
       StandbyAssignment a;
       if (std::sscanf(v.c_str(), "%d %d %d", &a.rank, &a.epoch, &a.world) != 3)
         throw Error("standby: bad assignment '" + v + "'");
-      std::fprintf(stderr, "keel-worker: standby %d of slot %d promoted to rank %d (epoch %d)\n",
-                   id.index, id.slot, a.rank, a.epoch);
+      LOG(INFO) << "standby " << id.index << " of slot " << id.slot << " promoted to rank "
+                << a.rank << " (epoch " << a.epoch << ")";
       return a;
     } catch (const CommTimeout&) {
     }

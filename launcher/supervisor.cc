@@ -62,7 +62,6 @@ int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv)
   }
   co.lineage = checkpoint_lineage(co.job, resumed ? &*resumed : nullptr);
   co.job_start = recovery::unix_now();
-  co.program = "keel-worker";
   co.stop_signal = &g_signal;
   TcpStoreServer store_server("127.0.0.1", 0);
   co.store_addr = "127.0.0.1:" + std::to_string(store_server.port());

@@ -1,6 +1,7 @@
 #include "launcher/worker.h"
 
 #include "launcher/worker_impl.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace worker_detail {
@@ -31,7 +32,7 @@ int Worker::run() {
   try {
     run_step_loop([this]() -> Trainer& { return *trainer_; }, cfg_.train().steps(), hooks);
   } catch (const CheckpointWriteStop& e) {
-    if (leader_) std::fprintf(stderr, "keel-worker: %s\n", e.what());
+    if (leader_) LOG(ERROR) << e.what();
   }
   finish();
   return exit_code_;
@@ -244,8 +245,8 @@ void Worker::build_epoch(int epoch, const membership::Rebuild* first) {
       return;
     } catch (const CommError& e) {
       if (!recovery_) throw;
-      std::fprintf(stderr, "keel-worker: rank %d: epoch %d failed while starting: %s\n", o_.rank,
-                   epoch_, e.what());
+      LOG(WARNING) << "rank " << o_.rank << ": epoch " << epoch_
+                   << " failed while starting: " << e.what();
       rb = recovery_->fail_and_wait(epoch_, state_->step(), state_->step(), e.what());
       epoch = epoch_ + 1;
     }
@@ -304,7 +305,7 @@ bool Worker::on_error(int64_t s, const std::exception& e) {
                       recovery::kExitNonFinite);
     nonfinite_retried_ = s;
     if (leader_) {
-      std::fprintf(stderr, "keel-worker: %s; retrying the step once\n", nf->what());
+      LOG(WARNING) << nf->what() << "; retrying the step once";
       nan_incident_.set_kind("nan");
       nan_incident_.set_rank(-1);
       nan_incident_.set_step(int(s));
@@ -324,8 +325,8 @@ bool Worker::on_error(int64_t s, const std::exception& e) {
   groups_->abort_all();
   if (snapshotter_) snapshotter_->wait_idle();
   if (!o_.quiet)
-    std::fprintf(stderr, "keel-worker: rank %d: step %lld: %s; waiting for the supervisor\n",
-                 o_.rank, static_cast<long long>(s + 1), e.what());
+    LOG(WARNING) << "rank " << o_.rank << ": step " << s + 1 << ": " << e.what()
+                 << "; waiting for the supervisor";
   const membership::Rebuild rb = recovery_->fail_and_wait(epoch_, state_->step(), s, e.what());
   recovery_->stop_watch();
   build_epoch(epoch_ + 1, &rb);
@@ -360,7 +361,7 @@ void Worker::after_step(const StepStats& step_stats) {
     if (mfu.valid) std::snprintf(mfu_text, sizeof(mfu_text), "%5.1f%%", 100 * mfu.value);
     if (!mfu.valid && peak_.flops_per_s > 0 && !mfu_refused_) {
       mfu_refused_ = true;  // once: name the stale peak and make the next start measure
-      std::fprintf(stderr, "keel: %s; its cache is dropped\n", mfu.why_not.c_str());
+      LOG(WARNING) << mfu.why_not << "; its cache is dropped";
       forget_peak(peak_);
     }
     // When the newest SDC check ran and passed (its verified step), so a reader sees the
@@ -466,7 +467,7 @@ int run_worker(const WorkerOptions& o) {
     Worker w(o);
     return w.run();
   } catch (const FatalStop& e) {
-    std::fprintf(stderr, "keel-worker: rank %d: %s\n", o.rank, e.what());
+    LOG(ERROR) << "rank " << o.rank << ": " << e.what();
     return e.code();
   }
 }

@@ -2,6 +2,7 @@
 // figures and the full parameters gathered to rank 0, and rank 0's outputs: the report, the
 // loss chart, the exported weights and the closing line.
 #include "launcher/worker_impl.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace worker_detail {
@@ -53,7 +54,7 @@ void Worker::finish() {
       try {
         write();
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "keel-worker: %s %s: not written: %s\n", flag, path.c_str(), e.what());
+        LOG(ERROR) << flag << " " << path << ": not written: " << e.what();
         exit_code_ = recovery::kExitWriteFailed;
       }
     };
@@ -117,7 +118,7 @@ void Worker::fill_report(RunReport* rep) {
   if (!mfu.valid && rep->tokens_per_s() > 0) rep->set_mfu_unavailable(mfu.why_not);
   if (!mfu.valid && peak_.flops_per_s > 0 && rep->tokens_per_s() > 0 && !mfu_refused_) {
     mfu_refused_ = true;
-    std::fprintf(stderr, "keel: %s; its cache is dropped\n", mfu.why_not.c_str());
+    LOG(WARNING) << mfu.why_not << "; its cache is dropped";
     forget_peak(peak_);
   }
   rep->set_wall_s(unix_now() - env_.job_start);

@@ -4,6 +4,7 @@
 #include "launcher/worker_impl.h"
 #include "parallel/word_gather.h"
 #include "robust/golden_check.h"
+#include "runtime/logging.h"
 
 namespace keel::worker_detail {
 namespace {
@@ -132,8 +133,7 @@ void Worker::sdc_found(int64_t s, const sdc::Verdict& v) {
   // writes the same bytes.
   store_->set(recovery::sdc_verdict_key(epoch_), inc.SerializeAsString());
   if (!o_.quiet && leader_)
-    std::fprintf(stderr, "keel-worker: silent data corruption at step %lld: %s\n",
-                 static_cast<long long>(s + 1), v.detail.c_str());
+    LOG(WARNING) << "silent data corruption at step " << s + 1 << ": " << v.detail;
   throw sdc::SdcFound(inc.detail());
 }
 

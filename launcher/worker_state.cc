@@ -1,5 +1,7 @@
 #include "launcher/worker_impl.h"
 
+#include "runtime/logging.h"
+
 namespace keel::worker_detail {
 
 // The rank's snapshot region, the backup server for the rank it holds a backup of, and the
@@ -35,31 +37,30 @@ void Worker::open_checkpointer() {
   po.keep = cfg_.checkpoint().keep();
   // An incident of its own, in the job's store at once (the report reads it back), never a
   // failure of the rank: training goes on, protected by the in-memory snapshots.
-  po.on_write_failed =
-      [connect = connect_,
-       stop = cfg_.checkpoint().on_write_error() == config::CheckpointConfig::stop,
-       every = cfg_.checkpoint().persistent_every_steps()](const CheckpointWriteFailure& f) {
-        report::Incident inc;
-        inc.set_kind("checkpoint_write_failed");
-        inc.set_rank(f.rank);
-        inc.set_slot(std::getenv("KEEL_SLOT") ? std::atoi(std::getenv("KEEL_SLOT")) : -1);
-        inc.set_step(int(f.step));
-        inc.set_detected_at(recovery::unix_now());
-        inc.set_epoch(-1);
-        inc.set_detail(f.message());
-        inc.set_rule("checkpoint_write");
-        inc.set_action(stop ? "the job stops (checkpoint.on_write_error: stop)"
-                            : detail::concat("training goes on; the next checkpoint is step ",
-                                             f.step + every));
-        try {
-          std::shared_ptr<Store> store = connect();
-          const int64_t n = store->add(recovery::kIncidentCount, 1) - 1;
-          store->set(recovery::incident_key(n), inc.SerializeAsString());
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "keel: rank %d: cannot record the checkpoint incident: %s\n", f.rank,
-                       e.what());
-        }
-      };
+  po.on_write_failed = [connect = connect_,
+                        stop = cfg_.checkpoint().on_write_error() == config::CheckpointConfig::stop,
+                        every = cfg_.checkpoint().persistent_every_steps()](
+                           const CheckpointWriteFailure& f) {
+    report::Incident inc;
+    inc.set_kind("checkpoint_write_failed");
+    inc.set_rank(f.rank);
+    inc.set_slot(std::getenv("KEEL_SLOT") ? std::atoi(std::getenv("KEEL_SLOT")) : -1);
+    inc.set_step(int(f.step));
+    inc.set_detected_at(recovery::unix_now());
+    inc.set_epoch(-1);
+    inc.set_detail(f.message());
+    inc.set_rule("checkpoint_write");
+    inc.set_action(
+        stop ? "the job stops (checkpoint.on_write_error: stop)"
+             : detail::concat("training goes on; the next checkpoint is step ", f.step + every));
+    try {
+      std::shared_ptr<Store> store = connect();
+      const int64_t n = store->add(recovery::kIncidentCount, 1) - 1;
+      store->set(recovery::incident_key(n), inc.SerializeAsString());
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "rank " << f.rank << ": cannot record the checkpoint incident: " << e.what();
+    }
+  };
   checkpointer_ = std::make_unique<PersistentCheckpointer>(po, connect_);
 }
 
@@ -117,7 +118,7 @@ void Worker::load_start_state() {
       if (!o_.resume_dir.empty()) layout.lineage.clear();  // the user named it: any run's
       ResumePoint p = find_resume_point(dir, layout, &skipped);
       for (const auto& s : skipped)
-        std::fprintf(stderr, "keel-worker: rank %d: skipped checkpoint %s\n", o_.rank, s.c_str());
+        LOG(WARNING) << "rank " << o_.rank << ": skipped checkpoint " << s;
       StateRewrite rw(*state_);
       load_rank(p, o_.rank, *state_);
       rw.commit();
@@ -182,8 +183,8 @@ void Worker::restore(const membership::Rebuild& rb) {
       from = "own slot (" + region_->name() + "), in place";
     } else {
       if (!why.empty())
-        std::fprintf(stderr, "keel-worker: rank %d: restore step %lld: own slot (%s): %s\n",
-                     o_.rank, static_cast<long long>(S), region_->name().c_str(), why.c_str());
+        LOG(WARNING) << "rank " << o_.rank << ": restore step " << S << ": own slot ("
+                     << region_->name() << "): " << why;
       std::string addr = holder_ >= 0 && region_ ? holder_address() : "";
       // A state living in the slots was offered its own slot above; reading that slot again
       // into the other one could overwrite it.
@@ -194,17 +195,14 @@ void Worker::restore(const membership::Rebuild& rb) {
       rw.commit(r.checksum);  // verified as it arrived: no second pass
       for (const auto& w : r.skipped)
         if (!in_slots || w.rfind("own slot:", 0) != 0)
-          std::fprintf(stderr, "keel-worker: rank %d: restore step %lld: %s\n", o_.rank,
-                       static_cast<long long>(S), w.c_str());
+          LOG(WARNING) << "rank " << o_.rank << ": restore step " << S << ": " << w;
       source = r.source.rfind("own", 0) == 0 ? "own_snapshot" : "backup";
       from = r.source;
     }
   }
   if (snapshotter_ && S >= 0) snapshotter_->forget_after(S);
   if (recovery_) store_->set(recovery::restored_from_key(epoch_, o_.rank), source);
-  if (!from.empty())
-    std::fprintf(stderr, "keel-worker: rank %d: restored step %lld from %s\n", o_.rank,
-                 static_cast<long long>(S), from.c_str());
+  if (!from.empty()) LOG(INFO) << "rank " << o_.rank << ": restored step " << S << " from " << from;
 }
 
 }  // namespace keel::worker_detail

@@ -6,6 +6,7 @@
 // loop then swaps the plugin between two steps; nothing else changes.
 #include "launcher/worker_impl.h"
 #include "robust/update_probation.h"
+#include "runtime/logging.h"
 
 namespace keel::worker_detail {
 
@@ -66,7 +67,7 @@ void Worker::update_watch() {
       }
     } catch (const std::exception& e) {
       // The store is the controller's: losing it ends the job anyway.
-      std::fprintf(stderr, "keel-worker: rank %d: update watcher: %s\n", o_.rank, e.what());
+      LOG(ERROR) << "rank " << o_.rank << ": update watcher: " << e.what();
     }
   });
 }
@@ -125,8 +126,8 @@ void Worker::adopt_plugin(const std::string& path, const std::string& hash) {
                                ", but this machine's copy is build ", next->hash()));
   if (trainer_) trainer_->replace_plugin(next);
   plugin_ = next;
-  std::fprintf(stderr, "keel-worker: rank %d: plugin %s %s (build %s)\n", o_.rank,
-               plugin_->name().c_str(), plugin_->version().c_str(), plugin_->hash().c_str());
+  LOG(INFO) << "rank " << o_.rank << ": plugin " << plugin_->name() << " " << plugin_->version()
+            << " (build " << plugin_->hash() << ")";
 }
 
 void Worker::adopt_current_plugin() {

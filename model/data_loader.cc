@@ -7,9 +7,11 @@
 #include <bit>
 #include <chrono>
 #include <cstdio>
+#include <iomanip>
 #include <utility>
 
 #include "runtime/check.h"
+#include "runtime/logging.h"
 #include "runtime/rng.h"
 
 namespace keel {
@@ -115,9 +117,9 @@ DataLoader DataLoader::from_config(const config::JobConfig& cfg, bool val) {
     d.steps_per_epoch(cfg.train().global_batch_size());
   // Only worth a line when a user would notice the wait.
   if (d.check_seconds() > 1.0) {
-    std::fprintf(stderr, "keel: checked %lld tokens in %zu shard(s) of %s in %.1f s\n",
-                 static_cast<long long>(d.num_tokens()), d.files().size(), d.field_.c_str(),
-                 d.check_seconds());
+    LOG(INFO) << "checked " << d.num_tokens() << " tokens in " << d.files().size()
+              << " shard(s) of " << d.field_ << " in " << std::fixed << std::setprecision(1)
+              << d.check_seconds() << " s";
   }
   return d;
 }

@@ -30,7 +30,7 @@ class DataLoader {
   // The training (val = false) or validation loader of a validated job config. In
   // sequential order (always, for validation) a shard shorter than one global batch is an
   // InputError here, not at the first read. A token check that took over a second is
-  // reported on stderr ("keel: checked N tokens in M shard(s) of data.train_files in X s").
+  // logged ("checked N tokens in M shard(s) of data.train_files in X s").
   static DataLoader from_config(const config::JobConfig& cfg, bool val = false);
 
   // Fills inputs and targets ([count·T] each) with samples first .. first+count-1 of step

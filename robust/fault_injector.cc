@@ -17,6 +17,7 @@
 #include "ckpt/snapshot_region.h"
 #include "parallel/link_delay.h"
 #include "robust/fault_spec.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -94,10 +95,8 @@ void FaultInjector::before_step(int64_t step) {
         // Like a library that gives up (a CUDA illegal address): a message, then the exit
         // status, with no unwinding and no atexit handlers. The line says the fault was
         // injected, so that a run it ends is not taken for a real failure.
-        std::fprintf(stderr, "%s: rank %d: injected exit fault at step %lld (code %d)%s%s\n",
-                     program_invocation_short_name, rank_, static_cast<long long>(step),
-                     f.exit_code(), f.message().empty() ? "" : ": ", f.message().c_str());
-        std::fflush(stderr);
+        LOG(ERROR) << "rank " << rank_ << ": injected exit fault at step " << step << " (code "
+                   << f.exit_code() << ")" << (f.message().empty() ? "" : ": ") << f.message();
         // A rank started alone owns its shared memory, which no destructor removes now.
         remove_owned_segments();
         _exit(f.exit_code());

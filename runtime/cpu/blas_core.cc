@@ -1,5 +1,6 @@
 // The OpenBLAS core decision and the re-exec that applies it (see blas_core.h).
 #include "runtime/cpu/blas_core.h"
+#include "runtime/logging.h"
 
 #include <cblas.h>
 #include <unistd.h>
@@ -113,13 +114,13 @@ BlasPath select_blas_core(const std::string& requested, char** argv) {
     BlasPath p = path_of(in, {"", "OpenBLAS", ""});
     p.note = "could not re-execute with OPENBLAS_CORETYPE=" + d.reexec_with + " (" +
              std::strerror(err) + "); running on " + in.loaded;
-    std::fprintf(stderr, "keel: warning: %s\n", p.note.c_str());
+    LOG(WARNING) << p.note;
     std::lock_guard<std::mutex> lock(g_mu);
     g_selected = p;
     return p;
   }
   BlasPath p = path_of(in, d);
-  if (!p.note.empty()) std::fprintf(stderr, "keel: note: %s\n", p.note.c_str());
+  if (!p.note.empty()) LOG(INFO) << p.note;
   std::lock_guard<std::mutex> lock(g_mu);
   g_selected = p;
   return p;

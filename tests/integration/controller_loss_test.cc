@@ -266,8 +266,8 @@ void controller_loss(int timeout_ms) {
   for (int k = 1; k <= 3; ++k) {
     EXPECT_EQ(codes[k], kExitControllerLost) << "slot " << k << "\n" << logs;
     const std::string out = slurp(dir + "/slot" + std::to_string(k) + ".log");
-    EXPECT_TRUE(contains(out, "keel-launch: slot " + std::to_string(k) +
-                                  ": no word from the controller at " + endpoint))
+    EXPECT_TRUE(contains(
+        out, "] slot " + std::to_string(k) + ": no word from the controller at " + endpoint))
         << out;
     EXPECT_TRUE(contains(out, "removing its shared memory")) << out;
     EXPECT_TRUE(contains(out, "keel-launch --resume")) << out;

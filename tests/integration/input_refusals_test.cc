@@ -115,8 +115,8 @@ TEST(InputRefusals, ExitFaultOfSingleProcessRunSaysSoAndLeavesNoSegment) {
   const std::string dir = temp_dir("lone-exit");
   JobRun r = worker(dir, "--fault exit@step=3,rank=0,code=7");
   EXPECT_EQ(r.exit_code, 7) << r.output;
-  EXPECT_TRUE(contains(r.output, "keel-worker: rank 0: injected exit fault at step 3 (code 7)\n"))
-      << r.output;
+  // The log line's prefix (program, time, source line) ends in "] ".
+  EXPECT_TRUE(contains(r.output, "] rank 0: injected exit fault at step 3 (code 7)\n")) << r.output;
   EXPECT_TRUE(r.leftover_shm.empty()) << r.leftover_shm.front();
   EXPECT_EQ(r.leftover_processes, 0) << r.output;
   EXPECT_TRUE(r.report.empty()) << r.output;
@@ -124,7 +124,7 @@ TEST(InputRefusals, ExitFaultOfSingleProcessRunSaysSoAndLeavesNoSegment) {
   r = worker(dir, "--fault 'exit@step=2,rank=0,message=CUDA error: an illegal memory access'");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output,
-                       "keel-worker: rank 0: injected exit fault at step 2 (code 1): CUDA error: "
+                       "] rank 0: injected exit fault at step 2 (code 1): CUDA error: "
                        "an illegal memory access\n"))
       << r.output;
   EXPECT_TRUE(r.leftover_shm.empty()) << r.leftover_shm.front();

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -20,6 +21,7 @@
 #include <thread>
 
 #include "integration/netns.h"
+#include "proto/events.pb.h"
 #include "test_paths.h"
 #include "worker_harness.h"
 
@@ -394,15 +396,18 @@ bool machine_empties(const NetnsLab& lab, int i, std::chrono::seconds timeout = 
   return true;
 }
 
-// The "data" object of the first event of `kind` in an events.jsonl text ("" if none).
+// The "data" object (as JSON) of the first event of `kind` in an events.jsonl text ("" if
+// none). Every line must read back as a keel.events.Event.
 std::string event_data(const std::string& events, const std::string& kind) {
   std::istringstream in(events);
   std::string line;
-  while (std::getline(in, line))
-    if (contains(line, "\"kind\": \"" + kind + "\"")) {
-      const size_t d = line.find("\"data\":");
-      return d == std::string::npos ? "" : line.substr(d);
-    }
+  while (std::getline(in, line)) {
+    events::Event e;
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(line, &e).ok()) << line;
+    std::string data;
+    if (e.kind() == kind && google::protobuf::util::MessageToJsonString(e.data(), &data).ok())
+      return data;
+  }
   return "";
 }
 

@@ -111,9 +111,8 @@ class ControllerDiagnoseTest : public testing::Test {
     o.cfg = load_config(cfg, {});
     o.job = detail::concat("diagctl", ::getpid());
     o.store_addr = detail::concat("127.0.0.1:", server.port());
-    o.program = "keel-test";
-    o.on_event = [this](const std::string& kind, const std::string& json) {
-      events.emplace_back(kind, json);
+    o.on_event = [this](const std::string& kind, const EventFields& fields) {
+      events.emplace_back(kind, fields.json());
     };
     return std::make_unique<Controller::Impl>(o, host.get(), store, nullptr);
   }

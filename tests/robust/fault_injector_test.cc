@@ -282,10 +282,13 @@ TEST(FaultInjector, ExitPrintsItsMessageAndExitsWithItsCodeOnce) {
   }
   std::ifstream in(err);
   std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  // Said to be injected, so that the run it ends is not taken for a real failure.
-  EXPECT_EQ(text, std::string(program_invocation_short_name) +
-                      ": rank 0: injected exit fault at step 2 (code 77): CUDA error: an illegal "
-                      "memory access\n");
+  // Said to be injected, so that the run it ends is not taken for a real failure; said once,
+  // as the last line (after the log line's prefix, which ends in "] ").
+  const std::string said =
+      "] rank 0: injected exit fault at step 2 (code 77): CUDA error: an illegal memory access\n";
+  ASSERT_GE(text.size(), said.size()) << text;
+  EXPECT_EQ(text.substr(text.size() - said.size()), said) << text;
+  EXPECT_EQ(text.find("injected exit fault"), text.rfind("injected exit fault")) << text;
 
   TcpStore store("127.0.0.1", server.port(), 20s);
   auto records = FaultInjector::read_injections(store);
