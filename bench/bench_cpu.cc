@@ -1,24 +1,27 @@
-// keel-bench-cpu: training throughput and MFU of the GPT plugin on this machine's CPU, for
+// keel-bench cpu: training throughput and MFU of the GPT plugin on this machine's CPU, for
 // three model sizes, next to the measured SGEMM peak, with the share of step time per
 // kernel; then (--layouts) the time split and bytes moved of each parallel layout of the
 // tiny model on local processes. --speed prints the CPU-speed report instead (cpu_speed.h).
 // Prints a table; record results in bench/RESULTS.md.
 //
-//   keel-bench-cpu [--sizes tiny,small,medium] [--steps 5] [--threads N] [--layouts]
-//   keel-bench-cpu --speed [--threads 2]
+//   keel-bench cpu [--sizes tiny,small,medium] [--steps 5] [--threads N] [--layouts]
+//   keel-bench cpu --speed [--threads 2]
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <thread>
 
 #include "bench/bench_util.h"
 #include "bench/cpu_speed.h"
+#include "bench/scenarios.h"
 #include "model/data_loader.h"
 #include "model/job_layout.h"
 #include "model/token_shards.h"
@@ -26,6 +29,7 @@
 #include "parallel/hash_store.h"
 #include "proto/config_loader.h"
 #include "runtime/cpu/sgemm_peak.h"
+#include "runtime/logging.h"
 #include "runtime/profiling_backend.h"
 
 namespace keel {
@@ -110,73 +114,82 @@ void bench_layouts(const std::string& shards) {
     std::ostringstream cmd;
     cmd << exe_dir() << "/keel-worker --quiet --config " << cfg << " --report " << report
         << " --set parallel.tp=" << l.tp << " --set parallel.pp=" << l.pp
-        << " --set parallel.dp=" << l.dp << (world > 1 ? " --nproc " + std::to_string(world) : "");
+        << " --set parallel.dp=" << l.dp << (world > 1 ? " --nproc " + std::to_string(world) : "")
+        << " > " << dir << "/run.log 2>&1";
     if (std::system(cmd.str().c_str()) != 0) {
-      std::printf("tp%d pp%d dp%d: keel-worker failed\n", l.tp, l.pp, l.dp);
+      std::printf("tp%d pp%d dp%d: keel-worker failed (see %s/run.log)\n", l.tp, l.pp, l.dp,
+                  dir.c_str());
       continue;
     }
-    std::ifstream in(report);
-    std::string j((std::istreambuf_iterator<char>(in)), {});
-    auto num = [&](const std::string& key) {
-      size_t p = j.find("\"" + key + "\": ");
-      return p == std::string::npos ? 0.0 : std::stod(j.substr(p + key.size() + 4));
-    };
-    double tok = num("tokens_per_s"), c = num("compute_s"), m = num("comm_s"), b = num("bubble_s");
+    report::RunReport r;
+    if (!bench::read_report(report, &r)) {
+      std::printf("tp%d pp%d dp%d: keel-worker wrote no report\n", l.tp, l.pp, l.dp);
+      continue;
+    }
+    const double tok = r.tokens_per_s(), c = r.compute_s(), m = r.comm_s(), b = r.bubble_s();
     double sum = std::max(1e-9, c + m + b);
     if (base == 0) base = tok;
     char name[32];
     std::snprintf(name, sizeof(name), "tp%d pp%d dp%d", l.tp, l.pp, l.dp);
     std::printf(
         "%-14s %10.0f %8.1f%% %8.1f%% %8.1f%% %10.1f %10.1f %10.1f %10.1f   (%.2fx of 1 rank)\n",
-        name, tok, 100 * c / sum, 100 * m / sum, 100 * b / sum, num("bytes_tp") / 11 / 1024,
-        num("bytes_pp") / 11 / 1024, num("bytes_dp") / 11 / 1024, num("bytes_emb") / 11 / 1024,
-        tok / base);
+        name, tok, 100 * c / sum, 100 * m / sum, 100 * b / sum, r.bytes_tp() / 11 / 1024,
+        r.bytes_pp() / 11 / 1024, r.bytes_dp() / 11 / 1024, r.bytes_emb() / 11 / 1024, tok / base);
   }
 }
 
-}  // namespace
-}  // namespace keel
-
-int main(int argc, char** argv) {
-  using namespace keel;
-  std::string sizes = "tiny,small,medium";
+struct CpuOptions {
+  std::vector<std::string> sizes = {"tiny", "small", "medium"};
   int steps = 5, threads = int(std::thread::hardware_concurrency());
   bool layouts = false, speed = false, sgemm_child = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--speed")
-      speed = true;
-    else if (a == "--sgemm-child")
-      sgemm_child = true;
-    else if (a == "--sizes" && i + 1 < argc)
-      sizes = argv[++i];
-    else if (a == "--steps" && i + 1 < argc)
-      steps = std::atoi(argv[++i]);
-    else if (a == "--threads" && i + 1 < argc)
-      threads = std::atoi(argv[++i]);
-    else if (a == "--layouts")
-      layouts = true;
-    else {
-      std::fprintf(stderr,
-                   "usage: keel-bench-cpu [--sizes tiny,small,medium] [--steps N] "
-                   "[--threads N] [--layouts] | --speed [--threads N]\n");
-      return 2;
-    }
-  }
+};
+
+int cpu_main(const CpuOptions& o) {
   try {
-    if (sgemm_child) return bench::sgemm_child(threads);
-    if (speed) return bench::cpu_speed_report(threads);
+    if (o.sgemm_child) return bench::sgemm_child(o.threads);
+    if (o.speed) return bench::cpu_speed_report(o.threads);
     std::string shards = random_shards(std::filesystem::temp_directory_path() / "keel-bench-data");
-    PeakFlops peak = cpu_sgemm_peak(threads);
-    std::printf("CPU backend, %d thread(s); peak %.2f GFLOP/s (%s)\n", threads,
+    PeakFlops peak = cpu_sgemm_peak(o.threads);
+    std::printf("CPU backend, %d thread(s); peak %.2f GFLOP/s (%s)\n", o.threads,
                 peak.flops_per_s / 1e9, peak.source.c_str());
     for (const Size& s : kSizes)
-      if (sizes.find(s.name) != std::string::npos)
-        bench_size(s, steps, threads, shards, peak.flops_per_s);
-    if (layouts) bench_layouts(shards);
+      if (std::find(o.sizes.begin(), o.sizes.end(), s.name) != o.sizes.end())
+        bench_size(s, o.steps, o.threads, shards, peak.flops_per_s);
+    if (o.layouts) bench_layouts(shards);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "keel-bench-cpu: %s\n", e.what());
+    LOG(ERROR) << e.what();
     return 1;
   }
   return 0;
 }
+
+}  // namespace
+
+namespace bench {
+
+Command add_cpu_command(CLI::App& app) {
+  auto o = std::make_shared<CpuOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "cpu", "throughput and MFU of three model sizes on this CPU against its SGEMM peak");
+  sub->add_option("--sizes", o->sizes, "tiny, small, medium, comma-separated (default all three)")
+      ->option_text("LIST")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"tiny", "small", "medium"}));
+  sub->add_option("--steps", o->steps, "timed steps per size, after one warm-up step (default 5)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--threads", o->threads, "CPU threads (default: every core)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("--layouts", o->layouts,
+                "then the time split and bytes moved of each parallel layout of the tiny model");
+  sub->add_flag("--speed", o->speed,
+                "instead: the CPU-speed report (SGEMM by OpenBLAS core type, the medium GPT with "
+                "nothing set, then keel-bench recovery's snapshot rows and keel-bench restore)");
+  // cpu_speed.cc's helper process: one SGEMM rate under the OpenBLAS core it was started with.
+  sub->add_flag("--sgemm-child", o->sgemm_child)->group("");
+  return {sub, [o] { return cpu_main(*o); }};
+}
+
+}  // namespace bench
+}  // namespace keel

@@ -1,4 +1,4 @@
-// keel-bench-detect: how fast keel-launch notices each kind of failure across slots, and what
+// keel-bench detect: how fast keel-launch notices each kind of failure across slots, and what
 // the control plane costs a step, measured in one invocation (bench/RESULTS.md records the
 // output). The tiny TP2×PP2×DP2 job (8 ranks), 2 workers per slot, so 4 slots:
 //   1. control-plane overhead: the same fault-free run under keel-worker --nproc 8 and under
@@ -18,10 +18,11 @@
 //   3. fail-slow (bench/detect_slow.h): rounds to detection at 1.5x, 2x, 4x slowdowns, and
 //      false positives per 1,000 fault-free steps.
 //
-//   keel-bench-detect [--injections 10] [--pairs 3] [--steps 200] [--kinds crash,exit,...]
+//   keel-bench detect [--injections 10] [--pairs 3] [--steps 200] [--kinds crash,exit,...]
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
@@ -30,6 +31,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -38,9 +40,11 @@
 
 #include "bench/bench_util.h"
 #include "bench/detect_slow.h"
+#include "bench/scenarios.h"
 #include "integration/netns.h"
 #include "model/token_shards.h"
 #include "proto/report.pb.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -80,20 +84,19 @@ std::string job_dir(const std::string& dir) {
   return "";
 }
 
-double number_after(const std::string& line, const std::string& key) {
-  const size_t at = line.find("\"" + key + "\": ");
-  return at == std::string::npos ? -1 : std::strtod(line.c_str() + at + key.size() + 4, nullptr);
-}
-
 // The controller's `slot_lost` event: the seconds from the injection to the slot declared
 // lost (-1 when absent), and the kind it was labelled with.
 double slot_lost_after(const std::string& job, std::string* kind) {
   std::ifstream in(job + "/events.jsonl");
   for (std::string line; std::getline(in, line);) {
-    if (line.find("\"kind\": \"slot_lost\"") == std::string::npos) continue;
-    const size_t k = line.find("\"kind\": \"", line.find("\"data\""));
-    if (k != std::string::npos) *kind = line.substr(k + 9, line.find('"', k + 9) - k - 9);
-    return number_after(line, "after_injection_s");
+    google::protobuf::Struct event;
+    if (!google::protobuf::util::JsonStringToMessage(line, &event).ok()) continue;
+    const auto& f = event.fields();
+    if (!f.count("kind") || f.at("kind").string_value() != "slot_lost" || !f.count("data"))
+      continue;
+    const auto& data = f.at("data").struct_value().fields();
+    if (data.count("kind")) *kind = data.at("kind").string_value();
+    return data.count("after_injection_s") ? data.at("after_injection_s").number_value() : -1;
   }
   return -1;
 }
@@ -295,8 +298,7 @@ KindResult slot_loss(const std::string& dir, const std::string& shards, int n) {
     if (d >= 0 && seen == "slot_loss")
       res.detect.push_back(d);
     else
-      std::fprintf(stderr, "keel-bench-detect: %s: no slot_lost event for it (see %s/run.log)\n",
-                   fault.c_str(), dir.c_str());
+      LOG(WARNING) << fault << ": no slot_lost event for it (see " << dir << "/run.log)";
   }
   return res;
 }
@@ -383,48 +385,30 @@ KindResult partition(const std::string& dir, const std::string& shards, int n) {
       if (d >= 0 && seen == "partition")
         res.detect.push_back(d);
       else
-        std::fprintf(stderr,
-                     "keel-bench-detect: %s: no slot_lost event labelled partition (saw '%s'; see "
-                     "%s/slot*.log)\n",
-                     fault.c_str(), seen.c_str(), dir.c_str());
+        LOG(WARNING) << fault << ": no slot_lost event labelled partition (saw '" << seen
+                     << "'; see " << dir << "/slot*.log)";
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "keel-bench-detect: %s: %s\n", fault.c_str(), e.what());
+      LOG(WARNING) << fault << ": " << e.what();
     }
   }
   if (res.detect.empty() && res.note.empty()) res.note = "no run detected it (see stderr)";
   return res;
 }
 
-}  // namespace
-}  // namespace keel
+// Every row keel-bench detect can measure, in the order it measures them.
+const std::vector<std::string> kAllKinds = {
+    "overhead",           "crash",   "exit",      "hang",      "freeze", "spin",
+    "hang_in_collective", "sigstop", "slot_loss", "partition", "slow"};
 
-int main(int argc, char** argv) {
-  using namespace keel;
+struct DetectOptions {
   int injections = 10, pairs = 3, steps = 200;
-  std::string kinds =
-      "overhead,crash,exit,hang,freeze,spin,hang_in_collective,sigstop,slot_loss,partition,"
-      "slow";
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
-    if (a == "--injections")
-      injections = next();
-    else if (a == "--pairs")
-      pairs = next();
-    else if (a == "--steps")
-      steps = next();
-    else if (a == "--kinds" && i + 1 < argc)
-      kinds = argv[++i];
-    else {
-      std::fprintf(stderr,
-                   "usage: keel-bench-detect [--injections 10] [--pairs 3] [--steps 200] "
-                   "[--kinds overhead,crash,exit,hang,freeze,spin,hang_in_collective,sigstop,"
-                   "slot_loss,partition,slow]\n");
-      return 2;
-    }
-  }
+  std::vector<std::string> kinds = kAllKinds;
+};
+
+int detect_main(const DetectOptions& o) {
+  const int injections = o.injections, pairs = o.pairs, steps = o.steps;
   auto want = [&](const std::string& k) {
-    return ("," + kinds + ",").find("," + k + ",") != std::string::npos;
+    return std::find(o.kinds.begin(), o.kinds.end(), k) != o.kinds.end();
   };
   const std::string dir = fs::temp_directory_path() / "keel-bench-detect";
   fs::create_directories(dir);
@@ -492,3 +476,35 @@ int main(int argc, char** argv) {
         dir, [&](int n) { return tiny3d(dir, shards, n); }, kSets, 1000);
   return 0;
 }
+
+}  // namespace
+
+namespace bench {
+
+Command add_detect_command(CLI::App& app) {
+  auto o = std::make_shared<DetectOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "detect", "keel-launch's detection latency per fault kind and its cost per step");
+  sub->add_option("--injections", o->injections, "faults injected per kind (default 10)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--pairs", o->pairs,
+                  "interleaved (keel-worker, keel-launch) pairs of the overhead row (default 3; "
+                  "0 skips it)")
+      ->option_text("N")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--steps", o->steps, "steps of each overhead run (default 200)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  std::string all;
+  for (const std::string& k : kAllKinds) all += (all.empty() ? "" : ", ") + k;
+  sub->add_option("--kinds", o->kinds,
+                  "the rows to measure, comma-separated: " + all + " (default all)")
+      ->option_text("LIST")
+      ->delimiter(',')
+      ->check(CLI::IsMember(kAllKinds));
+  return {sub, [o] { return detect_main(*o); }};
+}
+
+}  // namespace bench
+}  // namespace keel

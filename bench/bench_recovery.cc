@@ -1,4 +1,4 @@
-// keel-bench-recovery: what surviving failures costs, measured in one invocation against a
+// keel-bench recovery: what surviving failures costs, measured in one invocation against a
 // baseline run in the same invocation (bench/RESULTS.md records the output):
 //   1. every-step snapshots on the medium CPU model, on 1 rank (local snapshot), DP2 (the
 //      replica holds the backup) and DP2 with ZeRO-1 (backups pushed): runs with snapshots
@@ -9,19 +9,21 @@
 //      time from each injection to the first step after it (median, worst), steps lost and
 //      ETTR.
 //
-//   keel-bench-recovery [--medium-steps 8] [--tiny-steps 100] [--every 20] [--pairs 2]
+//   keel-bench recovery [--medium-steps 8] [--tiny-steps 100] [--every 20] [--pairs 2]
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/scenarios.h"
 #include "model/token_shards.h"
 #include "proto/report.pb.h"
 
@@ -119,7 +121,10 @@ Faulted faulted_run(const std::string& dir, const std::string& cfg, int steps, i
       must_run(dir, "keel-worker",
                "--nproc 8 --config " + cfg + " --set recovery.mode=" + mode +
                    " --set checkpoint.persistent_every_steps=50 --set checkpoint.dir=" + dir +
-                   "/ck-" + mode + faults);
+                   "/ck-" + mode +
+                   // restart_all before the first checkpoint starts the job over, as it did
+                   // when these rows were first measured.
+                   " --set recovery.allow_restart_from_scratch=true" + faults);
   Faulted f;
   for (const auto& inc : r.incidents()) {
     f.recover_s.push_back(inc.first_step_at() - inc.injected_at());
@@ -168,32 +173,44 @@ void bench_crashes(const std::string& shards, int steps, int every) {
   }
 }
 
-}  // namespace
-}  // namespace keel
-
-int main(int argc, char** argv) {
-  using namespace keel;
+struct RecoveryOptions {
   int medium_steps = 8, tiny_steps = 100, every = 20, pairs = 2;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
-    if (a == "--medium-steps")
-      medium_steps = next();
-    else if (a == "--tiny-steps")
-      tiny_steps = next();
-    else if (a == "--every")
-      every = next();
-    else if (a == "--pairs")
-      pairs = next();
-    else {
-      std::fprintf(stderr,
-                   "usage: keel-bench-recovery [--medium-steps 8] [--tiny-steps 100] "
-                   "[--every 20] [--pairs 2]\n");
-      return 2;
-    }
-  }
+};
+
+int recovery_main(const RecoveryOptions& o) {
   const std::string shards = random_shards(fs::temp_directory_path() / "keel-bench-data");
-  if (medium_steps > 0) bench_snapshots(shards, medium_steps, pairs);
-  if (tiny_steps > 0) bench_crashes(shards, tiny_steps, every);
+  if (o.medium_steps > 0) bench_snapshots(shards, o.medium_steps, o.pairs);
+  if (o.tiny_steps > 0) bench_crashes(shards, o.tiny_steps, o.every);
   return 0;
 }
+
+}  // namespace
+
+namespace bench {
+
+Command add_recovery_command(CLI::App& app) {
+  auto o = std::make_shared<RecoveryOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "recovery", "what every-step snapshots cost, and recovery from crashes per policy");
+  sub->add_option("--medium-steps", o->medium_steps,
+                  "timed steps of each run of the medium model with snapshots off and on (default "
+                  "8; 0 skips these rows)")
+      ->option_text("N")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--tiny-steps", o->tiny_steps,
+                  "steps of the tiny TP2xPP2xDP2 job under crashes, per recovery mode (default "
+                  "100; 0 skips these rows)")
+      ->option_text("N")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--every", o->every, "a crash every N steps (default 20)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--pairs", o->pairs,
+                  "(off, on) pairs of snapshot runs, interleaved, best of each (default 2)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  return {sub, [o] { return recovery_main(*o); }};
+}
+
+}  // namespace bench
+}  // namespace keel

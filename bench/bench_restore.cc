@@ -1,4 +1,4 @@
-// keel-bench-restore: how fast one rank's state comes back from its backup holder, and how
+// keel-bench restore: how fast one rank's state comes back from its backup holder, and how
 // much host memory the snapshots and backups of one rank take (issue 14, parts 4 and 5).
 //
 // For the medium GPT's TrainState (L6 d512 T256 V256: parameters + AdamW m + v, 230 MB) and
@@ -12,7 +12,7 @@
 // needs root). GB/s counts payload bytes, 1 GB = 1e9 bytes. A last table gives the bytes
 // of the rank's snapshot segment and of the backup segment a holder keeps for it.
 //
-//   keel-bench-restore [--repeats 5] [--sizes medium,1g] [--no-netns]
+//   keel-bench restore [--repeats 5] [--sizes medium,1g] [--no-netns]
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,10 +24,10 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench/scenarios.h"
 #include "ckpt/backup_service.h"
 #include "ckpt/checksum.h"
 #include "ckpt/restore.h"
@@ -171,7 +171,7 @@ void bench_path(const std::string& job, const Size& size, TrainState& owner, Tra
 
   auto check = [&](const char* op) {
     if (state_checksum(target) != want) {
-      std::fprintf(stderr, "keel-bench-restore: %s over %s returned other bytes\n", op,
+      std::fprintf(stderr, "keel-bench restore: %s over %s returned other bytes\n", op,
                    path.c_str());
       unlink_job_segments(job);
       std::exit(1);
@@ -186,7 +186,7 @@ void bench_path(const std::string& job, const Size& size, TrainState& owner, Tra
       const bool ok = client.fetch(0, step, target, &why);
       const double s = seconds_since(t0);
       if (!ok) {
-        std::fprintf(stderr, "keel-bench-restore: fetch failed: %s\n", why.c_str());
+        std::fprintf(stderr, "keel-bench restore: fetch failed: %s\n", why.c_str());
         unlink_job_segments(job);
         std::exit(1);
       }
@@ -215,29 +215,18 @@ void bench_path(const std::string& job, const Size& size, TrainState& owner, Tra
   server.reset();
 }
 
-int main(int argc, char** argv) {
+struct RestoreOptions {
   int repeats = 5;
-  std::string sizes = "medium,1g";
-  bool netns = true;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--repeats" && i + 1 < argc) {
-      repeats = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--sizes" && i + 1 < argc) {
-      sizes = argv[++i];
-    } else if (a == "--no-netns") {
-      netns = false;
-    } else {
-      std::fprintf(stderr,
-                   "usage: keel-bench-restore [--repeats 5] [--sizes medium,1g] "
-                   "[--no-netns]\n");
-      return 2;
-    }
-  }
+  std::vector<std::string> sizes = {"medium", "1g"};
+  bool no_netns = false;
+};
+
+int restore_main(const RestoreOptions& o) {
+  const int repeats = o.repeats;
+  bool netns = !o.no_netns;
   const std::vector<Size> all = {{"medium", "medium L6 d512", 6}, {"1g", "~1 GB L28 d512", 28}};
   std::vector<Size> chosen;
-  std::stringstream ss(sizes);
-  for (std::string k; std::getline(ss, k, ',');)
+  for (const std::string& k : o.sizes)
     for (const Size& s : all)
       if (s.key == k) chosen.push_back(s);
 
@@ -296,7 +285,7 @@ int main(int argc, char** argv) {
   std::printf(
       "\nhost memory per rank with pushed backups (its own snapshot segment, which holds the "
       "live state on CPU, + the backup segment it keeps for its peer; with replica backups "
-      "there is none, see keel-bench-recovery):\n");
+      "there is none, see keel-bench recovery):\n");
   std::printf("%-16s %10s %14s %14s %10s\n", "state", "state MB", "own seg MB", "backup seg MB",
               "ratio");
   for (const MemRow& m : mem)
@@ -307,8 +296,26 @@ int main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace keel
 
-int main(int argc, char** argv) {
-  return keel::main(argc, argv);
+namespace bench {
+
+Command add_restore_command(CLI::App& app) {
+  auto o = std::make_shared<RestoreOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "restore", "restoring one rank from its backup holder, and its segments' host memory");
+  sub->add_option("--repeats", o->repeats, "timed repeats of each, best of them (default 5)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--sizes", o->sizes,
+                  "the states, comma-separated: medium (L6 d512, 230 MB), 1g (L28 d512) (default "
+                  "both)")
+      ->option_text("LIST")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"medium", "1g"}));
+  sub->add_flag("--no-netns", o->no_netns,
+                "loopback only; across network namespaces needs root and iproute2");
+  return {sub, [o] { return restore_main(*o); }};
 }
+
+}  // namespace bench
+}  // namespace keel

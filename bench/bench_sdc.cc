@@ -1,4 +1,4 @@
-// keel-bench-sdc: what the in-flight silent data corruption checks cost (issue 15,
+// keel-bench sdc: what the in-flight silent data corruption checks cost (issue 15,
 // robust/sdc_check.h), as a wall-clock ratio against the same job with the checks off, run in
 // the same invocation (bench/RESULTS.md records the output). Two layouts:
 //   - the medium CPU model (L6 d512 T256 B4) as DP2: 2 ranks of 1 thread;
@@ -11,7 +11,7 @@
 // copy, no check). A period above --*-max-steps is not run: its cost is derived from the
 // smallest period's measured per-check cost, and marked so.
 //
-//   keel-bench-sdc [--medium-steps 20] [--medium-max-steps 20] [--medium-micro 1]
+//   keel-bench sdc [--medium-steps 20] [--medium-max-steps 20] [--medium-micro 1]
 //                  [--tiny-steps 600] [--tiny-max-steps 1000] [--rounds 2]
 //                  [--every 1,10,50,100] [--no-breakdown]
 #include <algorithm>
@@ -21,11 +21,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/scenarios.h"
 #include "proto/config_loader.h"
 #include "proto/report.pb.h"
 
@@ -164,58 +166,20 @@ void bench_layout(const std::string& dir, const Layout& l, const std::vector<int
   std::fflush(stdout);
 }
 
-std::vector<int> parse_periods(const std::string& s) {
-  std::vector<int> out;
-  size_t i = 0;
-  while (i < s.size()) {
-    const size_t j = std::min(s.find(',', i), s.size());
-    const int n = std::atoi(s.substr(i, j - i).c_str());
-    if (n > 0) out.push_back(n);
-    i = j + 1;
-  }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
-}  // namespace
-}  // namespace keel
-
-int main(int argc, char** argv) {
-  using namespace keel;
+struct SdcOptions {
   int medium_steps = 20, medium_max = 20, medium_micro = 1, tiny_steps = 600, tiny_max = 1000,
       rounds = 2;
-  bool breakdown = true;
-  std::string every = "1,10,100," + std::to_string(kDefaultSdcCheckEverySteps);
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string("0"); };
-    if (a == "--medium-steps")
-      medium_steps = std::stoi(next());
-    else if (a == "--medium-max-steps")
-      medium_max = std::stoi(next());
-    else if (a == "--medium-micro")
-      medium_micro = std::stoi(next());
-    else if (a == "--tiny-steps")
-      tiny_steps = std::stoi(next());
-    else if (a == "--tiny-max-steps")
-      tiny_max = std::stoi(next());
-    else if (a == "--rounds")
-      rounds = std::stoi(next());
-    else if (a == "--every")
-      every = next();
-    else if (a == "--no-breakdown")
-      breakdown = false;
-    else {
-      std::fprintf(stderr,
-                   "usage: keel-bench-sdc [--medium-steps 20] [--medium-max-steps 20] "
-                   "[--medium-micro 1] [--tiny-steps 600] [--tiny-max-steps 1000] [--rounds 2] "
-                   "[--every 1,10,50,100] [--no-breakdown]\n"
-                   "  --*-steps 0 skips that layout\n");
-      return 2;
-    }
-  }
-  const std::vector<int> periods = parse_periods(every);
+  bool no_breakdown = false;
+  std::vector<int> every = {1, 10, 100, kDefaultSdcCheckEverySteps};
+};
+
+int sdc_main(const SdcOptions& o) {
+  const int medium_steps = o.medium_steps, medium_max = o.medium_max, medium_micro = o.medium_micro,
+            tiny_steps = o.tiny_steps, tiny_max = o.tiny_max, rounds = o.rounds;
+  const bool breakdown = !o.no_breakdown;
+  std::vector<int> periods = o.every;
+  std::sort(periods.begin(), periods.end());
+  periods.erase(std::unique(periods.begin(), periods.end()), periods.end());
   const std::string dir = fs::temp_directory_path() / "keel-bench-sdc";
   fs::create_directories(dir);
   const std::string shards = bench::random_shards(fs::temp_directory_path() / "keel-bench-data");
@@ -250,3 +214,53 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+
+namespace bench {
+
+Command add_sdc_command(CLI::App& app) {
+  auto o = std::make_shared<SdcOptions>();
+  CLI::App* sub =
+      app.add_subcommand("sdc", "what the in-flight silent-data-corruption checks cost a step");
+  sub->add_option("--medium-steps", o->medium_steps,
+                  "timed steps of a run of the medium model as DP2, at least N (default 20; 0 "
+                  "skips this layout)")
+      ->option_text("N")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--medium-max-steps", o->medium_max,
+                  "the medium layout's longest run: periods needing longer ones are derived, not "
+                  "run (default 20)")
+      ->option_text("N")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--medium-micro", o->medium_micro,
+                  "micro-batches per replica per step of the medium model (default 1)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--tiny-steps", o->tiny_steps,
+                  "timed steps of a run of the tiny 3-D job (default 600; 0 skips this layout)")
+      ->option_text("N")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--tiny-max-steps", o->tiny_max,
+                  "the tiny layout's longest run: periods needing longer ones are derived, not "
+                  "run (default 1000)")
+      ->option_text("N")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--rounds", o->rounds, "interleaved rounds, best of each (default 2)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  std::set<int> defaults(o->every.begin(), o->every.end());
+  std::string periods;
+  for (int n : defaults) periods += (periods.empty() ? "" : ",") + std::to_string(n);
+  sub->add_option("--every", o->every,
+                  "the check periods N, comma-separated (default " + periods + ")")
+      ->option_text("N1,N2,...")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("--no-breakdown", o->no_breakdown,
+                "skip the run without snapshots that prices the verified-slot copy");
+  return {sub, [o] { return sdc_main(*o); }};
+}
+
+}  // namespace bench
+}  // namespace keel

@@ -6,7 +6,6 @@
 
 #include <sys/wait.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,10 +15,11 @@
 
 #include "model/token_shards.h"
 #include "proto/report.pb.h"
+#include "runtime/logging.h"
 
 namespace keel::bench {
 
-// The folder of the running benchmark, where keel-worker and the plugin are built too.
+// The folder of keel-bench, where keel-worker, keel-launch and the plugin are built too.
 inline std::string exe_dir() {
   return std::filesystem::canonical("/proc/self/exe").parent_path().string();
 }
@@ -65,8 +65,7 @@ inline report::RunReport must_run(const std::string& dir, const std::string& pro
                                   const std::string& args) {
   report::RunReport r;
   if (run(dir, program, args) != 0 || !read_report(dir + "/report.json", &r)) {
-    std::fprintf(stderr, "keel benchmark: failed: %s %s (see %s/run.log)\n", program.c_str(),
-                 args.c_str(), dir.c_str());
+    LOG(ERROR) << "failed: " << program << " " << args << " (see " << dir << "/run.log)";
     std::exit(1);
   }
   return r;

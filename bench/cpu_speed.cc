@@ -19,6 +19,7 @@
 #include "bench/bench_util.h"
 #include "runtime/cpu/blas_core.h"
 #include "runtime/cpu/cpu_features.h"
+#include "runtime/logging.h"
 
 namespace keel::bench {
 namespace {
@@ -47,7 +48,7 @@ struct Sgemm {
 Sgemm sgemm_under(const std::string& core, int threads) {
   const std::string cmd = std::string(kClearBlas) +
                           (core.empty() ? "" : "OPENBLAS_CORETYPE=" + core + " ") + exe_dir() +
-                          "/keel-bench-cpu --sgemm-child --threads " + std::to_string(threads);
+                          "/keel-bench cpu --sgemm-child --threads " + std::to_string(threads);
   Sgemm s;
   s.asked = core;
   char ran[64] = {};
@@ -79,8 +80,7 @@ Medium medium_run(const std::string& label, const std::string& extra, int thread
                           cfg + " --report " + report + " " + extra + " > " + dir + "/run.log 2>&1";
   Medium m{label, {}};
   if (std::system(cmd.c_str()) != 0 || !read_report(report, &m.r))
-    std::fprintf(stderr, "keel-bench-cpu: medium run '%s' failed (see %s/run.log)\n", label.c_str(),
-                 dir.c_str());
+    LOG(ERROR) << "medium run '" << label << "' failed (see " << dir << "/run.log)";
   return m;
 }
 
@@ -166,11 +166,11 @@ int cpu_speed_report(int threads) {
   std::printf("\n");
   std::fflush(stdout);
   int rc = std::system((std::string(kClearBlas) + exe_dir() +
-                        "/keel-bench-recovery --tiny-steps 0 --medium-steps 8 --pairs 3")
+                        "/keel-bench recovery --tiny-steps 0 --medium-steps 8 --pairs 3")
                            .c_str());
   std::printf("\n");
   std::fflush(stdout);
-  rc |= std::system((exe_dir() + "/keel-bench-restore --sizes medium,1g").c_str());
+  rc |= std::system((exe_dir() + "/keel-bench restore --sizes medium,1g").c_str());
   return rc == 0 ? 0 : 1;
 }
 

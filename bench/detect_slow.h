@@ -1,4 +1,4 @@
-// keel-bench-detect's fail-slow rows (robust/slow_rules.h): rounds from the onset of a slow
+// keel-bench detect's fail-slow rows (robust/slow_rules.h): rounds from the onset of a slow
 // rank to its detection at 1.5x, 2x and 4x slowdowns of the step, and false positives per
 // 1,000 fault-free steps, on the tiny TP2xPP2xDP2 job under keel-launch with 2 standby slots.
 #pragma once

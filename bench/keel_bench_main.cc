@@ -4,10 +4,12 @@
 // DIR/report.html and TensorBoard event files DIR/tb/<run>/ (see README, "Benchmark MFU under
 // faults").
 //
-//   keel-bench --config C [--inject SCHEDULE | --mtbf-s T --kinds crash,hang,... --seed N]
+//   keel-bench --config C [--inject SCHEDULE | --fault KIND@step=S,rank=R ... |
+//              --mtbf-s T --kinds crash,hang,... --seed N]
 //              [--policies hot_swap,in_place,restart_all] [--local N --standby K
 //              --workers-per-slot W] [--persistent-every N] [--set key=value ...] --out DIR
-//   keel-bench project ...   (bench/projection.h)
+//   keel-bench --soak N --config C --out DIR ...   (bench/soak.h)
+//   keel-bench cpu|recovery|detect|sdc|restore|project ...   (bench/scenarios.h)
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
@@ -26,14 +28,16 @@
 #include "bench/bench_util.h"
 #include "bench/fault_draw.h"
 #include "bench/report_html.h"
-#include "bench/tfevents.h"
+#include "bench/scenarios.h"
 #include "proto/bench.pb.h"
 #include "proto/config_loader.h"
 #include "proto/faults.pb.h"
-#include "runtime/text.h"
+#include "robust/fault_spec.h"
+#include "runtime/cli.h"
+#include "runtime/logging.h"
 
-#ifdef KEEL_BENCH_HAS_PROJECTION
-#include "bench/projection.h"
+#ifdef KEEL_BENCH_HAS_SOAK
+#include "bench/soak.h"
 #endif
 
 namespace keel::bench {
@@ -41,115 +45,23 @@ namespace {
 
 struct Options {
   std::string config, inject, out;
+  std::vector<std::string> faults;  // --fault values
   double mtbf_s = 0;
   std::vector<std::string> kinds = {"crash"};
   uint64_t seed = 1;
   std::vector<std::string> policies = {"hot_swap", "in_place", "restart_all"};
   int local = 0, standby = 2, workers_per_slot = 2, persistent_every = 50;
-  bool persistent_all = true;
+  bool persistent_restart_all_only = false;
   std::vector<std::string> sets;
+  int soak = 0;  // faults of a soak (bench/soak.h); 0: the policy comparison
 };
 
-constexpr const char* kUsage =
-    "usage: keel-bench --config FILE --out DIR [options]\n"
-    "       keel-bench project [options]   (the expected ETTR at scale; project --help)\n"
-    "Runs the job fault-free once, then under a fault schedule once per recovery policy, each\n"
-    "with keel-launch, and writes DIR/report.json, DIR/report.html and DIR/tb/<run>/ "
-    "(TensorBoard).\n"
-    "  --config FILE           job config (text protobuf, proto/config.proto)\n"
-    "  --out DIR               where the reports go\n"
-    "  --inject FILE           the fault schedule (text protobuf FaultSchedule, "
-    "proto/faults.proto)\n"
-    "  --mtbf-s T              or: draw faults from a Poisson process, mean T seconds apart\n"
-    "  --kinds K1,K2,...       the kinds drawn with --mtbf-s, uniformly (default crash)\n"
-    "  --seed N                the draw's seed (default 1)\n"
-    "  --policies P1,P2,...    recovery.mode of the faulty runs (default hot_swap,in_place,\n"
-    "                          restart_all)\n"
-    "  --local N               slots (default world / W + K)\n"
-    "  --standby K             warm standby slots (default 2)\n"
-    "  --workers-per-slot W    ranks per slot (default 2)\n"
-    "  --persistent-every N    checkpoint.persistent_every_steps of every run (default 50);\n"
-    "                          restart_all restores from these\n"
-    "  --persistent-restart-all-only\n"
-    "                          only the restart_all runs write persistent checkpoints\n"
-    "  --set PATH=VALUE        a config override, passed to every run (repeatable)\n";
-
-// Parses argv into *o; returns an exit status to end with (-1: go on).
-int parse(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (a == "--persistent-restart-all-only") {
-      o->persistent_all = false;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "keel-bench: %s needs a value\n%s", a.c_str(), kUsage);
-      return 2;
-    }
-    const std::string v = argv[++i];
-    try {
-      if (a == "--config")
-        o->config = v;
-      else if (a == "--out")
-        o->out = v;
-      else if (a == "--inject")
-        o->inject = v;
-      else if (a == "--mtbf-s")
-        o->mtbf_s = std::stod(v);
-      else if (a == "--kinds")
-        o->kinds = split(v, ',', /*skip_empty=*/true);
-      else if (a == "--seed")
-        o->seed = std::stoull(v);
-      else if (a == "--policies")
-        o->policies = split(v, ',', /*skip_empty=*/true);
-      else if (a == "--local")
-        o->local = std::stoi(v);
-      else if (a == "--standby")
-        o->standby = std::stoi(v);
-      else if (a == "--workers-per-slot")
-        o->workers_per_slot = std::stoi(v);
-      else if (a == "--persistent-every")
-        o->persistent_every = std::stoi(v);
-      else if (a == "--set")
-        o->sets.push_back(v);
-      else {
-        std::fprintf(stderr, "keel-bench: unknown flag %s\n%s", a.c_str(), kUsage);
-        return 2;
-      }
-    } catch (const std::exception&) {
-      std::fprintf(stderr, "keel-bench: %s: not a number: %s\n", a.c_str(), v.c_str());
-      return 2;
-    }
-  }
-  std::string why;
-  if (o->config.empty() || o->out.empty())
-    why = "--config and --out are required";
-  else if (!o->inject.empty() && o->mtbf_s > 0)
-    why = "--inject and --mtbf-s exclude each other";
-  else if (o->mtbf_s < 0)
-    why = "--mtbf-s must be positive";
-  else if (o->workers_per_slot < 1 || o->standby < 0)
-    why = "bad --workers-per-slot or --standby";
-  else if (o->policies.empty())
-    why = "--policies is empty";
-  else if (o->persistent_every < 1)
-    why = "--persistent-every must be positive";
-  for (const std::string& p : o->policies)
-    if (p != "hot_swap" && p != "in_place" && p != "restart_all")
-      why = "unknown policy " + p + " (hot_swap, in_place, restart_all)";
-  for (const std::string& k : o->kinds) {
-    faults::Fault::Kind kind;
-    if (!faults::Fault::Kind_Parse(k, &kind)) why = "unknown fault kind " + k;
-  }
-  if (!why.empty()) {
-    std::fprintf(stderr, "keel-bench: %s\n%s", why.c_str(), kUsage);
-    return 2;
-  }
-  return -1;
+// The names of faults::Fault::Kind, which --kinds takes.
+std::vector<std::string> fault_kind_names() {
+  std::vector<std::string> names;
+  const google::protobuf::EnumDescriptor* d = faults::Fault::Kind_descriptor();
+  for (int i = 0; i < d->value_count(); ++i) names.push_back(d->value(i)->name());
+  return names;
 }
 
 double unix_now() {
@@ -168,7 +80,7 @@ std::string common_args(const Options& o, const std::string& ckpt_dir, const std
                   " --standby " + std::to_string(o.standby) + " --workers-per-slot " +
                   std::to_string(o.workers_per_slot);
   for (const std::string& s : o.sets) a += " --set " + quote(s);
-  const bool persistent = policy == "restart_all" || o.persistent_all;
+  const bool persistent = policy == "restart_all" || !o.persistent_restart_all_only;
   a += " --set checkpoint.persistent_every_steps=" +
        std::to_string(persistent ? o.persistent_every : 0);
   a += " --set " + quote("checkpoint.dir=" + ckpt_dir);
@@ -193,27 +105,8 @@ BenchRun launch(const Options& o, const std::string& name, const std::string& po
   BenchRun b = make_run(name, policy, rc, r, step_s, tokens_per_step, reference);
   b.set_started_at(started);
   b.set_run_dir(dir);
-  if (!b.ok())
-    std::fprintf(stderr, "keel-bench: %s failed (exit %d; see %s/run.log)\n", name.c_str(), rc,
-                 dir.c_str());
+  if (!b.ok()) LOG(ERROR) << name << " failed (exit " << rc << "; see " << dir << "/run.log)";
   return b;
-}
-
-// Cumulative ETTR after each kept step: its share of kept time (the mean kept step) over the
-// time since the job's start.
-void write_events(const std::string& dir, const BenchRun& r, int first_step, double step_s) {
-  EventWriter w(dir);
-  for (int i = 0; i < r.losses_size() && i < r.step_end_s_size(); ++i) {
-    const int64_t step = first_step + i;
-    const double t = r.started_at() + r.step_end_s(i);
-    w.scalar("loss", step, t, r.losses(i));
-    w.scalar("mfu", step, t, r.step_mfu(i));
-    w.scalar("tokens_per_s", step, t, r.step_tokens_per_s(i));
-    const double kept = r.steps_completed() > 0 ? r.productive_s() / r.losses_size() : step_s;
-    w.scalar("ettr", step, t,
-             r.step_end_s(i) > 0 ? std::min(1.0, (i + 1) * kept / r.step_end_s(i)) : 0);
-  }
-  w.close();
 }
 
 void write_file(const std::string& path, const std::string& text) {
@@ -230,8 +123,8 @@ int bench_main(const Options& given) {
   const config::JobConfig cfg = load_config(o.config, o.sets);
   const int world = cfg.parallel().tp() * cfg.parallel().pp() * cfg.parallel().dp();
   if (world % o.workers_per_slot != 0) {
-    std::fprintf(stderr, "keel-bench: world %d is not a multiple of --workers-per-slot %d\n", world,
-                 o.workers_per_slot);
+    LOG(ERROR) << "world " << world << " is not a multiple of --workers-per-slot "
+               << o.workers_per_slot;
     return 2;
   }
   if (o.local == 0) o.local = world / o.workers_per_slot + o.standby;
@@ -256,19 +149,16 @@ int bench_main(const Options& given) {
   *rep.add_runs() = clean;
   if (!clean.ok()) {
     write_file(o.out + "/report.json", report_json(rep));
-    std::fprintf(stderr, "keel-bench: the fault-free run failed: nothing to compare with\n");
+    LOG(ERROR) << "the fault-free run failed: nothing to compare with";
     return 1;
   }
 
   faults::FaultSchedule schedule;
-  if (!o.inject.empty()) {
-    std::ifstream in(o.inject);
-    const std::string text((std::istreambuf_iterator<char>(in)), {});
-    if (!in || !google::protobuf::TextFormat::ParseFromString(text, &schedule)) {
-      std::fprintf(stderr, "keel-bench: %s is not a FaultSchedule text protobuf\n",
-                   o.inject.c_str());
-      return 2;
-    }
+  if (!o.inject.empty() || !o.faults.empty()) {
+    FaultPlan plan;
+    for (const std::string& f : o.faults) add_fault_flag(&plan, f);
+    if (!o.inject.empty()) add_fault_file(&plan, o.inject);
+    schedule = plan.schedule;
   } else if (o.mtbf_s > 0) {
     schedule = draw_schedule(o.mtbf_s, step_s, steps, world, o.kinds, o.seed);
   }
@@ -287,11 +177,12 @@ int bench_main(const Options& given) {
   std::string text;
   google::protobuf::TextFormat::PrintToString(kept, &text);
   const std::string sched_path = o.out + "/schedule.pbtxt";
-  write_file(sched_path, "# keel-bench's fault schedule (" +
-                             (o.mtbf_s > 0 ? "--mtbf-s " + std::to_string(o.mtbf_s) + " --seed " +
-                                                 std::to_string(o.seed)
-                                           : "--inject " + o.inject) +
-                             "); repeat with --inject " + sched_path + "\n" + text);
+  std::string source = o.inject.empty() ? "" : "--inject " + o.inject;
+  for (const std::string& f : o.faults) source += (source.empty() ? "" : " ") + quote(f);
+  if (o.mtbf_s > 0)
+    source = "--mtbf-s " + std::to_string(o.mtbf_s) + " --seed " + std::to_string(o.seed);
+  write_file(sched_path, "# keel-bench's fault schedule (" + source + "); repeat with --inject " +
+                             sched_path + "\n" + text);
   std::printf("keel-bench: fault schedule (%s):\n%s", sched_path.c_str(), text.c_str());
 
   int failed = 0;
@@ -304,7 +195,7 @@ int bench_main(const Options& given) {
 
   write_file(o.out + "/report.json", report_json(rep));
   write_file(o.out + "/report.html", report_html(rep));
-  for (const BenchRun& r : rep.runs()) write_events(o.out + "/tb/" + r.name(), r, 0, step_s);
+  for (const BenchRun& r : rep.runs()) write_run_events(o.out + "/tb/" + r.name(), r, step_s);
 
   std::printf("\n%-12s %4s %10s %7s %7s %8s %6s %9s %s\n", "run", "ok", "tokens/s", "MFU", "ETTR",
               "wall s", "incid.", "restarts", "bitwise equal");
@@ -317,24 +208,142 @@ int bench_main(const Options& given) {
   return failed ? 1 : 0;
 }
 
+// The policy comparison's and the soak's flags on keel-bench itself.
+void add_flags(CLI::App& app, Options* o, cli::JobFlags* job, cli::SlotFlags* slots,
+               cli::FaultFlags* faults) {
+  cli::add_job_flags(app, job);
+  app.add_option("--out", o->out, "where the reports go: report.json, report.html, tb/")
+      ->option_text("DIR");
+  cli::add_fault_flags(app, faults);
+  app.add_option("--mtbf-s", o->mtbf_s,
+                 "or: draw faults from a Poisson process, mean T seconds apart (written as a "
+                 "FaultSchedule to DIR/schedule.pbtxt, to repeat with --inject)")
+      ->option_text("T")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--kinds", o->kinds,
+                 "the fault kinds --mtbf-s draws, uniformly, comma-separated: the KINDs of --fault "
+                 "(default crash)")
+      ->option_text("LIST")
+      ->delimiter(',')
+      ->check(CLI::IsMember(fault_kind_names()));
+  app.add_option("--seed", o->seed, "the seed of the --mtbf-s draw and of the soak (default 1)")
+      ->option_text("N");
+  app.add_option("--policies", o->policies,
+                 "recovery.mode of the faulty runs: hot_swap, in_place, restart_all, "
+                 "comma-separated (default all three)")
+      ->option_text("LIST")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"hot_swap", "in_place", "restart_all"}));
+  cli::add_slot_flags(app, slots);
+  // keel-bench's defaults differ from keel-launch's: two standbys, so that hot_swap has slots
+  // to swap in, and two ranks a slot, as on a machine of several GPUs.
+  app.get_option("--standby")
+      ->description(
+          "the last K slots are warm standbys, which replace a lost or evicted slot "
+          "(default 2)");
+  app.get_option("--workers-per-slot")->description("ranks per slot (default 2)");
+  app.get_option("--local")->description("slots on this machine (default world / W + K)");
+  app.add_option("--persistent-every", o->persistent_every,
+                 "checkpoint.persistent_every_steps of every run, which restart_all restores "
+                 "from (default 50)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--persistent-restart-all-only", o->persistent_restart_all_only,
+               "only the restart_all runs write persistent checkpoints");
+  app.add_option("--soak", o->soak,
+                 "instead: run the job through N mixed faults and check that nothing is lost "
+                 "(bench/soak.h; writes DIR/soak.json)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+}
+
+// A usage error found after parsing, said as cli::parse says its own.
+int usage_error(const std::string& why) {
+  std::fprintf(stderr, "keel-bench: error: %s\nrun with --help for usage\n", why.c_str());
+  return 2;
+}
+
+int soak(const Options& o) {
+#ifdef KEEL_BENCH_HAS_SOAK
+  SoakOptions s;
+  s.config = o.config;
+  s.sets = o.sets;
+  s.out = o.out;
+  s.faults = o.soak;
+  s.local = o.local;
+  s.standby = o.standby;
+  s.workers_per_slot = o.workers_per_slot;
+  s.seed = o.seed;
+  return soak_main(s);
+#else
+  (void)o;
+  return usage_error("--soak: this keel-bench was built without bench/soak.cc");
+#endif
+}
+
+int main(int argc, char** argv) {
+  CLI::App app(
+      "keel-bench: MFU and ETTR of a job under a fault schedule, per recovery policy.\n"
+      "Runs the job fault-free once, then under the schedule (--inject, --fault or --mtbf-s)\n"
+      "once per policy, each with keel-launch, and writes DIR/report.json, DIR/report.html\n"
+      "and TensorBoard event files under DIR/tb/. The subcommands are the developer\n"
+      "benchmarks (their results: bench/RESULTS.md) and the projection to scale; each has\n"
+      "its own --help.",
+      "keel-bench");
+  Options o;
+  cli::JobFlags job;
+  cli::SlotFlags slots;
+  slots.standby = o.standby;
+  slots.workers_per_slot = o.workers_per_slot;
+  cli::FaultFlags faults;
+  add_flags(app, &o, &job, &slots, &faults);
+  const std::vector<Command> commands = {add_cpu_command(app),     add_recovery_command(app),
+                                         add_detect_command(app),  add_sdc_command(app),
+                                         add_restore_command(app), add_project_command(app)};
+  app.require_subcommand(0, 1);
+  if (const auto rc = cli::parse(app, argc, argv)) return *rc;
+  try {
+    for (const Command& c : commands) {
+      if (!c.app->parsed()) continue;
+      for (const CLI::Option* opt : app.get_options())
+        if (opt->count() > 0 && opt != app.get_help_ptr())
+          return usage_error(opt->get_name() + " is keel-bench's own flag, not " +
+                             c.app->get_name() + "'s: give it without the subcommand");
+      return c.run();
+    }
+    o.config = job.config;
+    o.sets = job.set;
+    o.inject = faults.inject;
+    o.faults = faults.fault;
+    o.local = slots.local;
+    o.standby = slots.standby;
+    o.workers_per_slot = slots.workers_per_slot;
+    if (o.mtbf_s > 0 && (!o.inject.empty() || !o.faults.empty()))
+      return usage_error("--mtbf-s draws the faults: give it without --inject and --fault");
+    if (o.soak > 0 && (o.mtbf_s > 0 || !o.inject.empty() || !o.faults.empty()))
+      return usage_error(
+          "--soak draws its own faults: give it without --inject, --fault, --mtbf-s");
+    for (const char* f :
+         {"--policies", "--kinds", "--persistent-every", "--persistent-restart-all-only"})
+      if (o.soak > 0 && app.count(f) > 0)
+        return usage_error(std::string("--soak runs one policy (recovery.mode of the config, ") +
+                           "hot_swap by default) without persistent checkpoints: " + f +
+                           " does not apply");
+    if (o.soak > 0 && (o.config.empty() || o.out.empty()))
+      return usage_error("--soak needs --config and --out");
+    if (o.soak > 0) return soak(o);
+    if (o.config.empty() || o.out.empty()) return usage_error("--config and --out are required");
+    return bench_main(o);
+  } catch (const std::exception& e) {
+    LOG(ERROR) << e.what();
+    return 2;
+  }
+}
+
 }  // namespace
 }  // namespace keel::bench
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]) == "project") {
-#ifdef KEEL_BENCH_HAS_PROJECTION
-    return keel::bench::project_main(argc, argv);
-#else
-    std::fprintf(stderr, "keel-bench project: not built\n");
-    return 2;
-#endif
-  }
-  keel::bench::Options o;
-  if (const int rc = keel::bench::parse(argc, argv, &o); rc >= 0) return rc;
-  try {
-    return keel::bench::bench_main(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "keel-bench: %s\n", e.what());
-    return 2;
-  }
+  keel::init_logging(argv[0]);
+  return keel::bench::main(argc, argv);
 }

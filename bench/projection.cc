@@ -1,19 +1,24 @@
-// keel-bench project (bench/projection.h): flags in, the model's assumptions and a table out.
-#include "bench/projection.h"
-
+// keel-bench project: the expected ETTR of each recovery policy at a given scale, from
+// per-incident costs measured in keel-launch reports or documented defaults (the model:
+// robust/ettr_projection.h). Flags in; the model's assumptions, a table per policy (failures
+// per day, cost per incident by phase, ETTR) and the comparison with 97% ETTR on 9,600 GPUs
+// out.
+//
+//   keel-bench project --mtbf-hours H --step-s S --state-gb G [--machines 1250]
+//       [--gpus-per-machine 8] [--from report.json]... [--link-gbps 100] [--standbys K]
+//       [--repair-hours 24] [--policies hot_swap,in_place,restart_all]
+//       [--checkpoint-every-steps N]
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
-#include <functional>
 #include <iterator>
-#include <sstream>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "bench/scenarios.h"
 #include "robust/ettr_projection.h"
-#include "runtime/text.h"
 
 namespace keel::bench {
 namespace {
@@ -23,44 +28,10 @@ constexpr double kReferenceEttr = 0.97;
 constexpr int kReferenceMachines = 1200;
 constexpr int kReferenceGpusPerMachine = 8;
 
-struct Flag {
-  const char* name;
-  const char* value;  // what the help calls its value
-  const char* help;
-  std::function<void(const std::string&)> set;
-};
-
-double to_double(const std::string& flag, const std::string& v) {
-  size_t end = 0;
-  double d = 0;
-  try {
-    d = std::stod(v, &end);
-  } catch (const std::exception&) {
-    end = 0;
-  }
-  if (end == 0 || end != v.size()) throw std::invalid_argument(flag + ": not a number: " + v);
-  return d;
-}
-
-int to_int(const std::string& flag, const std::string& v) {
-  const double d = to_double(flag, v);
-  if (d != double(int(d))) throw std::invalid_argument(flag + ": not an integer: " + v);
-  return int(d);
-}
-
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("--from: cannot read " + path);
   return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void print_help(const std::vector<Flag>& flags) {
-  std::printf(
-      "usage: keel-bench project --mtbf-hours H --step-s S --state-gb G [flags]\n\n"
-      "The expected ETTR of each recovery policy at scale (model: "
-      "robust/ettr_projection.h).\n\n");
-  for (const auto& f : flags)
-    std::printf("  --%-24s %s\n", (std::string(f.name) + " " + f.value).c_str(), f.help);
 }
 
 void print_table(const ProjectionInput& in, const std::vector<ProjectedPolicy>& policies) {
@@ -83,91 +54,18 @@ void print_table(const ProjectionInput& in, const std::vector<ProjectedPolicy>& 
   }
 }
 
-}  // namespace
-
-int project_main(int argc, char** argv) {
+struct ProjectOptions {
   ProjectionInput in;
-  bool have_mtbf = false, have_step = false, have_state = false, help = false;
-  std::vector<ProjectedPolicy> policies = {ProjectedPolicy::kHotSwap, ProjectedPolicy::kInPlace,
-                                           ProjectedPolicy::kRestartAll};
+  std::vector<std::string> policies = {"hot_swap", "in_place", "restart_all"};
   std::vector<std::string> from;
-  const std::vector<Flag> flags = {
-      {"machines", "N", "machines in the job (1250)",
-       [&](const std::string& v) { in.machines = to_int("--machines", v); }},
-      {"gpus-per-machine", "N", "GPUs (ranks) per machine (8)",
-       [&](const std::string& v) { in.gpus_per_machine = to_int("--gpus-per-machine", v); }},
-      {"mtbf-hours", "H", "one machine's mean time between failures, hours (required)",
-       [&](const std::string& v) {
-         in.mtbf_hours = to_double("--mtbf-hours", v), have_mtbf = true;
-       }},
-      {"step-s", "S", "seconds per training step at scale (required)",
-       [&](const std::string& v) { in.step_s = to_double("--step-s", v), have_step = true; }},
-      {"state-gb", "G", "training state per rank, GB (required)",
-       [&](const std::string& v) { in.state_gb = to_double("--state-gb", v), have_state = true; }},
-      {"from", "FILE",
-       "a keel-launch --report JSON; per-incident costs for its recovery_mode "
-       "(repeat for more policies)",
-       [&](const std::string& v) { from.push_back(v); }},
-      {"link-gbps", "B", "link per rank for a restore or checkpoint read, Gbit/s (100)",
-       [&](const std::string& v) { in.link_gbps = to_double("--link-gbps", v); }},
-      {"standbys", "K", "ready standby machines (default: one always ready)",
-       [&](const std::string& v) { in.standbys = to_int("--standbys", v); }},
-      {"repair-hours", "R", "a failed machine back in the standby pool, hours (24)",
-       [&](const std::string& v) { in.repair_hours = to_double("--repair-hours", v); }},
-      {"policies", "LIST", "hot_swap,in_place,restart_all (all)",
-       [&](const std::string& v) {
-         policies.clear();
-         for (const auto& name : split(v, ',', /*skip_empty=*/true)) {
-           const auto p = parse_projected_policy(name);
-           if (!p) throw std::invalid_argument("--policies: unknown policy " + name);
-           policies.push_back(*p);
-         }
-       }},
-      {"checkpoint-every-steps", "N", "restart_all's checkpoint interval (30 minutes of steps)",
-       [&](const std::string& v) {
-         in.checkpoint_every_steps = to_int("--checkpoint-every-steps", v);
-       }},
-  };
+};
 
+int project_main(const ProjectOptions& o) {
+  ProjectionInput in = o.in;
+  std::vector<ProjectedPolicy> policies;
+  for (const std::string& name : o.policies) policies.push_back(*parse_projected_policy(name));
   try {
-    int i = 1;
-    if (i < argc && std::string(argv[i]) == "project") ++i;
-    for (; i < argc; ++i) {
-      std::string arg = argv[i];
-      if (arg == "--help" || arg == "-h") {
-        help = true;
-        continue;
-      }
-      if (arg.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument " + arg);
-      std::string value;
-      bool inline_value = false;
-      if (const auto eq = arg.find('='); eq != std::string::npos) {
-        value = arg.substr(eq + 1);
-        arg = arg.substr(0, eq);
-        inline_value = true;
-      }
-      const Flag* flag = nullptr;
-      for (const auto& f : flags)
-        if (arg == std::string("--") + f.name) flag = &f;
-      if (!flag) throw std::invalid_argument("unknown flag " + arg);
-      if (!inline_value) {
-        if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-        value = argv[++i];
-      }
-      flag->set(value);
-    }
-    if (help) {
-      print_help(flags);
-      return 0;
-    }
-    if (!have_mtbf || !have_step || !have_state)
-      throw std::invalid_argument("--mtbf-hours, --step-s and --state-gb are required");
-    if (in.machines < 1 || in.gpus_per_machine < 1 || in.mtbf_hours <= 0 || in.step_s <= 0 ||
-        in.state_gb < 0 || in.link_gbps <= 0 || in.repair_hours <= 0 || policies.empty())
-      throw std::invalid_argument(
-          "machines, GPUs, MTBF, step, link and repair time must be "
-          "positive, the state not negative, and a policy named");
-    for (const auto& path : from) {
+    for (const auto& path : o.from) {
       const MeasuredCosts m = measured_costs_from_json(read_file(path));
       // A phase no incident had timestamps for is NaN and comes from the defaults.
       const auto secs = [](double v) {
@@ -183,7 +81,7 @@ int project_main(int argc, char** argv) {
       in.measured[m.policy] = m;
     }
   } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "keel-bench project: %s (--help lists the flags)\n", e.what());
+    std::fprintf(stderr, "keel-bench project: error: %s\n", e.what());
     return 2;
   }
 
@@ -208,6 +106,60 @@ int project_main(int argc, char** argv) {
   }
   std::printf("\n");
   return 0;
+}
+
+}  // namespace
+
+Command add_project_command(CLI::App& app) {
+  auto o = std::make_shared<ProjectOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "project", "the expected ETTR of each recovery policy at scale (10,000 GPUs and more)");
+  ProjectionInput& in = o->in;
+  sub->add_option("--machines", in.machines, "machines in the job (default 1250)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--gpus-per-machine", in.gpus_per_machine, "GPUs (ranks) per machine (default 8)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--mtbf-hours", in.mtbf_hours,
+                  "one machine's mean time between failures, hours (required)")
+      ->option_text("H")
+      ->check(CLI::PositiveNumber)
+      ->required();
+  sub->add_option("--step-s", in.step_s, "seconds per training step at scale (required)")
+      ->option_text("S")
+      ->check(CLI::PositiveNumber)
+      ->required();
+  sub->add_option("--state-gb", in.state_gb, "training state per rank, GB (required)")
+      ->option_text("G")
+      ->check(CLI::NonNegativeNumber)
+      ->required();
+  sub->add_option("--from", o->from,
+                  "a keel-launch --report JSON: per-incident costs for its recovery_mode, in "
+                  "place of the defaults (repeatable, one per policy)")
+      ->option_text("FILE")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--link-gbps", in.link_gbps,
+                  "link per rank for a restore or checkpoint read, Gbit/s (default 100)")
+      ->option_text("B")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--standbys", in.standbys, "ready standby machines (default: one always ready)")
+      ->option_text("K")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--repair-hours", in.repair_hours,
+                  "a failed machine back in the standby pool, hours (default 24)")
+      ->option_text("R")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--policies", o->policies,
+                  "hot_swap, in_place, restart_all, comma-separated (default all three)")
+      ->option_text("LIST")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"hot_swap", "in_place", "restart_all"}));
+  sub->add_option("--checkpoint-every-steps", in.checkpoint_every_steps,
+                  "restart_all's checkpoint interval (default: 30 minutes of steps)")
+      ->option_text("N")
+      ->check(CLI::PositiveNumber);
+  return {sub, [o] { return project_main(*o); }};
 }
 
 }  // namespace keel::bench
