@@ -1,5 +1,7 @@
 #include "bench/bench_report.h"
 
+#include "bench/tfevents.h"
+
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
@@ -82,6 +84,24 @@ std::string report_json(const BenchReport& rep) {
   if (!google::protobuf::util::MessageToJsonString(rep, &out, o).ok())
     throw std::runtime_error("keel-bench: the report cannot be printed as JSON");
   return out;
+}
+
+void write_run_events(const std::string& dir, const BenchRun& r, double step_s,
+                      const ScalarSink& also) {
+  EventWriter w(dir);
+  auto scalar = [&](const std::string& tag, int64_t step, double t, double v) {
+    w.scalar(tag, step, t, v);
+    if (also) also(tag, step, t, v);
+  };
+  for (int i = 0; i < r.losses_size() && i < r.step_end_s_size(); ++i) {
+    const double t = r.started_at() + r.step_end_s(i);
+    scalar("loss", i, t, r.losses(i));
+    scalar("mfu", i, t, r.step_mfu(i));
+    scalar("tokens_per_s", i, t, r.step_tokens_per_s(i));
+    const double kept = r.steps_completed() > 0 ? r.productive_s() / r.losses_size() : step_s;
+    scalar("ettr", i, t, r.step_end_s(i) > 0 ? std::min(1.0, (i + 1) * kept / r.step_end_s(i)) : 0);
+  }
+  w.close();
 }
 
 }  // namespace keel::bench

@@ -2,6 +2,8 @@
 // run did not spend in kept steps split by cause, and the whole report as JSON.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 #include "proto/bench.pb.h"
@@ -20,6 +22,16 @@ LostTime lost_time(const report::RunReport& r, double step_s);
 BenchRun make_run(const std::string& name, const std::string& policy, int exit_code,
                   const report::RunReport& r, double step_s, double tokens_per_step,
                   const std::string& reference_checksum);
+
+// One scalar as written to the event files: tag, step, unix wall time, value.
+using ScalarSink = std::function<void(const std::string&, int64_t, double, double)>;
+
+// Writes `r`'s curves as TensorBoard event files in `dir` (bench/tfevents.h): per kept step,
+// loss, MFU, tokens/s and the cumulative ETTR (the kept steps' share, at the mean kept step,
+// of the time since the job's start; `step_s` stands in for a run that kept none). `also`,
+// if given, sees every scalar written.
+void write_run_events(const std::string& dir, const BenchRun& r, double step_s,
+                      const ScalarSink& also = nullptr);
 
 // The report through protobuf's JSON printer (field names as in the .proto, indented).
 std::string report_json(const BenchReport& rep);

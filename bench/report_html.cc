@@ -77,9 +77,10 @@ struct Axes {
   double py(double y) const { return kH - kBottom - (y - y0) / (y1 - y0) * (kH - kTop - kBottom); }
 };
 
-std::string svg_open(const std::string& title) {
-  return "<svg width=\"" + num(kW, 6) + "\" height=\"" + num(kH, 6) + "\" role=\"img\"><title>" +
-         esc(title) + "</title>\n";
+// An <svg> of `height` whose id the render test (tests/bench/report_render_test.py) finds.
+std::string svg_open(const std::string& id, const std::string& title, double height) {
+  return "<svg id=\"" + id + "\" width=\"" + num(kW, 6) + "\" height=\"" + fixed(height, 0) +
+         "\" role=\"img\"><title>" + esc(title) + "</title>\n";
 }
 
 std::string text(double x, double y, const std::string& s, const std::string& extra = "") {
@@ -121,16 +122,18 @@ std::string legend(const BenchReport& rep) {
 }
 
 // A curve per run of `y(run)` against the run's step end times, incidents as dashed lines.
+// `steps`: each value holds from the previous step's end to its own (a rate of that step),
+// so a recovery shows as a flat dip over its whole length; else a point per step's end.
 template <class Series>
-std::string time_chart(const BenchReport& rep, const std::string& title, const std::string& ylabel,
-                       Series y) {
+std::string time_chart(const BenchReport& rep, const std::string& id, const std::string& title,
+                       const std::string& ylabel, bool steps, Series y) {
   Axes a;
   a.x1 = 1e-9;
   double lo = INFINITY, hi = -INFINITY;
   for (const BenchRun& r : rep.runs()) {
     a.x1 = std::max(a.x1, r.wall_s());
     const auto& v = y(r);
-    for (int i = 0; i < v.size() && i < r.step_end_s_size(); ++i) {
+    for (int i = 0; i < int(v.size()) && i < r.step_end_s_size(); ++i) {
       if (!std::isfinite(v[i])) continue;
       lo = std::min(lo, v[i]);
       hi = std::max(hi, v[i]);
@@ -139,27 +142,35 @@ std::string time_chart(const BenchReport& rep, const std::string& title, const s
   }
   if (!(lo <= hi)) lo = 0, hi = 1;
   if (hi - lo < 1e-12) hi = lo + 1;
-  a.y0 = ylabel == "loss" ? lo : std::min(0.0, lo);  // rates from zero, loss from its lowest
-  a.y1 = hi + (hi - a.y0) * 0.05;
-  std::string s = svg_open(title) + frame(a, "seconds since the job's start", ylabel);
+  // Rates from zero, loss from a little below its lowest (so no curve runs along the axis).
+  a.y0 = steps ? std::min(0.0, lo) : lo - (hi - lo) * 0.05;
+  a.y1 = hi + (hi - a.y0) * 0.2;  // a band above the curves for the incident labels
+  std::string s = svg_open(id, title, kH) + frame(a, "seconds since the job's start", ylabel);
   for (int k = 0; k < rep.runs_size(); ++k) {
     const BenchRun& r = rep.runs(k);
     for (const keel::report::Incident& inc : r.incidents()) {
       if (inc.detected_at() <= 0 || r.started_at() <= 0) continue;
       const double x = a.px(std::clamp(inc.detected_at() - r.started_at(), a.x0, a.x1));
       s += line(x, kTop, x, kH - kBottom,
-                "stroke=\"" + std::string(colour(k)) + "\" stroke-dasharray=\"4 3\"");
-      s += text(x + 2, kTop + 10 + 10 * (k % 4), inc.kind(),
+                "class=\"incident-mark\" stroke=\"" + std::string(colour(k)) +
+                    "\" stroke-dasharray=\"4 3\"");
+      // Runs hit by the same fault mark it at about the same time: their labels stack.
+      s += text(x + 2, kTop + 9 + 10 * ((k + 5) % 6), inc.kind(),
                 " font-size=\"9\" fill=\"" + std::string(colour(k)) + "\"");
     }
     const auto& v = y(r);
     std::string pts;
-    for (int i = 0; i < v.size() && i < r.step_end_s_size(); ++i) {
+    auto point = [&](double x, double v) {
+      pts += fixed(a.px(x), 1) + "," + fixed(a.py(v), 1) + " ";
+    };
+    for (int i = 0; i < int(v.size()) && i < r.step_end_s_size(); ++i) {
       if (!std::isfinite(v[i])) continue;
-      pts += fixed(a.px(r.step_end_s(i)), 1) + "," + fixed(a.py(v[i]), 1) + " ";
+      if (steps && i > 0) point(r.step_end_s(i - 1), v[i]);
+      point(r.step_end_s(i), v[i]);
     }
     if (!pts.empty())
-      s += "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" + std::string(colour(k)) +
+      s += "<polyline class=\"run-curve\" data-run=\"" + esc(r.name()) +
+           "\" fill=\"none\" stroke-width=\"1.5\" stroke=\"" + std::string(colour(k)) +
            "\" points=\"" + pts + "\"/>\n";
   }
   return s + "</svg>\n";
@@ -193,14 +204,14 @@ std::string timeline(const BenchReport& rep) {
     }
   const double row_h = 18, label_w = 230, w = kW, right = 20;
   const double h = kTop + row_h * double(std::max<size_t>(rows.size(), 1)) + 60;
-  std::string s = "<svg width=\"" + num(w, 6) + "\" height=\"" + fixed(h, 0) +
-                  "\" role=\"img\"><title>Incident timeline</title>\n";
+  std::string s = svg_open("incident-timeline", "Incident timeline", h);
   auto px = [&](double t) { return label_w + t / longest * (w - label_w - right); };
   if (rows.empty()) s += text(label_w, kTop + 12, "no incidents");
   for (size_t i = 0; i < rows.size(); ++i) {
     const BenchRun& r = rep.runs(rows[i].run);
     const keel::report::Incident& inc = *rows[i].inc;
     const double y = kTop + row_h * double(i);
+    s += "<g class=\"incident-row\" data-run=\"" + esc(r.name()) + "\">\n";
     s += text(4, y + 12,
               r.name() + ": " + inc.kind() + " step " + std::to_string(inc.step()) + " rank " +
                   std::to_string(inc.rank()),
@@ -209,12 +220,14 @@ std::string timeline(const BenchReport& rep) {
     double from = p[0];
     for (size_t ph = 1; ph < p.size(); ++ph) {
       if (p[ph] <= 0 || p[ph] < from) continue;
-      s += "<rect x=\"" + fixed(px(from - p[0]), 1) + "\" y=\"" + fixed(y + 2, 1) + "\" width=\"" +
-           fixed(std::max(1.0, px(p[ph] - p[0]) - px(from - p[0])), 1) + "\" height=\"" +
-           fixed(row_h - 4, 1) + "\" fill=\"" + kPhaseColours[ph - 1] + "\"><title>" +
-           kPhaseNames[ph - 1] + ": " + fixed(p[ph] - from, 3) + " s</title></rect>\n";
+      s += "<rect class=\"phase\" x=\"" + fixed(px(from - p[0]), 1) + "\" y=\"" + fixed(y + 2, 1) +
+           "\" width=\"" + fixed(std::max(1.0, px(p[ph] - p[0]) - px(from - p[0])), 1) +
+           "\" height=\"" + fixed(row_h - 4, 1) + "\" fill=\"" + kPhaseColours[ph - 1] +
+           "\"><title>" + kPhaseNames[ph - 1] + ": " + fixed(p[ph] - from, 3) +
+           " s</title></rect>\n";
       from = p[ph];
     }
+    s += "</g>\n";
   }
   const double axis_y = kTop + row_h * double(std::max<size_t>(rows.size(), 1)) + 4;
   s += line(label_w, axis_y, w - right, axis_y, "stroke=\"#000\"");
@@ -233,21 +246,37 @@ std::string timeline(const BenchReport& rep) {
   return s + "</svg>\n";
 }
 
+// A bar per policy run; the fault-free run (runs[0]), whose ETTR is what start-up alone costs,
+// as a dashed reference line across them.
 std::string ettr_bars(const BenchReport& rep) {
-  const double bar_h = 24, h = kTop + bar_h * rep.runs_size() + 40, label_w = 120;
-  std::string s = "<svg width=\"" + num(kW, 6) + "\" height=\"" + fixed(h, 0) +
-                  "\" role=\"img\"><title>ETTR per run</title>\n";
-  auto px = [&](double v) { return label_w + v * (kW - label_w - 80); };
-  for (int k = 0; k < rep.runs_size(); ++k) {
+  const int n = std::max(rep.runs_size() - 1, 0);
+  const double bar_h = 24, label_w = 120, h = kTop + bar_h * std::max(n, 1) + 56;
+  std::string s = svg_open("ettr-bars", "ETTR per policy", h);
+  auto px = [&](double v) { return label_w + std::clamp(v, 0.0, 1.0) * (kW - label_w - 80); };
+  if (n == 0) s += text(label_w, kTop + 16, "no policy runs");
+  for (int k = 1; k < rep.runs_size(); ++k) {
     const BenchRun& r = rep.runs(k);
-    const double y = kTop + bar_h * k;
+    const double y = kTop + bar_h * (k - 1);
     s += text(4, y + 16, r.name());
-    s += "<rect x=\"" + fixed(label_w, 1) + "\" y=\"" + fixed(y + 3, 1) + "\" width=\"" +
-         fixed(std::max(0.0, px(std::clamp(r.ettr(), 0.0, 1.0)) - label_w), 1) + "\" height=\"" +
-         fixed(bar_h - 6, 1) + "\" fill=\"" + colour(k) + "\"/>\n";
-    s += text(px(std::clamp(r.ettr(), 0.0, 1.0)) + 4, y + 16, fixed(100 * r.ettr(), 1) + "%");
+    s += "<rect class=\"ettr-bar\" data-run=\"" + esc(r.name()) + "\" x=\"" + fixed(label_w, 1) +
+         "\" y=\"" + fixed(y + 3, 1) + "\" width=\"" +
+         fixed(std::max(0.0, px(r.ettr()) - label_w), 1) + "\" height=\"" + fixed(bar_h - 6, 1) +
+         "\" fill=\"" + colour(k) + "\"/>\n";
+    // The values in a column right of 100%, where neither bars nor the reference reach.
+    s += text(px(1) + 8, y + 16, fixed(100 * r.ettr(), 1) + "%");
   }
-  const double axis_y = kTop + bar_h * rep.runs_size() + 4;
+  const double axis_y = kTop + bar_h * std::max(n, 1) + 4;
+  if (rep.runs_size() > 0) {
+    const double x = px(rep.runs(0).ettr());
+    s += line(x, kTop - 4, x, axis_y,
+              "class=\"ettr-reference\" stroke=\"#444\" stroke-dasharray=\"5 3\"");
+    s += line(label_w, axis_y + 30, label_w + 16, axis_y + 30,
+              "stroke=\"#444\" stroke-dasharray=\"5 3\"");
+    s += text(label_w + 22, axis_y + 34,
+              rep.runs(0).name() + ": " + fixed(100 * rep.runs(0).ettr(), 1) +
+                  "% (what start-up and shutdown alone cost)",
+              " fill=\"#444\"");
+  }
   s += line(label_w, axis_y, px(1), axis_y, "stroke=\"#000\"");
   for (int i = 0; i <= 4; ++i)
     s += text(px(i / 4.0), axis_y + 14, std::to_string(25 * i) + "%", " text-anchor=\"middle\"");
@@ -256,16 +285,16 @@ std::string ettr_bars(const BenchReport& rep) {
 
 std::string runs_table(const BenchReport& rep) {
   std::string s =
-      "<table><tr><th>run</th><th>ok</th><th>tokens/s</th><th>MFU</th><th>ETTR</th>"
+      "<table id=\"runs\"><tr><th>run</th><th>ok</th><th>tokens/s</th><th>MFU</th><th>ETTR</th>"
       "<th>wall s</th><th>productive s</th><th>detection</th><th>eviction</th><th>rebuild</th>"
       "<th>restore</th><th>first step</th><th>lost steps</th><th>other</th><th>restarts</th>"
       "<th>bitwise equal</th></tr>\n";
   for (const BenchRun& r : rep.runs()) {
     const LostTime& l = r.lost();
-    s += "<tr><td>" + esc(r.name()) + "</td><td>" + (r.ok() ? "yes" : "NO") + "</td><td>" +
-         fixed(r.tokens_per_s(), 0) + "</td><td>" + fixed(100 * r.mfu(), 2) + "%</td><td>" +
-         fixed(100 * r.ettr(), 1) + "%</td><td>" + fixed(r.wall_s(), 2) + "</td><td>" +
-         fixed(r.productive_s(), 2) + "</td>";
+    s += "<tr class=\"run\"><td>" + esc(r.name()) + "</td><td>" + (r.ok() ? "yes" : "NO") +
+         "</td><td>" + fixed(r.tokens_per_s(), 0) + "</td><td>" + fixed(100 * r.mfu(), 2) +
+         "%</td><td>" + fixed(100 * r.ettr(), 1) + "%</td><td>" + fixed(r.wall_s(), 2) +
+         "</td><td>" + fixed(r.productive_s(), 2) + "</td>";
     for (double v : {l.detection(), l.eviction(), l.rebuild(), l.restore(), l.first_step(),
                      l.lost_steps(), l.other()})
       s += "<td>" + fixed(v, 3) + "</td>";
@@ -277,18 +306,18 @@ std::string runs_table(const BenchReport& rep) {
 
 std::string incident_table(const BenchReport& rep) {
   std::string s =
-      "<table><tr><th>run</th><th>kind</th><th>step</th><th>rank</th><th>rule</th>"
+      "<table id=\"incidents\"><tr><th>run</th><th>kind</th><th>step</th><th>rank</th><th>rule</th>"
       "<th>action</th><th>detection s</th><th>to first step s</th><th>steps lost</th>"
       "<th>restored from</th></tr>\n";
   for (const BenchRun& r : rep.runs())
     for (const keel::report::Incident& inc : r.incidents()) {
       const std::vector<double> p = phases(inc);
       auto d = [](double a, double b) {
-        return a > 0 && b > 0 ? std::to_string(b - a).substr(0, 6) : std::string("-");
+        return a > 0 && b > 0 ? fixed(b - a, 3) : std::string("-");
       };
-      s += "<tr><td>" + esc(r.name()) + "</td><td>" + esc(inc.kind()) + "</td><td>" +
-           std::to_string(inc.step()) + "</td><td>" + std::to_string(inc.rank()) + "</td><td>" +
-           esc(inc.rule()) + "</td><td>" + esc(inc.action()) + "</td><td>" +
+      s += "<tr class=\"incident\"><td>" + esc(r.name()) + "</td><td>" + esc(inc.kind()) +
+           "</td><td>" + std::to_string(inc.step()) + "</td><td>" + std::to_string(inc.rank()) +
+           "</td><td>" + esc(inc.rule()) + "</td><td>" + esc(inc.action()) + "</td><td>" +
            d(inc.injected_at(), inc.detected_at()) + "</td><td>" + d(p[0], p[5]) + "</td><td>" +
            std::to_string(inc.steps_lost()) + "</td><td>" + esc(inc.restored_from()) +
            "</td></tr>\n";
@@ -307,7 +336,9 @@ std::string report_html(const BenchReport& rep) {
       "td,th{border:1px solid #bbb;padding:3px 6px;text-align:right}"
       "th{background:#eee}td:first-child{text-align:left}"
       "svg{display:block;margin:6px 0;font-size:11px;font-family:sans-serif}"
-      ".legend span{margin-right:14px}.mark{color:#666}pre{background:#f6f6f6;padding:6px}\n"
+      ".legend "
+      "span{margin-right:14px}.mark,.note{color:#666}.note{font-size:12px}pre{background:#f6f6f6;"
+      "padding:6px}\n"
       "</style>\n</head>\n<body>\n<h1>keel-bench</h1>\n";
   s += "<p>Config <code>" + esc(rep.config()) + "</code>, " + std::to_string(rep.steps()) +
        " steps, fault-free step " + fixed(rep.step_time_s() * 1000, 1) +
@@ -322,12 +353,19 @@ std::string report_html(const BenchReport& rep) {
     faults += "(left out: " + keel::faults::Fault::Kind_Name(f.kind()) + " at step " +
               std::to_string(f.step()) + ", beyond the job's last step)\n";
   s += "<h2>Fault schedule</h2>\n<pre>" + esc(faults.empty() ? "none\n" : faults) + "</pre>\n";
-  s += "<h2>Runs</h2>\n" + runs_table(rep);
-  s += "<h2>ETTR per run</h2>\n" + ettr_bars(rep);
+  s += "<h2>Runs</h2>\n<p class=\"note\">Detection to other: the time not spent in kept steps, "
+       "by cause, in seconds.</p>\n" +
+       runs_table(rep);
+  s += "<h2>ETTR per policy</h2>\n" + ettr_bars(rep);
   s += "<h2>Loss over time</h2>\n" + legend(rep) +
-       time_chart(rep, "Loss over time", "loss", [](const BenchRun& r) { return r.losses(); });
+       time_chart(rep, "loss-chart", "Loss over time", "loss", false,
+                  [](const BenchRun& r) { return r.losses(); });
   s += "<h2>MFU over time</h2>\n" + legend(rep) +
-       time_chart(rep, "MFU over time", "MFU", [](const BenchRun& r) { return r.step_mfu(); });
+       time_chart(rep, "mfu-chart", "MFU over time", "MFU (%)", true, [](const BenchRun& r) {
+         std::vector<double> pct(r.step_mfu().begin(), r.step_mfu().end());
+         for (double& v : pct) v *= 100;
+         return pct;
+       });
   s += "<h2>Incident timeline</h2>\n" + timeline(rep);
   s += "<h2>Incidents</h2>\n" + incident_table(rep);
   return s + "</body>\n</html>\n";

@@ -61,7 +61,10 @@ bool tfrecord_parse(std::string_view bytes, std::vector<std::string>* records) {
     if (bytes.size() - at < 12) return false;
     const uint64_t n = get_le(bytes, at, 8);
     if (get_le(bytes, at + 8, 4) != masked_crc32c(bytes.substr(at, 8))) return false;
-    if (bytes.size() - at - 12 < n + 4) return false;
+    // As `n > left - 4`, not `left < n + 4`: a length near 2^64 (its CRC is easy to forge)
+    // must not wrap around and send the reads past the end.
+    const size_t left = bytes.size() - at - 12;
+    if (left < 4 || n > left - 4) return false;
     const std::string_view data = bytes.substr(at + 12, n);
     if (get_le(bytes, at + 12 + n, 4) != masked_crc32c(data)) return false;
     records->emplace_back(data);
