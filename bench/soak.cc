@@ -1,0 +1,492 @@
+#include "bench/soak.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/text_format.h>
+#include <google/protobuf/util/json_util.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "bench/bench_util.h"
+#include "bench/process_watch.h"
+#include "bench/soak_svg.h"
+#include "proto/bench.pb.h"
+#include "proto/config_loader.h"
+#include "runtime/check.h"
+
+namespace keel::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// Starts exe_dir()/keel-launch with `args` in a session of its own, `tag` in its environment
+// (ProcessWatch finds the job's processes by it), its output appended to `log`.
+pid_t spawn_launch(const std::vector<std::string>& args, const std::string& tag,
+                   const std::string& log) {
+  const std::string bin = exe_dir() + "/keel-launch";
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(bin.c_str()));
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid;
+  KEEL_CHECK_ERRNO(pid = fork());
+  if (pid == 0) {
+    setsid();
+    putenv(const_cast<char*>(tag.c_str()));
+    FILE* f = std::fopen(log.c_str(), "a");
+    if (f) {
+      dup2(fileno(f), 1);
+      dup2(fileno(f), 2);
+    }
+    execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// The exit status of a finished child, or -1 while it runs.
+int reap(pid_t pid) {
+  int st = 0;
+  if (waitpid(pid, &st, WNOHANG) != pid) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// The fault mix: crashes twice as often as the rest (the commonest failure there is).
+const std::vector<faults::Fault::Kind>& mix() {
+  using F = faults::Fault;
+  static const std::vector<F::Kind> k = {F::crash,         F::crash,    F::exit,
+                                         F::hang,          F::freeze,   F::hang_in_collective,
+                                         F::spin,          F::nan,      F::corrupt_snapshot,
+                                         F::lose_snapshot, F::slot_loss};
+  return k;
+}
+
+// The job's one run directory under `runs` once keel-launch has made it ("" before).
+std::string job_dir_in(const std::string& runs) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(runs, ec))
+    if (e.is_directory()) return e.path().string();
+  return "";
+}
+
+// Reads the new lines of a growing events.jsonl, one parsed Struct per complete line.
+class EventTail {
+ public:
+  std::vector<google::protobuf::Struct> read(const std::string& path) {
+    std::ifstream in(path);
+    in.seekg(offset_);
+    std::vector<google::protobuf::Struct> out;
+    std::string line;
+    while (std::getline(in, line)) {
+      if (in.eof()) break;  // a line still being written: read it whole next time
+      offset_ += line.size() + 1;
+      google::protobuf::Struct s;
+      if (google::protobuf::util::JsonStringToMessage(line, &s).ok()) out.push_back(s);
+    }
+    return out;
+  }
+
+ private:
+  std::streamoff offset_ = 0;
+};
+
+std::string field(const google::protobuf::Struct& s, const std::string& key) {
+  auto it = s.fields().find(key);
+  return it == s.fields().end() ? "" : it->second.string_value();
+}
+double number(const google::protobuf::Struct& s, const std::string& key) {
+  auto it = s.fields().find(key);
+  return it == s.fields().end() ? -1 : it->second.number_value();
+}
+
+int64_t median(std::vector<int64_t> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// A long-lived process is flat when its late median resident memory exceeds its early one by
+// no more than 4 MiB + 5%: allocator arenas and the controller's incident history may settle
+// a little; a leak per fault grows without bound and, over a few hundred faults, past this.
+constexpr int64_t kFlatSlackBytes = 4 << 20;
+constexpr double kFlatSlackShare = 0.05;
+
+void memory_verdict(const ProcessWatch& watch, double wall_s, SoakReport* rep) {
+  for (const auto& [key, p] : watch.seen()) {
+    const pid_t pid = key.first;
+    if (p.samples.empty()) continue;
+    const double first = p.samples.front().t, last = p.samples.back().t;
+    if (first > 0.25 * wall_s || last < 0.75 * wall_s) continue;  // not long-lived
+    std::vector<int64_t> early, late;
+    for (const auto& s : p.samples) {
+      if (s.t >= 0.25 * wall_s && s.t < 0.5 * wall_s) early.push_back(s.rss);
+      if (s.t >= 0.75 * wall_s) late.push_back(s.rss);
+    }
+    if (early.empty() || late.empty()) continue;
+    auto* m = rep->add_processes();
+    m->set_pid(pid);
+    m->set_name(p.name);
+    m->set_first_seen_s(first);
+    m->set_last_seen_s(last);
+    m->set_early_rss_bytes(median(early));
+    m->set_late_rss_bytes(median(late));
+    m->set_growth_bytes(m->late_rss_bytes() - m->early_rss_bytes());
+    m->set_flat(m->growth_bytes() <=
+                kFlatSlackBytes + int64_t(kFlatSlackShare * double(m->early_rss_bytes())));
+    if (!m->flat())
+      rep->add_failures("memory: " + p.name + " (" + std::to_string(pid) + ") grew from " +
+                        std::to_string(m->early_rss_bytes() >> 20) + " to " +
+                        std::to_string(m->late_rss_bytes() >> 20) + " MiB");
+  }
+}
+
+// Shared-memory segments of the job (/dev/shm/keel-<job>-*).
+std::vector<std::string> job_shm(const std::string& job) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/dev/shm", ec)) {
+    const std::string n = e.path().filename().string();
+    if (!job.empty() && n.rfind("keel-" + job + "-", 0) == 0) out.push_back(n);
+  }
+  return out;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  f << text;
+  if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+struct RunResult {
+  int exit_code = -1;
+  double wall_s = 0;
+  report::RunReport report;
+  std::string job;
+};
+
+// One keel-launch run in `dir`, watched until it ends or `timeout_s` passes. While it runs,
+// every slot the job loses is started again with --join (retried while the controller still
+// refuses it), and, with `watch`, the job's processes are sampled once a second.
+RunResult run_job(const SoakOptions& o, const std::vector<std::string>& args,
+                  const std::string& dir, double timeout_s, ProcessWatch* watch,
+                  const std::string& tag, int total_faults, SoakReport* rep) {
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/runs");
+  std::vector<std::string> a = args;
+  a.insert(a.end(), {"--quiet", "--run-dir", dir + "/runs", "--report", dir + "/report.json"});
+  const auto t0 = Clock::now();
+  const pid_t main_pid = spawn_launch(a, tag, dir + "/launch.log");
+  RunResult res;
+  EventTail events;
+  std::string job_dir, endpoint;
+  struct Join {
+    pid_t pid = -1;  // its --join launcher, while it runs
+    Clock::time_point retry_at, started;
+    bool counted = false;  // it stayed up: the slot is back
+    bool done = false;     // it ended with the job
+  };
+  std::map<int, Join> joins;  // every slot the job has lost
+  std::vector<pid_t> joined_pids;
+  int recovered = 0, restored_step = 0;
+  double next_sample = 0, next_line = 5;
+  while ((res.exit_code = reap(main_pid)) < 0) {
+    if (since(t0) > timeout_s) {
+      std::fprintf(stderr, "keel-bench soak: the run did not end within %.0f s; killing it\n",
+                   timeout_s);
+      kill(-main_pid, SIGKILL);
+      for (pid_t p : joined_pids) kill(-p, SIGKILL);
+      waitpid(main_pid, nullptr, 0);
+      res.exit_code = 124;
+      break;
+    }
+    if (job_dir.empty()) job_dir = job_dir_in(dir + "/runs");
+    if (!job_dir.empty() && endpoint.empty()) {
+      std::istringstream c(slurp(job_dir + "/controller"));
+      std::string ep, job;
+      if (std::getline(c, ep) && std::getline(c, job) && !job.empty()) endpoint = ep, res.job = job;
+    }
+    if (!job_dir.empty()) {
+      for (const auto& e : events.read(job_dir + "/events.jsonl")) {
+        const std::string kind = field(e, "kind");
+        const auto& data = e.fields().count("data") ? e.fields().at("data").struct_value()
+                                                    : google::protobuf::Struct();
+        if (kind == "slot_lost") {
+          Join& j = joins[int(number(data, "slot"))];
+          j.retry_at = Clock::now();
+          j.done = false;
+        } else if (kind == "recovered") {
+          ++recovered;
+          restored_step = std::max(restored_step, int(number(data, "restored_step")));
+        }
+      }
+    }
+    // A lost slot comes back as its machine would after a repair: its launcher joins again.
+    // The controller refuses a join until it has let the slot go; then the joiner exits
+    // non-zero and is started again shortly.
+    for (auto& [slot, j] : joins) {
+      if (j.pid > 0) {
+        const int rc = reap(j.pid);
+        if (rc < 0) continue;  // up: joined, or asking
+        if (rc == 0) {         // ended with the job
+          j.pid = -1;
+          j.done = true;
+          continue;
+        }
+        j.pid = -1;
+        j.retry_at = Clock::now() + std::chrono::milliseconds(300);
+        if (j.counted) continue;  // it had joined and was lost again
+        rep->set_rejoins(rep->rejoins() - 1);
+      }
+      if (j.pid > 0 || j.done || endpoint.empty() || Clock::now() < j.retry_at) continue;
+      std::vector<std::string> a = {"--join",
+                                    endpoint,
+                                    "--slot",
+                                    std::to_string(slot),
+                                    "--job",
+                                    res.job,
+                                    "--config",
+                                    o.config,
+                                    "--workers-per-slot",
+                                    std::to_string(o.workers_per_slot),
+                                    "--run-dir",
+                                    dir + "/runs",
+                                    "--quiet"};
+      for (size_t i = 0; i + 1 < args.size(); ++i)
+        if (args[i] == "--set") a.insert(a.end(), {"--set", args[i + 1]});
+      j.pid = spawn_launch(a, tag, dir + "/join-slot" + std::to_string(slot) + ".log");
+      j.started = Clock::now();
+      j.counted = false;
+      joined_pids.push_back(j.pid);
+      rep->set_rejoins(rep->rejoins() + 1);
+    }
+    // A joiner up for 5 s has joined: should it die now, its slot was lost again.
+    for (auto& [slot, j] : joins)
+      if (j.pid > 0 && !j.counted && Clock::now() - j.started > std::chrono::seconds(5))
+        j.counted = true;
+    const double t = since(t0);
+    if (watch && t >= next_sample) {
+      watch->sample();
+      next_sample = t + 1;
+    }
+    if (total_faults > 0 && t >= next_line) {
+      std::printf(
+          "keel-bench soak: %5.0f s | restored step %d | %d/%d faults recovered | %d "
+          "rejoins\n",
+          t, restored_step, recovered, total_faults, rep->rejoins());
+      std::fflush(stdout);
+      next_line = t + 10;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  res.wall_s = since(t0);
+  // The joined launchers end with the job (the controller tells them); wait for them.
+  for (pid_t p : joined_pids) {
+    const auto d = Clock::now() + std::chrono::seconds(20);
+    while (reap(p) < 0 && kill(p, 0) == 0 && Clock::now() < d)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  read_report(dir + "/report.json", &res.report);
+  return res;
+}
+
+}  // namespace
+
+faults::FaultSchedule soak_schedule(int faults, int64_t first_step, int gap, int world,
+                                    int workers_per_slot, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  const auto& kinds = mix();
+  std::vector<faults::Fault::Kind> deck;
+  faults::FaultSchedule s;
+  for (int i = 0; i < faults; ++i) {
+    if (deck.empty()) {  // one whole mix per round, in a drawn order
+      deck = kinds;
+      for (size_t k = deck.size() - 1; k > 0; --k) std::swap(deck[k], deck[gen() % (k + 1)]);
+    }
+    faults::Fault* f = s.add_fault();
+    f->set_kind(deck.back());
+    deck.pop_back();
+    f->set_step(first_step + int64_t(i) * gap);
+    const int lowest = f->kind() == faults::Fault::slot_loss ? workers_per_slot : 0;
+    f->set_rank(lowest + int(gen() % uint64_t(world - lowest)));
+  }
+  return s;
+}
+
+int soak_main(const SoakOptions& given) {
+  SoakOptions o = given;
+  fs::create_directories(o.out);
+  o.out = fs::canonical(o.out).string();
+  const config::JobConfig cfg = load_config(o.config, o.sets);
+  const int world = cfg.parallel().tp() * cfg.parallel().pp() * cfg.parallel().dp();
+  if (o.faults < 1 || o.gap_steps < 2 || world % o.workers_per_slot != 0 ||
+      world / o.workers_per_slot < 2 || o.standby < 1) {
+    std::fprintf(stderr,
+                 "keel-bench soak: needs --soak >= 1, a world (%d) of at least two slots of "
+                 "--workers-per-slot (%d), and --standby >= 1\n",
+                 world, o.workers_per_slot);
+    return 2;
+  }
+  if (o.local == 0) o.local = world / o.workers_per_slot + o.standby;
+  const int64_t first = 10;
+  const int64_t steps = first + int64_t(o.faults) * o.gap_steps + 10;
+
+  SoakReport rep;
+  rep.set_config(o.config);
+  rep.set_faults(o.faults);
+  rep.set_steps(int(steps));
+  *rep.mutable_schedule() =
+      soak_schedule(o.faults, first, o.gap_steps, world, o.workers_per_slot, o.seed);
+  for (const auto& f : rep.schedule().fault())
+    ++(*rep.mutable_faults_by_kind())[faults::Fault::Kind_Name(f.kind())];
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(rep.schedule(), &text);
+  const std::string sched = o.out + "/soak-schedule.pbtxt";
+  write_text(sched, "# keel-bench --soak " + std::to_string(o.faults) + " --seed " +
+                        std::to_string(o.seed) + ": the faults, to repeat with --inject\n" + text);
+
+  // Both runs: the same layout, steps and overrides. Every fault is an incident, so the
+  // incident cap goes; a standby still on its way back is waited for, not a reason to stop.
+  std::vector<std::string> args = {"--config",
+                                   o.config,
+                                   "--local",
+                                   std::to_string(o.local),
+                                   "--standby",
+                                   std::to_string(o.standby),
+                                   "--workers-per-slot",
+                                   std::to_string(o.workers_per_slot)};
+  std::vector<std::string> sets = o.sets;
+  sets.insert(sets.end(), {"train.steps=" + std::to_string(steps),
+                           "recovery.max_incidents=" + std::to_string(2 * o.faults + 10),
+                           "recovery.on_no_standby=wait"});
+  for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+  for (const std::string& s : sets) rep.add_sets(s);
+
+  const std::string tag =
+      "KEEL_SOAK_TAG=" + std::to_string(getpid()) + "-" +
+      std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+  std::printf("keel-bench soak: %d faults over %lld steps, world %d on %d slots (%d standby)\n",
+              o.faults, static_cast<long long>(steps), world, o.local, o.standby);
+  std::printf("keel-bench soak: the fault-free reference ...\n");
+  std::fflush(stdout);
+  const RunResult ref = run_job(o, args, o.out + "/reference", 60 + 0.5 * double(steps), nullptr,
+                                tag + "-ref", 0, &rep);
+  rep.set_reference_checksum(ref.report.param_checksum());
+  rep.set_reference_wall_s(ref.wall_s);
+  if (ref.exit_code != 0) {
+    std::fprintf(stderr, "keel-bench soak: the reference run failed (exit %d; see %s)\n",
+                 ref.exit_code, (o.out + "/reference/launch.log").c_str());
+    return 1;
+  }
+
+  std::printf("keel-bench soak: the job under %d faults (%s) ...\n", o.faults, sched.c_str());
+  std::fflush(stdout);
+  ProcessWatch watch(tag);
+  std::vector<std::string> soak_args = args;
+  soak_args.insert(soak_args.end(), {"--inject", sched});
+  // Budget: the reference's time plus 30 s a fault; a soak that needs more is stuck.
+  const RunResult run =
+      run_job(o, soak_args, o.out + "/soak", 120 + 3 * ref.wall_s + 30.0 * o.faults, &watch, tag,
+              o.faults, &rep);
+  const report::RunReport& r = run.report;
+  rep.set_exit_code(run.exit_code);
+  rep.set_soak_wall_s(run.wall_s);
+  rep.set_steps_completed(r.steps_completed());
+  rep.set_incidents(r.incidents_size());
+  rep.set_soak_checksum(r.param_checksum());
+  rep.set_bitwise_equal(!r.param_checksum().empty() &&
+                        r.param_checksum() == ref.report.param_checksum());
+  rep.set_ettr(r.ettr());
+
+  // Leftovers: give the job's processes a few seconds to finish exiting, then look.
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (!watch.alive().empty() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (const std::string& p : watch.alive()) rep.add_leftover_processes(p);
+  for (const std::string& s : job_shm(run.job)) rep.add_leftover_shm(s);
+  memory_verdict(watch, run.wall_s, &rep);
+
+  if (run.exit_code != 0)
+    rep.add_failures("the job exited with status " + std::to_string(run.exit_code) + " (see " +
+                     o.out + "/soak/launch.log)");
+  if (r.steps_completed() != steps)
+    rep.add_failures("steps: " + std::to_string(r.steps_completed()) + " of " +
+                     std::to_string(steps) + " done");
+  if (!rep.bitwise_equal())
+    rep.add_failures("parameters: " + r.param_checksum() + " vs the reference's " +
+                     ref.report.param_checksum());
+  if (r.incidents_size() < o.faults)
+    rep.add_failures("incidents: " + std::to_string(r.incidents_size()) + " for " +
+                     std::to_string(o.faults) + " faults");
+  // Where the state came from: every restore from memory (a survivor, the rank's own
+  // snapshot or its backup on another slot) at the step in flight or the one before; a
+  // restore from disk or from step 0 would end bitwise equal too, and is a failure here.
+  for (const auto& inc : r.incidents()) {
+    for (const auto& [rank, source] : inc.rank_sources()) ++(*rep.mutable_rank_sources())[source];
+    rep.set_steps_lost(rep.steps_lost() + inc.steps_lost());
+    if (inc.kind() == "nan") continue;  // nothing restored: the update is skipped
+    if (inc.restored_from() != "memory" || inc.restored_step() < inc.step() - 1)
+      rep.add_failures("incident at step " + std::to_string(inc.step()) + " (" + inc.kind() +
+                       ") restored step " + std::to_string(inc.restored_step()) + " from '" +
+                       inc.restored_from() + "'");
+  }
+  for (const std::string& p : rep.leftover_processes()) rep.add_failures("left running: " + p);
+  for (const std::string& s : rep.leftover_shm()) rep.add_failures("left in /dev/shm: " + s);
+  if (rep.processes_size() == 0) rep.add_failures("memory: no process lived long enough to judge");
+
+  google::protobuf::util::JsonPrintOptions jo;
+  jo.add_whitespace = true;
+  jo.preserve_proto_field_names = true;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(rep, &json, jo);
+  write_text(o.out + "/soak.json", json);
+  write_text(o.out + "/soak-rss.svg", soak_rss_svg(watch, run.wall_s));
+
+  std::printf("\nkeel-bench soak: %d faults (", o.faults);
+  bool comma = false;
+  for (const auto& [k, n] : rep.faults_by_kind()) {
+    std::printf("%s%s %d", comma ? ", " : "", k.c_str(), n);
+    comma = true;
+  }
+  std::printf(
+      ")\n  steps %d/%lld, incidents %d, rejoins %d, wall %.0f s (reference %.0f s), "
+      "ETTR %.1f%%\n",
+      r.steps_completed(), static_cast<long long>(steps), r.incidents_size(), rep.rejoins(),
+      run.wall_s, ref.wall_s, 100 * r.ettr());
+  std::printf("  parameters %s (%s); restored ranks from",
+              rep.bitwise_equal() ? "bitwise equal" : "DIFFER", r.param_checksum().c_str());
+  for (const auto& [source, n] : rep.rank_sources()) std::printf(" %s %d", source.c_str(), n);
+  std::printf("; steps redone %d\n", rep.steps_lost());
+  for (const auto& m : rep.processes())
+    std::printf("  %-12s pid %-7d rss %5.1f -> %5.1f MiB %s\n", m.name().c_str(), m.pid(),
+                m.early_rss_bytes() / 1048576.0, m.late_rss_bytes() / 1048576.0,
+                m.flat() ? "flat" : "GREW");
+  std::printf("  leftover processes %d, shared memory %d\n", rep.leftover_processes_size(),
+              rep.leftover_shm_size());
+  for (const std::string& f : rep.failures()) std::printf("  FAILED: %s\n", f.c_str());
+  std::printf("keel-bench soak: %s (%s/soak.json, soak-rss.svg)\n",
+              rep.failures_size() ? "FAILED" : "passed", o.out.c_str());
+  return rep.failures_size() ? 1 : 0;
+}
+
+}  // namespace keel::bench

@@ -1,0 +1,45 @@
+// keel-bench --soak N: one job through N mixed faults, checked for what a long job must not
+// lose. It runs the job fault-free once for reference, then once under a schedule of N faults
+// (crash, exit, the hang kinds, NaN loss, corrupt and lost snapshots, lost slots), bringing
+// every lost slot back with `keel-launch --join` as the job runs, so that standbys are there
+// for the next fault. At the end it checks:
+//   - every step was done, and the final parameters are bitwise equal to the reference's;
+//   - every fault became an incident the job recovered from;
+//   - no process of the job and no shared-memory segment of it is left;
+//   - the resident memory of every long-lived process (alive from the run's first quarter to
+//     its last) stayed flat.
+// It writes DIR/soak.json (proto/bench.proto SoakReport), DIR/soak-schedule.pbtxt (to repeat
+// it with keel-launch --inject) and DIR/soak-rss.svg, and exits 0 only if every check passed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "proto/faults.pb.h"
+
+namespace keel::bench {
+
+struct SoakOptions {
+  std::string config;             // the job (its train.steps is replaced)
+  std::vector<std::string> sets;  // --set overrides, passed to both runs
+  std::string out;                // DIR
+  int faults = 100;
+  int local = 0;  // slots; 0: world / workers_per_slot + standby
+  int standby = 2;
+  int workers_per_slot = 2;
+  int gap_steps = 4;  // steps between two faults
+  uint64_t seed = 1;
+};
+
+// The soak's faults: `faults` of them, one every `gap` steps from `first_step`, kinds in a
+// fixed mix (shuffled by `seed`, so every kind comes round evenly), ranks drawn uniformly;
+// slot_loss never names a rank of slot 0 (the controller's machine, which keel does not
+// survive losing). The same arguments give the same schedule.
+faults::FaultSchedule soak_schedule(int faults, int64_t first_step, int gap, int world,
+                                    int workers_per_slot, uint64_t seed);
+
+// Runs the soak; 0 when every check passed, 1 when one failed, 2 on bad input.
+int soak_main(const SoakOptions& o);
+
+}  // namespace keel::bench

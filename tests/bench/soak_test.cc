@@ -1,0 +1,120 @@
+// keel-bench --soak: its fault schedule, and a 100-fault soak of a TP2xPP2xDP2 job end to end
+// (the CI-sized soak; bench/RESULTS.md has the 1,000-fault one).
+#include <google/protobuf/util/json_util.h>
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "bench/soak.h"
+#include "integration/worker_harness.h"
+#include "proto/bench.pb.h"
+#include "proto/report.pb.h"
+#include "test_paths.h"
+
+namespace keel::test {
+namespace {
+
+namespace fs = std::filesystem;
+using faults::Fault;
+
+TEST(SoakSchedule, EveryKindComesRoundEvenlyAtItsOwnStep) {
+  const faults::FaultSchedule s = bench::soak_schedule(110, 10, 4, 8, 2, 7);
+  ASSERT_EQ(s.fault_size(), 110);
+  std::map<Fault::Kind, int> kinds;
+  for (int i = 0; i < s.fault_size(); ++i) {
+    const Fault& f = s.fault(i);
+    EXPECT_EQ(f.step(), 10 + 4 * i);
+    EXPECT_GE(f.rank(), 0);
+    EXPECT_LT(f.rank(), 8);
+    // Slot 0 (ranks 0 and 1) holds the controller: never lost with its machine.
+    if (f.kind() == Fault::slot_loss) {
+      EXPECT_GE(f.rank(), 2) << i;
+    }
+    ++kinds[f.kind()];
+  }
+  // 110 faults are ten whole rounds of the eleven-fault mix: crash twice, the rest once.
+  const std::map<Fault::Kind, int> want = {{Fault::crash, 20},
+                                           {Fault::exit, 10},
+                                           {Fault::hang, 10},
+                                           {Fault::freeze, 10},
+                                           {Fault::hang_in_collective, 10},
+                                           {Fault::spin, 10},
+                                           {Fault::nan, 10},
+                                           {Fault::corrupt_snapshot, 10},
+                                           {Fault::lose_snapshot, 10},
+                                           {Fault::slot_loss, 10}};
+  EXPECT_EQ(kinds, want);
+}
+
+TEST(SoakSchedule, TheSeedDecidesTheOrderAndRepeatsIt) {
+  const auto a = bench::soak_schedule(50, 10, 4, 8, 2, 1);
+  const auto b = bench::soak_schedule(50, 10, 4, 8, 2, 1);
+  const auto c = bench::soak_schedule(50, 10, 4, 8, 2, 2);
+  EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
+  EXPECT_NE(a.SerializeAsString(), c.SerializeAsString());
+}
+
+// 100 faults of every kind the soak draws, lost slots brought back by --join as the job runs.
+// keel-bench --soak checks the outcome itself and exits 1 on any failure; this test reads
+// soak.json and the soak run's own report, so that a soak that checked nothing cannot pass.
+TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
+  const std::string dir = temp_dir("keel_bench_soak");
+  fs::remove_all(dir + "/out");
+  const std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
+  const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 900 " +
+                          bin_dir() + "/keel-bench --soak 100 --config " + cfg +
+                          " --set parallel.comm_timeout_ms=5000 --set train.eval_every=0 --out " +
+                          dir + "/out > " + dir + "/soak.log 2>&1";
+  const int st = std::system(cmd.c_str());
+  const std::string log = read_text(dir + "/soak.log");
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << log;
+
+  bench::SoakReport rep;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(read_text(dir + "/out/soak.json"), &rep).ok())
+      << log;
+  EXPECT_EQ(rep.failures_size(), 0) << log;
+  EXPECT_EQ(rep.faults(), 100);
+  EXPECT_EQ(rep.faults_by_kind_size(), 10) << log;  // every kind of the mix was drawn
+  EXPECT_EQ(rep.steps_completed(), rep.steps());
+  EXPECT_GE(rep.incidents(), 100);
+  EXPECT_TRUE(rep.bitwise_equal());
+  EXPECT_FALSE(rep.reference_checksum().empty());
+  EXPECT_EQ(rep.soak_checksum(), rep.reference_checksum());
+  EXPECT_GE(rep.rejoins(), 1) << "no lost slot came back";
+  EXPECT_EQ(rep.leftover_processes_size(), 0);
+  EXPECT_EQ(rep.leftover_shm_size(), 0);
+  ASSERT_GT(rep.processes_size(), 0);
+  std::set<std::string> long_lived;
+  for (const auto& p : rep.processes()) {
+    EXPECT_TRUE(p.flat()) << p.name() << " " << p.pid();
+    long_lived.insert(p.name());
+  }
+  EXPECT_TRUE(long_lived.count("keel-launch")) << "the controller's process was not watched";
+
+  // Where the state came from, from the soak run's own report: every restore in memory, at
+  // the step in flight, and a lost snapshot's rank from its backup on another slot.
+  report::RunReport run;
+  google::protobuf::util::JsonParseOptions jo;
+  jo.ignore_unknown_fields = true;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(read_text(dir + "/out/soak/report.json"),
+                                                          &run, jo)
+                  .ok());
+  int from_backup = 0;
+  for (const auto& inc : run.incidents()) {
+    if (inc.kind() == "nan") continue;
+    EXPECT_EQ(inc.restored_from(), "memory") << inc.kind() << " at step " << inc.step();
+    EXPECT_GE(inc.restored_step(), inc.step() - 1) << inc.kind() << " at step " << inc.step();
+    for (const auto& [rank, source] : inc.rank_sources()) from_backup += source == "backup";
+  }
+  EXPECT_GT(from_backup, 0);
+  EXPECT_GT(rep.rank_sources().at("backup"), 0);
+}
+
+}  // namespace
+}  // namespace keel::test
