@@ -142,6 +142,12 @@ struct Controller::Impl {
   // diagnosed_at, and returns the suspect slots that failed (empty: all passed).
   std::vector<int> diagnose(const std::set<int>& suspect_slots, report::Incident* inc);
 
+  // controller_recovery.cc: drops the store keys of epoch `e` that nothing reads once every
+  // rank has moved past it (its communicators' rendezvous, acks, errors, abort, rebuild,
+  // backup addresses), so that a job recovering thousands of times keeps its controller's
+  // memory flat. What the report reads at the end (restored, restored_from, first_step)
+  // stays.
+  void forget_epoch(int e);
   // controller_recovery.cc: moves the job to the next epoch after a failure. Returns false
   // when the job must stop (the policy said so, or a stop signal came while it waited).
   bool recover(Detected d);

@@ -9,6 +9,7 @@
 #include "ckpt/persistent_checkpoint.h"
 #include "launcher/controller_impl.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -134,11 +135,9 @@ bool Controller::Impl::recover(Detected d) {
                         .add("rule", inc.rule())
                         .add("detail", inc.detail()));
   if (++incidents > o.cfg.recovery().max_incidents()) {
-    std::fprintf(stderr,
-                 "%s: %d incidents, more than recovery.max_incidents = %d; stopping the job "
-                 "(last: %s)\n",
-                 o.program.c_str(), incidents, o.cfg.recovery().max_incidents(),
-                 inc.detail().c_str());
+    LOG(ERROR) << incidents << " incidents, more than recovery.max_incidents = "
+               << o.cfg.recovery().max_incidents() << "; stopping the job (last: " << inc.detail()
+               << ")";
     return false;
   }
   // A failure that comes back before the job completed a single step since the last one
@@ -151,10 +150,8 @@ bool Controller::Impl::recover(Detected d) {
   no_progress_incidents = progress_now == progress_at_last_incident ? no_progress_incidents + 1 : 0;
   progress_at_last_incident = progress_now;
   if (no_progress_incidents >= 2) {
-    std::fprintf(stderr,
-                 "%s: %s; the job completed no step since the last %d recoveries, so this "
-                 "failure repeats: stopping the job\n",
-                 o.program.c_str(), inc.detail().c_str(), no_progress_incidents);
+    LOG(ERROR) << inc.detail() << "; the job completed no step since the last "
+               << no_progress_incidents << " recoveries, so this failure repeats: stopping the job";
     return false;
   }
   state = "recovering";
@@ -193,8 +190,8 @@ bool Controller::Impl::recover(Detected d) {
   inc.set_ladder_rung(int(ls.rung));
   if (ls.rung != policy::Rung::kCulprit) d.failure.ladder_why = ls.why;
   if (!restart_all && ls.rung != policy::Rung::kCulprit) {
-    std::fprintf(stderr, "%s: ladder rung %d (%s): %s\n", o.program.c_str(), int(ls.rung),
-                 policy::rung_name(ls.rung), ls.why.c_str());
+    LOG(WARNING) << "ladder rung " << int(ls.rung) << " (" << policy::rung_name(ls.rung)
+                 << "): " << ls.why;
     event("ladder", EventFields().add("rung", int(ls.rung)).add("why", ls.why));
   }
   if (!restart_all) switch (ls.rung) {
@@ -242,7 +239,7 @@ bool Controller::Impl::recover(Detected d) {
     plan = policy::decide(d.failure, v, have, po);
     if (plan.kind != policy::Plan::Kind::kWait) break;
     if (state != "waiting") {
-      std::fprintf(stderr, "%s: %s\n", o.program.c_str(), plan.why.c_str());
+      LOG(WARNING) << plan.why;
       event("wait", EventFields().add("why", plan.why));
     }
     state = "waiting";
@@ -254,12 +251,11 @@ bool Controller::Impl::recover(Detected d) {
   if (state == "waiting")
     for (int k : d.failure.lost_slots)
       if (v.slots.count(k) && v.slots.at(k) != membership::SlotInfo::lost) {
-        std::fprintf(stderr, "%s: slot %d is back\n", o.program.c_str(), k);
+        LOG(INFO) << "slot " << k << " is back";
         event("slot_rejoined", EventFields().add("slot", k));
       }
   if (plan.kind == policy::Plan::Kind::kStop) {
-    std::fprintf(stderr, "%s: %s; %s: stopping the job\n", o.program.c_str(), inc.detail().c_str(),
-                 plan.why.c_str());
+    LOG(ERROR) << inc.detail() << "; " << plan.why << ": stopping the job";
     event("stop_decision", EventFields().add("why", plan.why));
     return false;
   }
@@ -280,12 +276,11 @@ bool Controller::Impl::recover(Detected d) {
       int(std::max<int64_t>(0, completed - std::max<int64_t>(plan.restore.step, 0))));
   const int64_t n = store->add(recovery::kIncidentCount, 1) - 1;
   store->set(recovery::incident_key(n), inc.SerializeAsString());
-  std::fprintf(stderr, "%s: incident %lld: %s at step %d; %s (epoch %d, restored step %d)\n",
-               o.program.c_str(), static_cast<long long>(n + 1), inc.detail().c_str(),
-               inc.step() + 1, inc.action().c_str(), epoch, inc.restored_step());
+  LOG(WARNING) << "incident " << n + 1 << ": " << inc.detail() << " at step " << inc.step() + 1
+               << "; " << inc.action() << " (epoch " << epoch << ", restored step "
+               << inc.restored_step() << ")";
   if (!plan.restore.why.empty())
-    std::fprintf(stderr, "%s: restored from %s: %s\n", o.program.c_str(),
-                 inc.restored_from().c_str(), plan.restore.why.c_str());
+    LOG(INFO) << "restored from " << inc.restored_from() << ": " << plan.restore.why;
   event("recovered", EventFields()
                          .add("kind", inc.kind())
                          .add("epoch", epoch)
@@ -310,23 +305,21 @@ void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Inc
     KEEL_CHECK(host->promote(s, sb), "standby slot ", sb, " is no longer ready");
     inc->add_slots_evicted(s);
     inc->add_standbys_promoted(sb);
-    std::fprintf(stderr, "%s: slot %d evicted; standby slot %d takes its ranks\n",
-                 o.program.c_str(), s, sb);
+    LOG(WARNING) << "slot " << s << " evicted; standby slot " << sb << " takes its ranks";
     event("promote", EventFields().add("evicted", s).add("standby", sb));
   }
   if (plan.next_topo) {
     host->renumber(plan.renumber, plan.next_topo->world_size());
     for (int s : plan.retire_slots) host->evict(s);  // they check themselves: standbys
     if (plan.rung == "shrink")
-      std::fprintf(stderr, "%s: %s: data parallelism shrinks from %d to %d replicas (%s)\n",
-                   o.program.c_str(), plan.why.c_str(), topo.dp(), plan.next_topo->dp(),
-                   plan.action.c_str());
+      LOG(WARNING) << plan.why << ": data parallelism shrinks from " << topo.dp() << " to "
+                   << plan.next_topo->dp() << " replicas (" << plan.action << ")";
     event(plan.rung == "grow" ? "grow_dp" : "shrink_dp",
           EventFields().add("dp", plan.next_topo->dp()));
     topo = *plan.next_topo;
     world = topo.world_size();
     if (!plan.new_ranks.empty() && !host->place(plan.new_ranks))
-      std::fprintf(stderr, "%s: growing back: the standbys went away\n", o.program.c_str());
+      LOG(WARNING) << "growing back: the standbys went away";
   }
   epoch = next;
   update_membership();
@@ -343,6 +336,9 @@ void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Inc
     rb.set_plugin_hash(plugin->plugin_hash());
   }
   store->set(recovery::rebuild_key(next), rb.SerializeAsString());
+  // Three epochs back: a rank restarted for epoch next-1 may still be starting and read its
+  // rebuild; none is left in next-3, whose ranks all acked a later epoch.
+  forget_epoch(next - 3);
   inc->set_rebuilt_at(unix_now());
   event("rebuild", EventFields().add("epoch", next).add("restore_step", double(plan.restore.step)));
   inc->set_epoch(next);
@@ -392,8 +388,16 @@ void Controller::Impl::maybe_grow() {
     return;
   }
   carry_out(*plan, next, &d.inc);
-  std::fprintf(stderr, "%s: data parallelism grows back to %d replicas (epoch %d, step %lld)\n",
-               o.program.c_str(), topo.dp(), epoch, static_cast<long long>(plan->restore.step));
+  LOG(INFO) << "data parallelism grows back to " << topo.dp() << " replicas (epoch " << epoch
+            << ", step " << plan->restore.step << ")";
+}
+
+void Controller::Impl::forget_epoch(int e) {
+  if (e < 0) return;
+  const std::string n = std::to_string(e);
+  store->erase({recovery::abort_key(e), recovery::errors_key(e), recovery::rebuild_key(e),
+                recovery::sdc_verdict_key(e), recovery::update_failure_key(e)},
+               {n + "/", "ack/" + n + "/", "error/" + n + "/", "backup_addr/" + n + "/"});
 }
 
 }  // namespace keel

@@ -41,4 +41,13 @@ int64_t HashStore::add(const std::string& key, int64_t delta) {
   return v;
 }
 
+void HashStore::erase(const std::vector<std::string>& keys,
+                      const std::vector<std::string>& prefixes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& k : keys) map_.erase(k);
+  for (const auto& p : prefixes)
+    for (auto it = map_.lower_bound(p); it != map_.end() && it->first.starts_with(p);)
+      it = map_.erase(it);
+}
+
 }  // namespace keel

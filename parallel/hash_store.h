@@ -16,6 +16,8 @@ class HashStore : public Store {
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  void erase(const std::vector<std::string>& keys,
+             const std::vector<std::string>& prefixes) override;
 
  private:
   std::mutex mu_;

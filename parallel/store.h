@@ -23,6 +23,11 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
   // Atomically adds delta to the integer at key (0 if absent) and returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Removes `keys` and every key that starts with one of `prefixes` (absent ones are no
+  // error). Housekeeping: the keys of an epoch every rank has left are never read again, and
+  // a job that recovers thousands of times must not keep them all in its controller.
+  virtual void erase(const std::vector<std::string>& keys,
+                     const std::vector<std::string>& prefixes) = 0;
 };
 
 // Prepends a prefix to every key of another store.
@@ -43,6 +48,13 @@ class PrefixStore : public Store {
   }
   int64_t add(const std::string& key, int64_t delta) override {
     return inner_->add(prefix_ + key, delta);
+  }
+  void erase(const std::vector<std::string>& keys,
+             const std::vector<std::string>& prefixes) override {
+    std::vector<std::string> k, p;
+    for (const auto& x : keys) k.push_back(prefix_ + x);
+    for (const auto& x : prefixes) p.push_back(prefix_ + x);
+    inner_->erase(k, p);
   }
 
  private:

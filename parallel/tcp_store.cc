@@ -25,7 +25,7 @@ using detail::concat;
 using detail::Fd;
 using detail::IoResult;
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4 };
+enum Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kErase = 5 };
 enum Status : uint8_t { kOk = 0, kTimedOut = 1, kFailed = 2 };
 
 // Bigger frames are a corrupt stream or a misuse; the store holds addresses and counters.
@@ -322,6 +322,17 @@ void TcpStoreServer::Impl::handle(Client& c, const std::string& payload) {
     w.u64(static_cast<uint64_t>(value));
     reply(c, w);
     notify_waiters();
+  } else if (op == kErase) {
+    for (uint32_t i = 0, n = r.u32(); i < n; ++i) data.erase(r.str());
+    std::vector<std::string> prefixes(r.u32());
+    for (auto& p : prefixes) p = r.str();
+    std::erase_if(data, [&](const auto& kv) {
+      return std::any_of(prefixes.begin(), prefixes.end(),
+                         [&](const std::string& p) { return kv.first.starts_with(p); });
+    });
+    Writer w;
+    w.u8(kOk);
+    reply(c, w);
   } else if (op == kGet || op == kWait) {
     uint64_t timeout_ms = r.u64();
     uint32_t n = r.u32();
@@ -449,6 +460,19 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
   if (status == kFailed) throw Error("rendezvous store: " + r.str());
   KEEL_CHECK(status == kOk, "tcp store: unexpected reply status ", int(status));
   return static_cast<int64_t>(r.u64());
+}
+
+void TcpStore::erase(const std::vector<std::string>& keys,
+                     const std::vector<std::string>& prefixes) {
+  Writer w;
+  w.u8(kErase);
+  w.u32(static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) w.str(k);
+  w.u32(static_cast<uint32_t>(prefixes.size()));
+  for (const auto& p : prefixes) w.str(p);
+  std::lock_guard lock(mu_);
+  std::string payload = request(w.buf, op_timeout_);
+  KEEL_CHECK(!payload.empty() && payload[0] == kOk, "tcp store: erase failed");
 }
 
 }  // namespace keel

@@ -54,6 +54,8 @@ class TcpStore : public Store {
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  void erase(const std::vector<std::string>& keys,
+             const std::vector<std::string>& prefixes) override;
 
   // Losing the server (it died, closed the connection, or stopped answering) throws
   // CommError, and every later call throws CommError too: build a new client.

@@ -9,6 +9,7 @@
 
 #include <thread>
 
+#include "parallel/hash_store.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -41,6 +42,37 @@ TEST(TcpStore, SetGetWaitAdd) {
   // An empty key and value are fine too.
   store.set("", "");
   EXPECT_EQ(store.get("", 1s), "");
+}
+
+// An epoch's keys go, by name and by prefix; a key that only shares the digits stays.
+void expect_erase_by_key_and_prefix(Store& store) {
+  for (const char* k : {"abort/3", "abort/30", "3/tp/0/addr/1", "3/dp/0/addr/0", "30/tp/0/addr/1",
+                        "ack/3/0", "ack/30/0", "restored/3/0"})
+    store.set(k, "v");
+  store.erase({"abort/3", "never-set"}, {"3/", "ack/3/"});
+  for (const char* gone : {"abort/3", "3/tp/0/addr/1", "3/dp/0/addr/0", "ack/3/0"})
+    EXPECT_THROW(store.get(gone, 10ms), CommTimeout) << gone;
+  for (const char* kept : {"abort/30", "30/tp/0/addr/1", "ack/30/0", "restored/3/0"})
+    EXPECT_EQ(store.get(kept, 1s), "v") << kept;
+}
+
+TEST(TcpStore, EraseRemovesKeysAndPrefixes) {
+  TcpStoreServer server;
+  TcpStore store(kHost, server.port());
+  expect_erase_by_key_and_prefix(store);
+  // Through a PrefixStore, the prefix applies to what it erases too.
+  auto inner = std::make_shared<TcpStore>(kHost, server.port());
+  PrefixStore scoped("job/", inner);
+  store.set("job/4/x", "v");
+  store.set("4/x", "v");
+  scoped.erase({}, {"4/"});
+  EXPECT_THROW(store.get("job/4/x", 10ms), CommTimeout);
+  EXPECT_EQ(store.get("4/x", 1s), "v");
+}
+
+TEST(HashStore, EraseRemovesKeysAndPrefixes) {
+  HashStore store;
+  expect_erase_by_key_and_prefix(store);
 }
 
 TEST(TcpStore, AddToNonIntegerFailsAndKeepsTheConnection) {
