@@ -103,7 +103,9 @@ BenchRun launch(const Options& o, const std::string& name, const std::string& po
   report::RunReport r;
   if (!read_report(dir + "/report.json", &r)) r.Clear();
   BenchRun b = make_run(name, policy, rc, r, step_s, tokens_per_step, reference);
-  b.set_started_at(started);
+  // The job's clock, not keel-bench's: step times count from the job's start, which comes
+  // after keel-launch's own start-up.
+  b.set_started_at(r.job_start_at() > 0 ? r.job_start_at() : started);
   b.set_run_dir(dir);
   if (!b.ok()) LOG(ERROR) << name << " failed (exit " << rc << "; see " << dir << "/run.log)";
   return b;

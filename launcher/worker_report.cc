@@ -122,6 +122,7 @@ void Worker::fill_report(RunReport* rep) {
     forget_peak(peak_);
   }
   rep->set_wall_s(unix_now() - env_.job_start);
+  rep->set_job_start_at(env_.job_start);
   rep->set_ettr(rep->wall_s() > 0 ? kept_s / rep->wall_s() : 0);
   rep->set_productive_s(kept_s);
   const int64_t updates = store_->add(recovery::kUpdateCount, 0);
