@@ -125,7 +125,8 @@ void add_fault_flags(CLI::App& app, FaultFlags* f) {
   app.add_option("--fault", f->fault,
                  "inject a fault (repeatable): KIND is crash, exit, hang, slow, nan, "
                  "corrupt_snapshot, lose_snapshot, slot_loss, partition, freeze, "
-                 "hang_in_collective or spin; also ,code=C ,message=TEXT ,delay_ms=D")
+                 "hang_in_collective, spin, sdc, slow_link or link_error (proto/faults.proto); "
+                 "also ,code=C ,message=TEXT ,delay_ms=D ,target=T ,once")
       ->type_name("KIND@step=S,rank=R")
       ->option_text("KIND@step=S,rank=R")
       ->allow_extra_args(false)
