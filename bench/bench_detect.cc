@@ -23,7 +23,6 @@
 #include <sys/wait.h>
 
 #include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 #include <chrono>
@@ -49,8 +48,11 @@
 namespace keel {
 namespace {
 
+using bench::event_number;
 using bench::exe_dir;
+using bench::job_dir_in;
 using bench::must_run;
+using bench::parse_event;
 using bench::random_shards;
 using bench::read_report;
 using bench::run;
@@ -77,26 +79,16 @@ const std::string kSets =
     "--set detect.slot_timeout_ms=2000";
 
 // The one job directory under dir/runs (empty if none).
-std::string job_dir(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir + "/runs", ec))
-    if (e.is_directory()) return e.path().string();
-  return "";
-}
-
 // The controller's `slot_lost` event: the seconds from the injection to the slot declared
 // lost (-1 when absent), and the kind it was labelled with.
 double slot_lost_after(const std::string& job, std::string* kind) {
   std::ifstream in(job + "/events.jsonl");
+  events::Event e;
   for (std::string line; std::getline(in, line);) {
-    google::protobuf::Struct event;
-    if (!google::protobuf::util::JsonStringToMessage(line, &event).ok()) continue;
-    const auto& f = event.fields();
-    if (!f.count("kind") || f.at("kind").string_value() != "slot_lost" || !f.count("data"))
-      continue;
-    const auto& data = f.at("data").struct_value().fields();
+    if (!parse_event(line, &e) || e.kind() != "slot_lost") continue;
+    const auto& data = e.data().fields();
     if (data.count("kind")) *kind = data.at("kind").string_value();
-    return data.count("after_injection_s") ? data.at("after_injection_s").number_value() : -1;
+    return event_number(e, "after_injection_s");
   }
   return -1;
 }
@@ -294,7 +286,7 @@ KindResult slot_loss(const std::string& dir, const std::string& shards, int n) {
             " --config " + cfg + kSets + " --fault " + fault);
     ++res.injected;
     std::string seen;
-    const double d = slot_lost_after(job_dir(dir), &seen);
+    const double d = slot_lost_after(job_dir_in(dir + "/runs"), &seen);
     if (d >= 0 && seen == "slot_loss")
       res.detect.push_back(d);
     else
@@ -344,7 +336,7 @@ KindResult partition(const std::string& dir, const std::string& shards, int n) {
       std::string endpoint, job;
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
       while (job.empty() && std::chrono::steady_clock::now() < deadline) {
-        const std::string jd = job_dir(dir);
+        const std::string jd = job_dir_in(dir + "/runs");
         std::ifstream in(jd + "/controller");
         if (!jd.empty() && std::getline(in, endpoint) && std::getline(in, job)) break;
         job.clear();
@@ -381,7 +373,7 @@ KindResult partition(const std::string& dir, const std::string& shards, int n) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
       std::string seen;
-      const double d = slot_lost_after(job_dir(dir), &seen);
+      const double d = slot_lost_after(job_dir_in(dir + "/runs"), &seen);
       if (d >= 0 && seen == "partition")
         res.detect.push_back(d);
       else

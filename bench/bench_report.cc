@@ -5,6 +5,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <fstream>
 #include <stdexcept>
 
 namespace keel::bench {
@@ -102,6 +103,13 @@ void write_run_events(const std::string& dir, const BenchRun& r, double step_s,
     scalar("ettr", i, t, r.step_end_s(i) > 0 ? std::min(1.0, (i + 1) * kept / r.step_end_s(i)) : 0);
   }
   w.close();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  f << text;
+  f.close();
+  if (f.fail()) throw std::runtime_error("cannot write " + path);
 }
 
 }  // namespace keel::bench

@@ -33,6 +33,10 @@ using ScalarSink = std::function<void(const std::string&, int64_t, double, doubl
 void write_run_events(const std::string& dir, const BenchRun& r, double step_s,
                       const ScalarSink& also = nullptr);
 
+// Writes `text` to `path`, replacing it; throws std::runtime_error naming the path when the
+// file cannot be written whole (a full disk, a missing directory).
+void write_file(const std::string& path, const std::string& text);
+
 // The report through protobuf's JSON printer (field names as in the .proto, indented).
 std::string report_json(const BenchReport& rep);
 

@@ -1,5 +1,5 @@
 // What the benchmark programs share: where their sibling binaries are, a corpus of random
-// byte tokens (speed does not depend on the text), and reading a keel report back.
+// byte tokens (speed does not depend on the text), and reading a keel report and event log back.
 #pragma once
 
 #include <google/protobuf/util/json_util.h>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "model/token_shards.h"
+#include "proto/events.pb.h"
 #include "proto/report.pb.h"
 #include "runtime/logging.h"
 
@@ -42,6 +43,26 @@ inline bool read_report(const std::string& path, report::RunReport* r) {
   google::protobuf::util::JsonParseOptions o;
   o.ignore_unknown_fields = true;
   return google::protobuf::util::JsonStringToMessage(json, r, o).ok();
+}
+
+// The run directory keel-launch made under `runs` (runs/<job>/), or "" before it has.
+inline std::string job_dir_in(const std::string& runs) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(runs, ec))
+    if (e.is_directory()) return e.path().string();
+  return "";
+}
+
+// One line of a job's events.jsonl (launcher/event_log.h); false if it is not one.
+inline bool parse_event(const std::string& line, events::Event* e) {
+  return google::protobuf::util::JsonStringToMessage(line, e).ok();
+}
+
+// A number field of an event's data, or -1 when absent.
+inline double event_number(const events::Event& e, const std::string& key) {
+  const auto& f = e.data().fields();
+  const auto it = f.find(key);
+  return it == f.end() ? -1 : it->second.number_value();
 }
 
 // Runs `program` (keel-worker or keel-launch, next to this benchmark) with `args` under a

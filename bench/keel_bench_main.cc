@@ -29,6 +29,7 @@
 #include "bench/fault_draw.h"
 #include "bench/report_html.h"
 #include "bench/scenarios.h"
+#include "bench/soak.h"
 #include "proto/bench.pb.h"
 #include "proto/config_loader.h"
 #include "proto/faults.pb.h"
@@ -36,23 +37,20 @@
 #include "runtime/cli.h"
 #include "runtime/logging.h"
 
-#ifdef KEEL_BENCH_HAS_SOAK
-#include "bench/soak.h"
-#endif
-
 namespace keel::bench {
 namespace {
 
 struct Options {
-  std::string config, inject, out;
-  std::vector<std::string> faults;  // --fault values
+  cli::JobFlags job;                                                      // --config, --set
+  cli::FaultFlags fault;                                                  // --fault, --inject
+  cli::SlotFlags slots{.local = 0, .standby = 2, .workers_per_slot = 2};  // see add_flags
+  std::string out;
   double mtbf_s = 0;
   std::vector<std::string> kinds = {"crash"};
   uint64_t seed = 1;
   std::vector<std::string> policies = {"hot_swap", "in_place", "restart_all"};
-  int local = 0, standby = 2, workers_per_slot = 2, persistent_every = 50;
+  int persistent_every = 50;
   bool persistent_restart_all_only = false;
-  std::vector<std::string> sets;
   int soak = 0;  // faults of a soak (bench/soak.h); 0: the policy comparison
 };
 
@@ -76,10 +74,10 @@ std::string quote(const std::string& s) {
 // in every run alike, as a real job pays it); restart_all restores from them. With
 // --persistent-restart-all-only the others rely on the in-memory snapshots alone.
 std::string common_args(const Options& o, const std::string& ckpt_dir, const std::string& policy) {
-  std::string a = "--config " + quote(o.config) + " --local " + std::to_string(o.local) +
-                  " --standby " + std::to_string(o.standby) + " --workers-per-slot " +
-                  std::to_string(o.workers_per_slot);
-  for (const std::string& s : o.sets) a += " --set " + quote(s);
+  std::string a = "--config " + quote(o.job.config) + " --local " + std::to_string(o.slots.local) +
+                  " --standby " + std::to_string(o.slots.standby) + " --workers-per-slot " +
+                  std::to_string(o.slots.workers_per_slot);
+  for (const std::string& s : o.job.set) a += " --set " + quote(s);
   const bool persistent = policy == "restart_all" || !o.persistent_restart_all_only;
   a += " --set checkpoint.persistent_every_steps=" +
        std::to_string(persistent ? o.persistent_every : 0);
@@ -111,35 +109,28 @@ BenchRun launch(const Options& o, const std::string& name, const std::string& po
   return b;
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::trunc);
-  f << text;
-  f.close();
-  if (f.fail()) throw std::runtime_error("cannot write " + path);
-}
-
 int bench_main(const Options& given) {
   Options o = given;
   std::filesystem::create_directories(o.out);
   o.out = std::filesystem::canonical(o.out).string();
-  const config::JobConfig cfg = load_config(o.config, o.sets);
+  const config::JobConfig cfg = load_config(o.job.config, o.job.set);
   const int world = cfg.parallel().tp() * cfg.parallel().pp() * cfg.parallel().dp();
-  if (world % o.workers_per_slot != 0) {
+  if (world % o.slots.workers_per_slot != 0) {
     LOG(ERROR) << "world " << world << " is not a multiple of --workers-per-slot "
-               << o.workers_per_slot;
+               << o.slots.workers_per_slot;
     return 2;
   }
-  if (o.local == 0) o.local = world / o.workers_per_slot + o.standby;
+  if (o.slots.local == 0) o.slots.local = world / o.slots.workers_per_slot + o.slots.standby;
   const int64_t steps = cfg.train().steps();
   const double tokens_per_step = double(cfg.train().global_batch_size()) * cfg.model().seq_len();
 
   BenchReport rep;
-  rep.set_config(o.config);
+  rep.set_config(o.job.config);
   rep.set_steps(int(steps));
-  rep.set_local(o.local);
-  rep.set_standby(o.standby);
-  rep.set_workers_per_slot(o.workers_per_slot);
-  for (const std::string& s : o.sets) rep.add_sets(s);
+  rep.set_local(o.slots.local);
+  rep.set_standby(o.slots.standby);
+  rep.set_workers_per_slot(o.slots.workers_per_slot);
+  for (const std::string& s : o.job.set) rep.add_sets(s);
 
   // The fault-free run: the reference for the step time, the parameters and the schedule.
   BenchRun clean = launch(o, "fault_free", "hot_swap", "", 0, tokens_per_step, "");
@@ -156,10 +147,10 @@ int bench_main(const Options& given) {
   }
 
   faults::FaultSchedule schedule;
-  if (!o.inject.empty() || !o.faults.empty()) {
+  if (!o.fault.inject.empty() || !o.fault.fault.empty()) {
     FaultPlan plan;
-    for (const std::string& f : o.faults) add_fault_flag(&plan, f);
-    if (!o.inject.empty()) add_fault_file(&plan, o.inject);
+    for (const std::string& f : o.fault.fault) add_fault_flag(&plan, f);
+    if (!o.fault.inject.empty()) add_fault_file(&plan, o.fault.inject);
     schedule = plan.schedule;
   } else if (o.mtbf_s > 0) {
     schedule = draw_schedule(o.mtbf_s, step_s, steps, world, o.kinds, o.seed);
@@ -179,8 +170,8 @@ int bench_main(const Options& given) {
   std::string text;
   google::protobuf::TextFormat::PrintToString(kept, &text);
   const std::string sched_path = o.out + "/schedule.pbtxt";
-  std::string source = o.inject.empty() ? "" : "--inject " + o.inject;
-  for (const std::string& f : o.faults) source += (source.empty() ? "" : " ") + quote(f);
+  std::string source = o.fault.inject.empty() ? "" : "--inject " + o.fault.inject;
+  for (const std::string& f : o.fault.fault) source += (source.empty() ? "" : " ") + quote(f);
   if (o.mtbf_s > 0)
     source = "--mtbf-s " + std::to_string(o.mtbf_s) + " --seed " + std::to_string(o.seed);
   write_file(sched_path, "# keel-bench's fault schedule (" + source + "); repeat with --inject " +
@@ -211,12 +202,11 @@ int bench_main(const Options& given) {
 }
 
 // The policy comparison's and the soak's flags on keel-bench itself.
-void add_flags(CLI::App& app, Options* o, cli::JobFlags* job, cli::SlotFlags* slots,
-               cli::FaultFlags* faults) {
-  cli::add_job_flags(app, job);
+void add_flags(CLI::App& app, Options* o) {
+  cli::add_job_flags(app, &o->job);
   app.add_option("--out", o->out, "where the reports go: report.json, report.html, tb/")
       ->option_text("DIR");
-  cli::add_fault_flags(app, faults);
+  cli::add_fault_flags(app, &o->fault);
   app.add_option("--mtbf-s", o->mtbf_s,
                  "or: draw faults from a Poisson process, mean T seconds apart (written as a "
                  "FaultSchedule to DIR/schedule.pbtxt, to repeat with --inject)")
@@ -236,7 +226,7 @@ void add_flags(CLI::App& app, Options* o, cli::JobFlags* job, cli::SlotFlags* sl
       ->option_text("LIST")
       ->delimiter(',')
       ->check(CLI::IsMember({"hot_swap", "in_place", "restart_all"}));
-  cli::add_slot_flags(app, slots);
+  cli::add_slot_flags(app, &o->slots);
   // keel-bench's defaults differ from keel-launch's: two standbys, so that hot_swap has slots
   // to swap in, and two ranks a slot, as on a machine of several GPUs.
   app.get_option("--standby")
@@ -259,28 +249,15 @@ void add_flags(CLI::App& app, Options* o, cli::JobFlags* job, cli::SlotFlags* sl
       ->check(CLI::PositiveNumber);
 }
 
-// A usage error found after parsing, said as cli::parse says its own.
-int usage_error(const std::string& why) {
-  std::fprintf(stderr, "keel-bench: error: %s\nrun with --help for usage\n", why.c_str());
-  return 2;
-}
-
 int soak(const Options& o) {
-#ifdef KEEL_BENCH_HAS_SOAK
-  SoakOptions s;
-  s.config = o.config;
-  s.sets = o.sets;
-  s.out = o.out;
-  s.faults = o.soak;
-  s.local = o.local;
-  s.standby = o.standby;
-  s.workers_per_slot = o.workers_per_slot;
-  s.seed = o.seed;
-  return soak_main(s);
-#else
-  (void)o;
-  return usage_error("--soak: this keel-bench was built without bench/soak.cc");
-#endif
+  return soak_main({.config = o.job.config,
+                    .sets = o.job.set,
+                    .out = o.out,
+                    .faults = o.soak,
+                    .local = o.slots.local,
+                    .standby = o.slots.standby,
+                    .workers_per_slot = o.slots.workers_per_slot,
+                    .seed = o.seed});
 }
 
 int main(int argc, char** argv) {
@@ -293,12 +270,7 @@ int main(int argc, char** argv) {
       "its own --help.",
       "keel-bench");
   Options o;
-  cli::JobFlags job;
-  cli::SlotFlags slots;
-  slots.standby = o.standby;
-  slots.workers_per_slot = o.workers_per_slot;
-  cli::FaultFlags faults;
-  add_flags(app, &o, &job, &slots, &faults);
+  add_flags(app, &o);
   const std::vector<Command> commands = {add_cpu_command(app),     add_recovery_command(app),
                                          add_detect_command(app),  add_sdc_command(app),
                                          add_restore_command(app), add_project_command(app)};
@@ -309,32 +281,29 @@ int main(int argc, char** argv) {
       if (!c.app->parsed()) continue;
       for (const CLI::Option* opt : app.get_options())
         if (opt->count() > 0 && opt != app.get_help_ptr())
-          return usage_error(opt->get_name() + " is keel-bench's own flag, not " +
-                             c.app->get_name() + "'s: give it without the subcommand");
+          return cli::usage_error(app, opt->get_name() + " is keel-bench's own flag, not " +
+                                           c.app->get_name() +
+                                           "'s: give it without the subcommand");
       return c.run();
     }
-    o.config = job.config;
-    o.sets = job.set;
-    o.inject = faults.inject;
-    o.faults = faults.fault;
-    o.local = slots.local;
-    o.standby = slots.standby;
-    o.workers_per_slot = slots.workers_per_slot;
-    if (o.mtbf_s > 0 && (!o.inject.empty() || !o.faults.empty()))
-      return usage_error("--mtbf-s draws the faults: give it without --inject and --fault");
-    if (o.soak > 0 && (o.mtbf_s > 0 || !o.inject.empty() || !o.faults.empty()))
-      return usage_error(
-          "--soak draws its own faults: give it without --inject, --fault, --mtbf-s");
+    if (o.mtbf_s > 0 && (!o.fault.inject.empty() || !o.fault.fault.empty()))
+      return cli::usage_error(app,
+                              "--mtbf-s draws the faults: give it without --inject and --fault");
+    if (o.soak > 0 && (o.mtbf_s > 0 || !o.fault.inject.empty() || !o.fault.fault.empty()))
+      return cli::usage_error(
+          app, "--soak draws its own faults: give it without --inject, --fault, --mtbf-s");
     for (const char* f :
          {"--policies", "--kinds", "--persistent-every", "--persistent-restart-all-only"})
       if (o.soak > 0 && app.count(f) > 0)
-        return usage_error(std::string("--soak runs one policy (recovery.mode of the config, ") +
-                           "hot_swap by default) without persistent checkpoints: " + f +
-                           " does not apply");
-    if (o.soak > 0 && (o.config.empty() || o.out.empty()))
-      return usage_error("--soak needs --config and --out");
+        return cli::usage_error(
+            app, std::string("--soak runs one policy (recovery.mode of the config, ") +
+                     "hot_swap by default) without persistent checkpoints: " + f +
+                     " does not apply");
+    if (o.soak > 0 && (o.job.config.empty() || o.out.empty()))
+      return cli::usage_error(app, "--soak needs --config and --out");
     if (o.soak > 0) return soak(o);
-    if (o.config.empty() || o.out.empty()) return usage_error("--config and --out are required");
+    if (o.job.config.empty() || o.out.empty())
+      return cli::usage_error(app, "--config and --out are required");
     return bench_main(o);
   } catch (const std::exception& e) {
     LOG(ERROR) << e.what();

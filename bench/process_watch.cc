@@ -18,28 +18,31 @@ std::string read_all(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
+// /proc/<pid>/comm without its newline ("" once the process is gone).
+std::string comm_of(pid_t pid) {
+  std::string comm = read_all("/proc/" + std::to_string(pid) + "/comm");
+  while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+  return comm;
+}
+
 }  // namespace
 
 ProcessWatch::ProcessWatch(std::string tag) : tag_(std::move(tag)), t0_(now_s()) {}
 
 std::vector<pid_t> ProcessWatch::tagged() const {
   std::vector<pid_t> out;
+  // environ holds NUL-terminated NAME=VALUE entries: the tag is a whole one.
+  std::string entry(1, '\0');
+  entry.append(tag_).push_back('\0');
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    // environ is NUL-separated; a process gone meanwhile reads as empty.
-    const std::string env = read_all(e.path().string() + "/environ");
-    size_t at = 0;
-    while (at < env.size()) {
-      const size_t end = env.find('\0', at);
-      if (env.compare(at, (end == std::string::npos ? env.size() : end) - at, tag_) == 0) {
-        out.push_back(pid_t(std::atoi(name.c_str())));
-        break;
-      }
-      if (end == std::string::npos) break;
-      at = end + 1;
-    }
+    // A leading NUL makes the first entry findable like the rest; a process gone meanwhile
+    // reads as "".
+    std::string env(1, '\0');
+    env += read_all(e.path().string() + "/environ");
+    if (env.find(entry) != std::string::npos) out.push_back(pid_t(std::atoi(name.c_str())));
   }
   return out;
 }
@@ -54,17 +57,15 @@ int ProcessWatch::sample() {
     const size_t at = status.find("RssAnon:");
     if (at == std::string::npos) continue;  // exited between the scan and now
     const int64_t anon_kib = std::atoll(status.c_str() + at + 8);
-    std::string comm = read_all("/proc/" + std::to_string(pid) + "/comm");
-    while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+    const std::string comm = comm_of(pid);
     // Field 22 of stat, the start time in clock ticks since boot; the name before it is in
     // parentheses and may hold spaces, so count from its closing one.
     const std::string stat = read_all("/proc/" + std::to_string(pid) + "/stat");
     const size_t close = stat.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream fields(stat.substr(close + 2));
-    std::string f;
-    for (int i = 3; i < 22 && fields >> f; ++i) {
-    }
+    std::string skipped;
+    for (int field = 3; field < 22; ++field) fields >> skipped;
     unsigned long long start = 0;
     if (!(fields >> start)) continue;
     Process& p = seen_[{pid, start}];
@@ -78,11 +79,7 @@ int ProcessWatch::sample() {
 
 std::vector<std::string> ProcessWatch::alive() const {
   std::vector<std::string> out;
-  for (pid_t pid : tagged()) {
-    std::string comm = read_all("/proc/" + std::to_string(pid) + "/comm");
-    while (!comm.empty() && comm.back() == '\n') comm.pop_back();
-    out.push_back(comm + " (" + std::to_string(pid) + ")");
-  }
+  for (pid_t pid : tagged()) out.push_back(comm_of(pid) + " (" + std::to_string(pid) + ")");
   return out;
 }
 

@@ -1,6 +1,5 @@
 #include "bench/soak.h"
 
-#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/text_format.h>
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
@@ -18,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "bench/bench_report.h"
 #include "bench/bench_util.h"
 #include "bench/process_watch.h"
 #include "bench/soak_svg.h"
@@ -82,27 +82,19 @@ const std::vector<faults::Fault::Kind>& mix() {
   return k;
 }
 
-// The job's one run directory under `runs` once keel-launch has made it ("" before).
-std::string job_dir_in(const std::string& runs) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(runs, ec))
-    if (e.is_directory()) return e.path().string();
-  return "";
-}
-
-// Reads the new lines of a growing events.jsonl, one parsed Struct per complete line.
+// Reads the new lines of a growing events.jsonl, one Event per complete line.
 class EventTail {
  public:
-  std::vector<google::protobuf::Struct> read(const std::string& path) {
+  std::vector<events::Event> read(const std::string& path) {
     std::ifstream in(path);
     in.seekg(offset_);
-    std::vector<google::protobuf::Struct> out;
+    std::vector<events::Event> out;
     std::string line;
     while (std::getline(in, line)) {
       if (in.eof()) break;  // a line still being written: read it whole next time
       offset_ += line.size() + 1;
-      google::protobuf::Struct s;
-      if (google::protobuf::util::JsonStringToMessage(line, &s).ok()) out.push_back(s);
+      events::Event e;
+      if (parse_event(line, &e)) out.push_back(std::move(e));
     }
     return out;
   }
@@ -110,15 +102,6 @@ class EventTail {
  private:
   std::streamoff offset_ = 0;
 };
-
-std::string field(const google::protobuf::Struct& s, const std::string& key) {
-  auto it = s.fields().find(key);
-  return it == s.fields().end() ? "" : it->second.string_value();
-}
-double number(const google::protobuf::Struct& s, const std::string& key) {
-  auto it = s.fields().find(key);
-  return it == s.fields().end() ? -1 : it->second.number_value();
-}
 
 int64_t median(std::vector<int64_t> v) {
   if (v.empty()) return 0;
@@ -172,12 +155,6 @@ std::vector<std::string> job_shm(const std::string& job) {
   return out;
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::trunc);
-  f << text;
-  if (!f) throw std::runtime_error("cannot write " + path);
-}
-
 struct RunResult {
   int exit_code = -1;
   double wall_s = 0;
@@ -185,12 +162,13 @@ struct RunResult {
   std::string job;
 };
 
-// One keel-launch run in `dir`, watched until it ends or `timeout_s` passes. While it runs,
+// One keel-launch run in `dir` (`args` includes --set for each of `sets`, which joiners
+// repeat), watched until it ends or `timeout_s` passes. While it runs,
 // every slot the job loses is started again with --join (retried while the controller still
 // refuses it), and, with `watch`, the job's processes are sampled once a second.
 RunResult run_job(const SoakOptions& o, const std::vector<std::string>& args,
-                  const std::string& dir, double timeout_s, ProcessWatch* watch,
-                  const std::string& tag, int total_faults, SoakReport* rep) {
+                  const std::vector<std::string>& sets, const std::string& dir, double timeout_s,
+                  ProcessWatch* watch, const std::string& tag, int total_faults, SoakReport* rep) {
   fs::remove_all(dir);
   fs::create_directories(dir + "/runs");
   std::vector<std::string> a = args;
@@ -227,38 +205,37 @@ RunResult run_job(const SoakOptions& o, const std::vector<std::string>& args,
       if (std::getline(c, ep) && std::getline(c, job) && !job.empty()) endpoint = ep, res.job = job;
     }
     if (!job_dir.empty()) {
-      for (const auto& e : events.read(job_dir + "/events.jsonl")) {
-        const std::string kind = field(e, "kind");
-        const auto& data = e.fields().count("data") ? e.fields().at("data").struct_value()
-                                                    : google::protobuf::Struct();
-        if (kind == "slot_lost") {
-          Join& j = joins[int(number(data, "slot"))];
+      for (const events::Event& e : events.read(job_dir + "/events.jsonl")) {
+        if (e.kind() == "slot_lost") {
+          Join& j = joins[int(event_number(e, "slot"))];
           j.retry_at = Clock::now();
           j.done = false;
-        } else if (kind == "recovered") {
+        } else if (e.kind() == "recovered") {
           ++recovered;
-          restored_step = std::max(restored_step, int(number(data, "restored_step")));
+          restored_step = std::max(restored_step, int(event_number(e, "restored_step")));
         }
       }
     }
     // A lost slot comes back as its machine would after a repair: its launcher joins again.
     // The controller refuses a join until it has let the slot go; then the joiner exits
-    // non-zero and is started again shortly.
+    // non-zero and is started again shortly. A joiner up for 5 s has joined: should it die
+    // later, its slot was lost again, and it is not taken back from the count.
     for (auto& [slot, j] : joins) {
       if (j.pid > 0) {
         const int rc = reap(j.pid);
-        if (rc < 0) continue;  // up: joined, or asking
-        if (rc == 0) {         // ended with the job
-          j.pid = -1;
-          j.done = true;
+        if (rc < 0) {  // up: joined, or still asking
+          if (Clock::now() - j.started > std::chrono::seconds(5)) j.counted = true;
           continue;
         }
         j.pid = -1;
+        if (rc == 0) {  // ended with the job
+          j.done = true;
+          continue;
+        }
         j.retry_at = Clock::now() + std::chrono::milliseconds(300);
-        if (j.counted) continue;  // it had joined and was lost again
-        rep->set_rejoins(rep->rejoins() - 1);
+        if (!j.counted) rep->set_rejoins(rep->rejoins() - 1);  // refused
       }
-      if (j.pid > 0 || j.done || endpoint.empty() || Clock::now() < j.retry_at) continue;
+      if (j.done || endpoint.empty() || Clock::now() < j.retry_at) continue;
       std::vector<std::string> a = {"--join",
                                     endpoint,
                                     "--slot",
@@ -272,18 +249,13 @@ RunResult run_job(const SoakOptions& o, const std::vector<std::string>& args,
                                     "--run-dir",
                                     dir + "/runs",
                                     "--quiet"};
-      for (size_t i = 0; i + 1 < args.size(); ++i)
-        if (args[i] == "--set") a.insert(a.end(), {"--set", args[i + 1]});
+      for (const std::string& s : sets) a.insert(a.end(), {"--set", s});
       j.pid = spawn_launch(a, tag, dir + "/join-slot" + std::to_string(slot) + ".log");
       j.started = Clock::now();
       j.counted = false;
       joined_pids.push_back(j.pid);
       rep->set_rejoins(rep->rejoins() + 1);
     }
-    // A joiner up for 5 s has joined: should it die now, its slot was lost again.
-    for (auto& [slot, j] : joins)
-      if (j.pid > 0 && !j.counted && Clock::now() - j.started > std::chrono::seconds(5))
-        j.counted = true;
     const double t = since(t0);
     if (watch && t >= next_sample) {
       watch->sample();
@@ -362,7 +334,7 @@ int soak_main(const SoakOptions& given) {
   std::string text;
   google::protobuf::TextFormat::PrintToString(rep.schedule(), &text);
   const std::string sched = o.out + "/soak-schedule.pbtxt";
-  write_text(sched, "# keel-bench --soak " + std::to_string(o.faults) + " --seed " +
+  write_file(sched, "# keel-bench --soak " + std::to_string(o.faults) + " --seed " +
                         std::to_string(o.seed) + ": the faults, to repeat with --inject\n" + text);
 
   // Both runs: the same layout, steps and overrides. Every fault is an incident, so the
@@ -389,8 +361,8 @@ int soak_main(const SoakOptions& given) {
               o.faults, static_cast<long long>(steps), world, o.local, o.standby);
   std::printf("keel-bench soak: the fault-free reference ...\n");
   std::fflush(stdout);
-  const RunResult ref = run_job(o, args, o.out + "/reference", 60 + 0.5 * double(steps), nullptr,
-                                tag + "-ref", 0, &rep);
+  const RunResult ref = run_job(o, args, sets, o.out + "/reference", 60 + 0.5 * double(steps),
+                                nullptr, tag + "-ref", 0, &rep);
   rep.set_reference_checksum(ref.report.param_checksum());
   rep.set_reference_wall_s(ref.wall_s);
   if (ref.exit_code != 0) {
@@ -406,8 +378,8 @@ int soak_main(const SoakOptions& given) {
   soak_args.insert(soak_args.end(), {"--inject", sched});
   // Budget: the reference's time plus 30 s a fault; a soak that needs more is stuck.
   const RunResult run =
-      run_job(o, soak_args, o.out + "/soak", 120 + 3 * ref.wall_s + 30.0 * o.faults, &watch, tag,
-              o.faults, &rep);
+      run_job(o, soak_args, sets, o.out + "/soak", 120 + 3 * ref.wall_s + 30.0 * o.faults, &watch,
+              tag, o.faults, &rep);
   const report::RunReport& r = run.report;
   rep.set_exit_code(run.exit_code);
   rep.set_soak_wall_s(run.wall_s);
@@ -459,8 +431,8 @@ int soak_main(const SoakOptions& given) {
   jo.preserve_proto_field_names = true;
   std::string json;
   (void)google::protobuf::util::MessageToJsonString(rep, &json, jo);
-  write_text(o.out + "/soak.json", json);
-  write_text(o.out + "/soak-rss.svg", soak_rss_svg(watch, run.wall_s));
+  write_file(o.out + "/soak.json", json);
+  write_file(o.out + "/soak-rss.svg", soak_rss_svg(watch, run.wall_s));
 
   std::printf("\nkeel-bench soak: %d faults (", o.faults);
   bool comma = false;
