@@ -356,7 +356,9 @@ std::optional<SlotView> BackupServer::Impl::find_served(const RequestHeader& rq,
   std::optional<SlotView> v;
   if (region) v = region->find(rq.step, rq.owner);
   *from = region.get();
-  if (!v && opt.serve_own_snapshot) {
+  // A holder's own state is always served: a replay worker on another machine asks the
+  // rank itself when the rank's holder lacks the step.
+  if (!v && (opt.serve_own_snapshot || rq.owner == holder)) {
     // Opened at first use: the worker creates its own segment after this server.
     if (!own) own = SnapshotRegion::open_existing(snapshot_segment_name(job, holder));
     if (own) v = own->find(rq.step);

@@ -41,7 +41,8 @@ struct BackupServerOptions {
   bool serve_own_snapshot = false;
 };
 
-// Serves PUSH and FETCH for the backups held by rank `holder_rank` from a background thread.
+// Serves PUSH and FETCH for the backups held by rank `holder_rank` from a background thread,
+// and FETCH of `holder_rank`'s own snapshots (its snapshot segment, opened at first use).
 class BackupServer {
  public:
   // Listens at once and reopens an existing backup segment of (job, holder_rank), if any

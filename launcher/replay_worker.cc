@@ -89,24 +89,44 @@ int replay(const WorkerOptions& o, const ReplayEnv& re, const std::shared_ptr<St
   DataLoader data = DataLoader::from_config(cfg_1);
   const Millis timeout(cfg.parallel().comm_timeout_ms());
 
-  // Rank x's state at step A, fetched from its backup holder as a promoted standby would
-  // (the parked workers' BackupServers still serve), then laid out for one replica: the
-  // layouts differ only in the padding to a multiple of dp blocks.
+  // Rank x's state at step A, fetched as a promoted standby would (the parked workers'
+  // BackupServers still serve), then laid out for one replica: the layouts differ only in the
+  // padding to a multiple of dp blocks. The controller picked A as a step every rank can
+  // restore from its own snapshot or its holder's, not always both: a holder a step behind
+  // (its snapshot of A was still being written when the job stopped) sends the replay to
+  // x's own server, which serves x's own snapshots.
   const BackupPlacement bp =
       backup_holder(topo_d, x, replicas_hold_backups(topo_d, cfg.parallel().zero1()));
   if (bp.holder < 0)
     throw Error(detail::concat("rank ", x, " of the job (", T * P * D,
                                " rank(s)) has no backup holder to replay from"));
-  std::string addr;
-  try {
-    addr = store->get(recovery::backup_addr_key(re.epoch, bp.holder), timeout);
-  } catch (const CommTimeout&) {
-    throw Error(detail::concat("no backup server of rank ", bp.holder, " (holder of rank ", x,
-                               "'s snapshots) registered in epoch ", re.epoch, " (",
-                               recovery::backup_addr_key(re.epoch, bp.holder), ")"));
-  }
   auto source = make_train_state(cfg_d, backend.get(), *plugin, topo_d, x);
-  restore_state(*source, re.step, nullptr, addr, x, bp.holder, timeout);
+  std::string tried;
+  bool restored = false;
+  for (const int server : {bp.holder, x}) {
+    const std::string key = recovery::backup_addr_key(re.epoch, server);
+    std::string addr;
+    try {
+      addr = store->get(key, timeout);
+    } catch (const CommTimeout&) {
+      tried += detail::concat("\n  no backup server of rank ", server, " registered in epoch ",
+                              re.epoch, " (", key, ")");
+      continue;
+    }
+    try {
+      const RestoreResult got = restore_state(*source, re.step, nullptr, addr, x, server, timeout);
+      LOG(INFO) << re.key << " rank " << g << ": rank " << x << "'s step " << re.step << " from "
+                << got.source;
+      restored = true;
+      break;
+    } catch (const RestoreError& e) {
+      tried += detail::concat("\n  ", e.what());
+    }
+  }
+  if (!restored)
+    throw Error(detail::concat("rank ", x, "'s state of step ", re.step,
+                               " is on neither its holder (rank ", bp.holder,
+                               ") nor itself:", tried));
   auto state = make_train_state(cfg_1, backend.get(), *plugin, topo_1, g);
   const std::vector<StateSpan> from = source->spans(), to = state->spans();
   for (size_t i = 0; i < from.size(); ++i)

@@ -43,6 +43,19 @@ std::optional<std::string> machine_record(Store& store, const std::string& key) 
   return store.get(key, std::chrono::seconds(10));
 }
 
+// The value an sdc flip lands on: the first normal one from `at` on, wrapping around. A zero
+// there (the gradient of an embedding row no token of the batch used) is memory nothing
+// computed, and its flipped mantissa bit is a denormal of 1e-39 that the optimizer's moments
+// absorb without a trace: a defect that chose it would be invisible to every check and to a
+// replay, at some steps and not others. All zeros (nothing computed at all): `at` itself.
+size_t flip_target(const float* data, size_t n, size_t at) {
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = (at + k) % n;
+    if (std::fpclassify(data[i]) == FP_NORMAL) return i;
+  }
+  return at;
+}
+
 }  // namespace
 
 FaultInjector::FaultInjector(faults::FaultSchedule schedule, int rank, std::shared_ptr<Store> store)
@@ -237,7 +250,7 @@ void FaultInjector::on_computed(int64_t step, TensorClass cls, float* data, size
     // finite and plausible and nothing downstream notices.
     uint64_t h = uint64_t(step) * 0x9E3779B97F4A7C15ull;
     h ^= h >> 29;
-    const size_t at = size_t(h % n);
+    const size_t at = flip_target(data, n, size_t(h % n));
     uint32_t bits;
     static_assert(sizeof(bits) == sizeof(float));
     std::memcpy(&bits, data + at, sizeof(bits));

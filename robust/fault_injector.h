@@ -87,9 +87,10 @@ class FaultInjector {
   void on_local_metrics(int64_t step, float* metrics);
 
   // For an sdc fault this process claimed (at its step, in before_step): flips one bit of one
-  // value of `data` when `cls` is the fault's target — every step and every recomputation
-  // from then on, or with `once` only the first computation. `data` is host memory (the CPU
-  // backend); a GPU backend is not corrupted (future work).
+  // computed value of `data` (a normal one, never a zero nothing computed) when `cls` is the
+  // fault's target — every step and every recomputation from then on, or with `once` only
+  // the first computation. `data` is host memory (the CPU backend); a GPU backend is not
+  // corrupted (future work).
   void on_computed(int64_t step, TensorClass cls, float* data, size_t n, bool recompute);
   // Whether `schedule` holds an sdc fault (every rank then installs the computed hook).
   static bool has_sdc(const faults::FaultSchedule& schedule);

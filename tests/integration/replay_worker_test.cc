@@ -194,6 +194,37 @@ TEST_F(ReplayWorkerTest, HealthyGroupsAgreeDefectiveMachineDiffers) {
     EXPECT_EQ(value(std::string(k) + "/error"), "") << logs(k);
 }
 
+// The job stopped while a holder's snapshot of the newest step was still being written: the
+// holders hold step kStep only, the job's ranks kStep + 1 in their own segments too. A replay
+// of kStep + 1 passes the holder over and fetches from the rank's own server, and says so.
+TEST_F(ReplayWorkerTest, HolderBehindTheRankIsPassedOver) {
+  const config::JobConfig cfg = load_config(cfg_path, {});
+  const Topology topo(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
+  auto plugin = Plugin::load(cfg.model().plugin());
+  for (int x = 0; x < topo.world_size(); ++x) {
+    auto state = make_train_state(cfg, backend.get(), *plugin, topo, x);
+    state->params().init(cfg.train().seed());
+    state->set_step(kStep + 1);
+    regions[size_t(x)]->write(*state, kStep + 1);
+  }
+  const auto a = start_group("replay/3/0/0", kStep + 1, kEpoch, {0, 1});
+  const auto b = start_group("replay/3/0/1", kStep + 1, kEpoch, {2, 3});
+  const auto codes = wait_all();
+  for (const auto* grp : {&a, &b})
+    for (pid_t p : *grp) EXPECT_EQ(codes.at(p), 0);
+  const std::string da = value("replay/3/0/0/digest");
+  ASSERT_EQ(da.size(), 16u) << logs("replay/3/0/0");
+  EXPECT_EQ(value("replay/3/0/1/digest"), da) << logs("replay/3/0/1");
+  EXPECT_EQ(value("replay/3/0/0/error"), "") << logs("replay/3/0/0");
+  // The holder was asked first and held only kStep; the rank's own slot answered.
+  const std::string log = logs("replay/3/0/0");
+  for (int pp = 0; pp < topo.pp(); ++pp) {
+    const int x = topo.rank({0, pp, 0});
+    EXPECT_TRUE(contains(log, detail::concat("step ", kStep + 1, " from backup held by rank ", x)))
+        << log;
+  }
+}
+
 // A replay that cannot get its state publishes what is missing and exits 1, in time: no
 // holder registered in the epoch, a holder without the step, and ZeRO-1 refused outright.
 TEST_F(ReplayWorkerTest, MissingSourceIsNamed) {

@@ -166,6 +166,40 @@ TEST(FaultInjector, SlowAndNanFireOncePerJobAcrossARestart) {
   EXPECT_EQ(store->get("inject/0", 1s).rfind("slow 1 2 ", 0), 0u);
 }
 
+// An sdc flip lands on a value something computed. A gradient shard of an embedding is mostly
+// zero rows (tokens the batch did not use): a flipped mantissa bit of a zero is a denormal the
+// optimizer absorbs, so a defect there would vanish at some steps and show at others (what
+// once made a stop-time replay miss the defective machine). At every step the flip must
+// change exactly one value, a normal one, by an eighth of itself; and the same way each time.
+TEST(FaultInjector, SdcFlipChangesAComputedValueAtEveryStep) {
+  auto store = std::make_shared<HashStore>();
+  FaultInjector inj(schedule_of({"sdc@step=0,rank=0,target=grad"}), 0, store);
+  inj.before_step(0);
+  constexpr size_t kRows = 128, kWidth = 32;
+  std::vector<float> grad(kRows * kWidth, 0.0f);
+  for (size_t r = 0; r < kRows; r += 13)  // a few used rows, the rest zero
+    for (size_t c = 0; c < kWidth; ++c) grad[r * kWidth + c] = 1e-4f * float(c + 1);
+  for (int64_t step = 0; step < 1000; ++step) {
+    std::vector<float> got = grad, again = grad;
+    inj.on_computed(step, TensorClass::kGrad, got.data(), got.size(), false);
+    inj.on_computed(step, TensorClass::kGrad, again.data(), again.size(), true);
+    EXPECT_EQ(got, again) << "step " << step;
+    size_t changed = 0;
+    for (size_t i = 0; i < grad.size(); ++i) {
+      if (got[i] == grad[i]) continue;
+      ++changed;
+      EXPECT_NE(grad[i], 0.0f) << "step " << step << " flipped a zero at " << i;
+      EXPECT_NEAR(std::fabs(got[i] - grad[i]) / std::fabs(grad[i]), 0.125, 0.0626)
+          << "step " << step << " at " << i;
+    }
+    ASSERT_EQ(changed, 1u) << "step " << step;
+  }
+  // Another target is left alone.
+  std::vector<float> act = grad;
+  inj.on_computed(5, TensorClass::kActivation, act.data(), act.size(), false);
+  EXPECT_EQ(act, grad);
+}
+
 TEST(FaultInjector, HangWithoutWrapIsAnError) {
   FaultInjector inj(schedule_of({"hang@step=1,rank=0"}), 0, std::make_shared<HashStore>());
   inj.before_step(0);
