@@ -52,6 +52,7 @@ struct Options {
   int persistent_every = 50;
   bool persistent_restart_all_only = false;
   int soak = 0;  // faults of a soak (bench/soak.h); 0: the policy comparison
+  std::string soak_machines = "auto";
 };
 
 // The names of faults::Fault::Kind, which --kinds takes.
@@ -247,6 +248,12 @@ void add_flags(CLI::App& app, Options* o) {
                  "(bench/soak.h; writes DIR/soak.json)")
       ->option_text("N")
       ->check(CLI::PositiveNumber);
+  app.add_option("--soak-machines", o->soak_machines,
+                 "where the soak's slots run: netns, a network namespace each, so that "
+                 "partitions join the mix (needs root and iproute2); local, all on this "
+                 "machine; auto, netns where it can (default)")
+      ->option_text("WHERE")
+      ->check(CLI::IsMember({"auto", "local", "netns"}));
 }
 
 int soak(const Options& o) {
@@ -257,7 +264,10 @@ int soak(const Options& o) {
                     .local = o.slots.local,
                     .standby = o.slots.standby,
                     .workers_per_slot = o.slots.workers_per_slot,
-                    .seed = o.seed});
+                    .seed = o.seed,
+                    .machines = o.soak_machines == "netns"   ? SoakMachines::kNetns
+                                : o.soak_machines == "local" ? SoakMachines::kLocal
+                                                             : SoakMachines::kAuto});
 }
 
 int main(int argc, char** argv) {
@@ -299,6 +309,8 @@ int main(int argc, char** argv) {
             app, std::string("--soak runs one policy (recovery.mode of the config, ") +
                      "hot_swap by default) without persistent checkpoints: " + f +
                      " does not apply");
+    if (o.soak == 0 && app.count("--soak-machines") > 0)
+      return cli::usage_error(app, "--soak-machines is an option of --soak N");
     if (o.soak > 0 && (o.job.config.empty() || o.out.empty()))
       return cli::usage_error(app, "--soak needs --config and --out");
     if (o.soak > 0) return soak(o);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <sstream>
@@ -20,7 +21,9 @@
 #include "bench/bench_report.h"
 #include "bench/bench_util.h"
 #include "bench/process_watch.h"
+#include "bench/soak_cluster.h"
 #include "bench/soak_svg.h"
+#include "integration/netns.h"
 #include "proto/bench.pb.h"
 #include "proto/config_loader.h"
 #include "runtime/check.h"
@@ -40,31 +43,6 @@ std::string slurp(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
-// Starts exe_dir()/keel-launch with `args` in a session of its own, `tag` in its environment
-// (ProcessWatch finds the job's processes by it), its output appended to `log`.
-pid_t spawn_launch(const std::vector<std::string>& args, const std::string& tag,
-                   const std::string& log) {
-  const std::string bin = exe_dir() + "/keel-launch";
-  std::vector<char*> argv;
-  argv.push_back(const_cast<char*>(bin.c_str()));
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid;
-  KEEL_CHECK_ERRNO(pid = fork());
-  if (pid == 0) {
-    setsid();
-    putenv(const_cast<char*>(tag.c_str()));
-    FILE* f = std::fopen(log.c_str(), "a");
-    if (f) {
-      dup2(fileno(f), 1);
-      dup2(fileno(f), 2);
-    }
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
 // The exit status of a finished child, or -1 while it runs.
 int reap(pid_t pid) {
   int st = 0;
@@ -72,13 +50,15 @@ int reap(pid_t pid) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-// The fault mix: crashes twice as often as the rest (the commonest failure there is).
-const std::vector<faults::Fault::Kind>& mix() {
+// The fault mix: crashes twice as often as the rest (the commonest failure there is);
+// partitions only where a slot has a link of its own to cut.
+std::vector<faults::Fault::Kind> mix(bool partitions) {
   using F = faults::Fault;
-  static const std::vector<F::Kind> k = {F::crash,         F::crash,    F::exit,
-                                         F::hang,          F::freeze,   F::hang_in_collective,
-                                         F::spin,          F::nan,      F::corrupt_snapshot,
-                                         F::lose_snapshot, F::slot_loss};
+  std::vector<F::Kind> k = {F::crash,         F::crash,    F::exit,
+                            F::hang,          F::freeze,   F::hang_in_collective,
+                            F::spin,          F::nan,      F::corrupt_snapshot,
+                            F::lose_snapshot, F::slot_loss};
+  if (partitions) k.push_back(F::partition);
   return k;
 }
 
@@ -144,17 +124,6 @@ void memory_verdict(const ProcessWatch& watch, double wall_s, SoakReport* rep) {
   }
 }
 
-// Shared-memory segments of the job (/dev/shm/keel-<job>-*).
-std::vector<std::string> job_shm(const std::string& job) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/dev/shm", ec)) {
-    const std::string n = e.path().filename().string();
-    if (!job.empty() && n.rfind("keel-" + job + "-", 0) == 0) out.push_back(n);
-  }
-  return out;
-}
-
 struct RunResult {
   int exit_code = -1;
   double wall_s = 0;
@@ -162,11 +131,12 @@ struct RunResult {
   std::string job;
 };
 
-// One keel-launch run in `dir` (`args` includes --set for each of `sets`, which joiners
-// repeat), watched until it ends or `timeout_s` passes. While it runs,
-// every slot the job loses is started again with --join (retried while the controller still
-// refuses it), and, with `watch`, the job's processes are sampled once a second.
-RunResult run_job(const SoakOptions& o, const std::vector<std::string>& args,
+// One keel-launch run in `dir` on `cluster` (`args` includes --set for each of `sets`, which
+// joiners repeat), watched until it ends or `timeout_s` passes. In namespaces every slot but
+// 0 joins from its machine at the start. While it runs, every slot the job loses is repaired
+// and started again with --join (retried while the controller still refuses it), and, with
+// `watch`, the job's processes are sampled once a second.
+RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<std::string>& args,
                   const std::vector<std::string>& sets, const std::string& dir, double timeout_s,
                   ProcessWatch* watch, const std::string& tag, int total_faults, SoakReport* rep) {
   fs::remove_all(dir);
@@ -174,17 +144,22 @@ RunResult run_job(const SoakOptions& o, const std::vector<std::string>& args,
   std::vector<std::string> a = args;
   a.insert(a.end(), {"--quiet", "--run-dir", dir + "/runs", "--report", dir + "/report.json"});
   const auto t0 = Clock::now();
-  const pid_t main_pid = spawn_launch(a, tag, dir + "/launch.log");
+  const pid_t main_pid = cluster.start(0, a, tag, dir + "/launch.log");
   RunResult res;
   EventTail events;
   std::string job_dir, endpoint;
   struct Join {
     pid_t pid = -1;  // its --join launcher, while it runs
     Clock::time_point retry_at, started;
-    bool counted = false;  // it stayed up: the slot is back
-    bool done = false;     // it ended with the job
+    bool rejoin = true;      // after a loss (not a machine's first join): counted in rejoins
+    bool as_rejoin = false;  // the launcher now running was counted as one
+    bool counted = false;    // it stayed up: the slot is back
+    bool done = false;       // it ended with the job
+    int starts = 0;
   };
-  std::map<int, Join> joins;  // every slot the job has lost
+  std::map<int, Join> joins;  // every slot that joins: in namespaces all, else the lost ones
+  if (cluster.netns())
+    for (int slot = 1; slot < cluster.slots(); ++slot) joins[slot].rejoin = false;
   std::vector<pid_t> joined_pids;
   int recovered = 0, restored_step = 0;
   double next_sample = 0, next_line = 5;
@@ -207,9 +182,14 @@ RunResult run_job(const SoakOptions& o, const std::vector<std::string>& args,
     if (!job_dir.empty()) {
       for (const events::Event& e : events.read(job_dir + "/events.jsonl")) {
         if (e.kind() == "slot_lost") {
-          Join& j = joins[int(event_number(e, "slot"))];
+          // The machine is repaired first: a partitioned one still runs its launcher, cut
+          // off, which must not be taken for a slot that is back.
+          const int slot = int(event_number(e, "slot"));
+          cluster.repair(slot);
+          Join& j = joins[slot];
           j.retry_at = Clock::now();
           j.done = false;
+          j.rejoin = true;
         } else if (e.kind() == "recovered") {
           ++recovered;
           restored_step = std::max(restored_step, int(event_number(e, "restored_step")));
@@ -233,7 +213,7 @@ RunResult run_job(const SoakOptions& o, const std::vector<std::string>& args,
           continue;
         }
         j.retry_at = Clock::now() + std::chrono::milliseconds(300);
-        if (!j.counted) rep->set_rejoins(rep->rejoins() - 1);  // refused
+        if (j.as_rejoin && !j.counted) rep->set_rejoins(rep->rejoins() - 1);  // refused
       }
       if (j.done || endpoint.empty() || Clock::now() < j.retry_at) continue;
       std::vector<std::string> a = {"--join",
@@ -250,11 +230,14 @@ RunResult run_job(const SoakOptions& o, const std::vector<std::string>& args,
                                     dir + "/runs",
                                     "--quiet"};
       for (const std::string& s : sets) a.insert(a.end(), {"--set", s});
-      j.pid = spawn_launch(a, tag, dir + "/join-slot" + std::to_string(slot) + ".log");
+      j.pid = cluster.start(
+          slot, a, tag,
+          dir + "/join-slot" + std::to_string(slot) + "-" + std::to_string(++j.starts) + ".log");
       j.started = Clock::now();
       j.counted = false;
+      j.as_rejoin = j.rejoin;
       joined_pids.push_back(j.pid);
-      rep->set_rejoins(rep->rejoins() + 1);
+      if (j.rejoin) rep->set_rejoins(rep->rejoins() + 1);
     }
     const double t = since(t0);
     if (watch && t >= next_sample) {
@@ -285,9 +268,9 @@ RunResult run_job(const SoakOptions& o, const std::vector<std::string>& args,
 }  // namespace
 
 faults::FaultSchedule soak_schedule(int faults, int64_t first_step, int gap, int world,
-                                    int workers_per_slot, uint64_t seed) {
+                                    int workers_per_slot, uint64_t seed, bool partitions) {
   std::mt19937_64 gen(seed);
-  const auto& kinds = mix();
+  const std::vector<faults::Fault::Kind> kinds = mix(partitions);
   std::vector<faults::Fault::Kind> deck;
   faults::FaultSchedule s;
   for (int i = 0; i < faults; ++i) {
@@ -299,7 +282,9 @@ faults::FaultSchedule soak_schedule(int faults, int64_t first_step, int gap, int
     f->set_kind(deck.back());
     deck.pop_back();
     f->set_step(first_step + int64_t(i) * gap);
-    const int lowest = f->kind() == faults::Fault::slot_loss ? workers_per_slot : 0;
+    const bool machine =
+        f->kind() == faults::Fault::slot_loss || f->kind() == faults::Fault::partition;
+    const int lowest = machine ? workers_per_slot : 0;
     f->set_rank(lowest + int(gen() % uint64_t(world - lowest)));
   }
   return s;
@@ -320,6 +305,24 @@ int soak_main(const SoakOptions& given) {
     return 2;
   }
   if (o.local == 0) o.local = world / o.workers_per_slot + o.standby;
+  // Partitions need a link per slot: network namespaces, where they can be made.
+  std::string why_local;
+  bool netns = o.machines == SoakMachines::kNetns;
+  if (o.machines == SoakMachines::kAuto) {
+    netns = test::NetnsLab::available(&why_local);
+  } else if (netns && !test::NetnsLab::available(&why_local)) {
+    std::fprintf(stderr, "keel-bench soak: --soak-machines netns: %s\n", why_local.c_str());
+    return 2;
+  } else if (!netns) {
+    why_local = "--soak-machines local";
+  }
+  std::unique_ptr<SoakCluster> cluster;
+  try {
+    cluster = std::make_unique<SoakCluster>(netns, o.local);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "keel-bench soak: cannot build the machines: %s\n", e.what());
+    return 1;
+  }
   const int64_t first = 10;
   const int64_t steps = first + int64_t(o.faults) * o.gap_steps + 10;
 
@@ -327,8 +330,10 @@ int soak_main(const SoakOptions& given) {
   rep.set_config(o.config);
   rep.set_faults(o.faults);
   rep.set_steps(int(steps));
+  rep.set_machines(netns ? "netns" : "local");
+  if (!netns) rep.set_no_partitions_why(why_local);
   *rep.mutable_schedule() =
-      soak_schedule(o.faults, first, o.gap_steps, world, o.workers_per_slot, o.seed);
+      soak_schedule(o.faults, first, o.gap_steps, world, o.workers_per_slot, o.seed, netns);
   for (const auto& f : rep.schedule().fault())
     ++(*rep.mutable_faults_by_kind())[faults::Fault::Kind_Name(f.kind())];
   std::string text;
@@ -339,14 +344,9 @@ int soak_main(const SoakOptions& given) {
 
   // Both runs: the same layout, steps and overrides. Every fault is an incident, so the
   // incident cap goes; a standby still on its way back is waited for, not a reason to stop.
-  std::vector<std::string> args = {"--config",
-                                   o.config,
-                                   "--local",
-                                   std::to_string(o.local),
-                                   "--standby",
-                                   std::to_string(o.standby),
-                                   "--workers-per-slot",
-                                   std::to_string(o.workers_per_slot)};
+  std::vector<std::string> args = cluster->layout_args();
+  args.insert(args.end(), {"--config", o.config, "--standby", std::to_string(o.standby),
+                           "--workers-per-slot", std::to_string(o.workers_per_slot)});
   std::vector<std::string> sets = o.sets;
   sets.insert(sets.end(), {"train.steps=" + std::to_string(steps),
                            "recovery.max_incidents=" + std::to_string(2 * o.faults + 10),
@@ -357,12 +357,14 @@ int soak_main(const SoakOptions& given) {
   const std::string tag =
       "KEEL_SOAK_TAG=" + std::to_string(getpid()) + "-" +
       std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
-  std::printf("keel-bench soak: %d faults over %lld steps, world %d on %d slots (%d standby)\n",
-              o.faults, static_cast<long long>(steps), world, o.local, o.standby);
+  std::printf("keel-bench soak: %d faults over %lld steps, world %d on %d slots (%d standby), %s\n",
+              o.faults, static_cast<long long>(steps), world, o.local, o.standby,
+              netns ? "one network namespace each"
+                    : ("all on this machine (no partitions: " + why_local + ")").c_str());
   std::printf("keel-bench soak: the fault-free reference ...\n");
   std::fflush(stdout);
-  const RunResult ref = run_job(o, args, sets, o.out + "/reference", 60 + 0.5 * double(steps),
-                                nullptr, tag + "-ref", 0, &rep);
+  const RunResult ref = run_job(o, *cluster, args, sets, o.out + "/reference",
+                                60 + 0.5 * double(steps), nullptr, tag + "-ref", 0, &rep);
   rep.set_reference_checksum(ref.report.param_checksum());
   rep.set_reference_wall_s(ref.wall_s);
   if (ref.exit_code != 0) {
@@ -378,8 +380,8 @@ int soak_main(const SoakOptions& given) {
   soak_args.insert(soak_args.end(), {"--inject", sched});
   // Budget: the reference's time plus 30 s a fault; a soak that needs more is stuck.
   const RunResult run =
-      run_job(o, soak_args, sets, o.out + "/soak", 120 + 3 * ref.wall_s + 30.0 * o.faults, &watch,
-              tag, o.faults, &rep);
+      run_job(o, *cluster, soak_args, sets, o.out + "/soak", 120 + 3 * ref.wall_s + 30.0 * o.faults,
+              &watch, tag, o.faults, &rep);
   const report::RunReport& r = run.report;
   rep.set_exit_code(run.exit_code);
   rep.set_soak_wall_s(run.wall_s);
@@ -395,7 +397,7 @@ int soak_main(const SoakOptions& given) {
   while (!watch.alive().empty() && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   for (const std::string& p : watch.alive()) rep.add_leftover_processes(p);
-  for (const std::string& s : job_shm(run.job)) rep.add_leftover_shm(s);
+  for (const std::string& s : cluster->leftover_shm(run.job)) rep.add_leftover_shm(s);
   memory_verdict(watch, run.wall_s, &rep);
 
   if (run.exit_code != 0)

@@ -1,8 +1,12 @@
 // keel-bench --soak N: one job through N mixed faults, checked for what a long job must not
 // lose. It runs the job fault-free once for reference, then once under a schedule of N faults
-// (crash, exit, the hang kinds, NaN loss, corrupt and lost snapshots, lost slots), bringing
-// every lost slot back with `keel-launch --join` as the job runs, so that standbys are there
-// for the next fault. At the end it checks:
+// (crash, exit, the hang kinds, NaN loss, corrupt and lost snapshots, lost slots, and where
+// network namespaces can be made, partitions), bringing every lost slot back with
+// `keel-launch --join` as the job runs, so that standbys are there for the next fault. A
+// partition needs machines with links of their own: with namespaces each slot is one
+// (tests/integration/netns.h), slot 0's launcher with the controller in the first, and a
+// partitioned machine is repaired (its processes killed, its memory emptied, its link up)
+// before it joins again. At the end it checks:
 //   - every step was done, and the final parameters are bitwise equal to the reference's;
 //   - every fault became an incident the job recovered from;
 //   - no process of the job and no shared-memory segment of it is left;
@@ -20,6 +24,11 @@
 
 namespace keel::bench {
 
+// Where the slots run: kLocal, all on this machine's loopback (keel-launch --local; no
+// partitions); kNetns, one network namespace each (partitions in the mix); kAuto, kNetns
+// when namespaces can be made here (root and iproute2), else kLocal.
+enum class SoakMachines { kAuto, kLocal, kNetns };
+
 struct SoakOptions {
   std::string config;             // the job (its train.steps is replaced)
   std::vector<std::string> sets;  // --set overrides, passed to both runs
@@ -30,14 +39,16 @@ struct SoakOptions {
   int workers_per_slot = 2;
   int gap_steps = 4;  // steps between two faults
   uint64_t seed = 1;
+  SoakMachines machines = SoakMachines::kAuto;
 };
 
 // The soak's faults: `faults` of them, one every `gap` steps from `first_step`, kinds in a
-// fixed mix (shuffled by `seed`, so every kind comes round evenly), ranks drawn uniformly;
-// slot_loss never names a rank of slot 0 (the controller's machine, which keel does not
-// survive losing). The same arguments give the same schedule.
+// fixed mix (shuffled by `seed`, so every kind comes round evenly; with `partitions`, the
+// mix has partition too), ranks drawn uniformly; slot_loss and partition never name a rank
+// of slot 0 (the controller's machine, which keel does not survive losing). The same
+// arguments give the same schedule.
 faults::FaultSchedule soak_schedule(int faults, int64_t first_step, int gap, int world,
-                                    int workers_per_slot, uint64_t seed);
+                                    int workers_per_slot, uint64_t seed, bool partitions);
 
 // Runs the soak; 0 when every check passed, 1 when one failed, 2 on bad input.
 int soak_main(const SoakOptions& o);

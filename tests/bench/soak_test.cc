@@ -11,6 +11,7 @@
 #include <set>
 
 #include "bench/soak.h"
+#include "integration/netns.h"
 #include "integration/worker_harness.h"
 #include "proto/bench.pb.h"
 #include "proto/report.pb.h"
@@ -23,7 +24,7 @@ namespace fs = std::filesystem;
 using faults::Fault;
 
 TEST(SoakSchedule, EveryKindComesRoundEvenlyAtItsOwnStep) {
-  const faults::FaultSchedule s = bench::soak_schedule(110, 10, 4, 8, 2, 7);
+  const faults::FaultSchedule s = bench::soak_schedule(110, 10, 4, 8, 2, 7, false);
   ASSERT_EQ(s.fault_size(), 110);
   std::map<Fault::Kind, int> kinds;
   for (int i = 0; i < s.fault_size(); ++i) {
@@ -52,14 +53,33 @@ TEST(SoakSchedule, EveryKindComesRoundEvenlyAtItsOwnStep) {
 }
 
 TEST(SoakSchedule, TheSeedDecidesTheOrderAndRepeatsIt) {
-  const auto a = bench::soak_schedule(50, 10, 4, 8, 2, 1);
-  const auto b = bench::soak_schedule(50, 10, 4, 8, 2, 1);
-  const auto c = bench::soak_schedule(50, 10, 4, 8, 2, 2);
+  const auto a = bench::soak_schedule(50, 10, 4, 8, 2, 1, false);
+  const auto b = bench::soak_schedule(50, 10, 4, 8, 2, 1, false);
+  const auto c = bench::soak_schedule(50, 10, 4, 8, 2, 2, false);
   EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
   EXPECT_NE(a.SerializeAsString(), c.SerializeAsString());
 }
 
+// With machines of their own (network namespaces) the mix has partitions too, as often as
+// every kind but crash, and like a lost slot never on slot 0, the controller's machine.
+TEST(SoakSchedule, PartitionsJoinTheMixWithMachinesOfTheirOwn) {
+  const faults::FaultSchedule s = bench::soak_schedule(120, 10, 4, 8, 2, 3, true);
+  std::map<Fault::Kind, int> kinds;
+  for (const Fault& f : s.fault()) {
+    if (f.kind() == Fault::slot_loss || f.kind() == Fault::partition) {
+      EXPECT_GE(f.rank(), 2) << f.ShortDebugString();
+    }
+    ++kinds[f.kind()];
+  }
+  EXPECT_EQ(kinds[Fault::partition], 10);
+  EXPECT_EQ(kinds[Fault::crash], 20);
+  EXPECT_EQ(kinds[Fault::slot_loss], 10);
+  EXPECT_EQ(kinds.size(), 11u);
+}
+
 // 100 faults of every kind the soak draws, lost slots brought back by --join as the job runs.
+// Where network namespaces can be made (root, as in CI) every slot is a machine of its own,
+// and partitions are in the mix: a cut-off machine is repaired and joins again.
 // keel-bench --soak checks the outcome itself and exits 1 on any failure; this test reads
 // soak.json and the soak run's own report, so that a soak that checked nothing cannot pass.
 TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
@@ -80,7 +100,16 @@ TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
       << log;
   EXPECT_EQ(rep.failures_size(), 0) << log;
   EXPECT_EQ(rep.faults(), 100);
-  EXPECT_EQ(rep.faults_by_kind_size(), 10) << log;  // every kind of the mix was drawn
+  std::string why;
+  const bool netns = NetnsLab::available(&why);
+  EXPECT_EQ(rep.machines(), netns ? "netns" : "local") << why;
+  // Every kind of the mix was drawn: partitions too, with machines of their own.
+  EXPECT_EQ(rep.faults_by_kind_size(), netns ? 11 : 10) << log;
+  if (netns) {
+    EXPECT_GT(rep.faults_by_kind().at("partition"), 0) << log;
+  } else {
+    EXPECT_FALSE(rep.no_partitions_why().empty());
+  }
   EXPECT_EQ(rep.steps_completed(), rep.steps());
   EXPECT_GE(rep.incidents(), 100);
   EXPECT_TRUE(rep.bitwise_equal());
@@ -105,8 +134,9 @@ TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(read_text(dir + "/out/soak/report.json"),
                                                           &run, jo)
                   .ok());
-  int from_backup = 0;
+  int from_backup = 0, partitions = 0;
   for (const auto& inc : run.incidents()) {
+    partitions += inc.kind() == "partition";
     if (inc.kind() == "nan") continue;
     EXPECT_EQ(inc.restored_from(), "memory") << inc.kind() << " at step " << inc.step();
     EXPECT_GE(inc.restored_step(), inc.step() - 1) << inc.kind() << " at step " << inc.step();
@@ -114,6 +144,10 @@ TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
   }
   EXPECT_GT(from_backup, 0);
   EXPECT_GT(rep.rank_sources().at("backup"), 0);
+  // Each partition an incident of its own kind: the slot was declared lost as cut off.
+  if (netns) {
+    EXPECT_EQ(partitions, rep.faults_by_kind().at("partition")) << log;
+  }
 }
 
 }  // namespace

@@ -398,6 +398,15 @@ void NetnsLab::heal(int i) {
   ip({"link", "set", veth_name(i), "up"});
 }
 
+void NetnsLab::repair(int i) {
+  kill_machine(i);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(shm_dir(i), ec))
+    std::filesystem::remove_all(e.path(), ec);
+  ip({"-n", ns_name(i), "link", "set", "eth0", "up"});
+  heal(i);
+}
+
 std::vector<pid_t> NetnsLab::processes_in(int i) const {
   std::vector<pid_t> pids = pids_in_netns(ns_name(i));
   std::erase(pids, ::getpid());

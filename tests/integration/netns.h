@@ -76,6 +76,12 @@ class NetnsLab {
   // none is left; throws keel::Error if some survive 5 s.
   void kill_machine(int i);
 
+  // Machine i back from repair, as after a reboot: every process in it killed (kill_machine),
+  // its /dev/shm (shm_dir) emptied, and its link up at both ends, whichever end a partition
+  // took down (cut() here, or `ip link set eth0 down` from inside). Throws keel::Error as
+  // kill_machine does, or naming the `ip` command that failed.
+  void repair(int i);
+
   // Pids of the processes whose network namespace is machine i's.
   std::vector<pid_t> processes_in(int i) const;
 

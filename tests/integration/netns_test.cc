@@ -125,6 +125,36 @@ TEST_F(Netns, KillMachineLeavesNoProcessInIt) {
   EXPECT_EQ(lab.processes_in(1), std::vector<pid_t>{other}) << "only machine 2 is lost";
 }
 
+// A machine cut off from inside (what keel's partition fault does: eth0 down in its own
+// namespace), with a process and a shared-memory file left in it, comes back from repair()
+// empty and reachable, and the other machines keep their processes.
+TEST_F(Netns, RepairBringsACutMachineBackEmpty) {
+  NetnsLab lab(3);
+  std::unique_ptr<TcpStoreServer> server;
+  lab.run_in(0, [&] { server = std::make_unique<TcpStoreServer>(lab.address(0), 0); });
+  const int port = server->port();
+  pid_t other = lab.spawn(2, {"sleep", "30"});
+  const std::string shm = lab.shm_dir(1) + "/keel-repair-test";
+  pid_t cutter =
+      lab.spawn(1, {"sh", "-c", "echo x > /dev/shm/keel-repair-test && ip link set dev eth0 down"});
+  int status = 0;
+  ASSERT_EQ(::waitpid(cutter, &status, 0), cutter);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  lab.spawn(1, {"sleep", "30"});
+  ASSERT_TRUE(std::filesystem::exists(shm));
+  lab.run_in(1, [&] {
+    EXPECT_THROW(detail::connect_tcp(lab.address(0), port, Clock::now() + 1s, "machine 0"),
+                 CommTimeout);
+  });
+
+  lab.repair(1);
+  EXPECT_TRUE(lab.processes_in(1).empty());
+  EXPECT_FALSE(std::filesystem::exists(shm));
+  expect_store_works(lab, 1, lab.address(0), port);
+  EXPECT_EQ(lab.processes_in(2), std::vector<pid_t>{other});
+  server->stop();
+}
+
 TEST_F(Netns, DestroyedLabLeavesNothing) {
   std::vector<std::string> names;
   std::string bridge;

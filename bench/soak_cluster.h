@@ -1,0 +1,57 @@
+// Where a soak's slots run (bench/soak.h), behind one interface so that the soak starts,
+// rejoins and repairs slots the same way on either:
+//   - on this machine: one `keel-launch --local N` starts every slot, all on loopback;
+//   - one machine per slot: a network namespace each (tests/integration/netns.h), slot 0's
+//     launcher (with the controller) in machine 0 with `--slots N`, every other slot joining
+//     from its own machine. Only there can one slot's link be cut: a partition.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace keel::test {
+class NetnsLab;
+}
+
+namespace keel::bench {
+
+class SoakCluster {
+ public:
+  // `slots` machines in namespaces with `netns` (throws keel::Error naming the `ip` command
+  // that failed), else none: everything runs here.
+  SoakCluster(bool netns, int slots);
+  ~SoakCluster();  // kills whatever still runs in the machines, and removes them
+  SoakCluster(const SoakCluster&) = delete;
+  SoakCluster& operator=(const SoakCluster&) = delete;
+
+  bool netns() const { return lab_ != nullptr; }
+  int slots() const { return slots_; }
+
+  // What tells slot 0's keel-launch how many slots the job has and where they are:
+  // `--local N` here, `--slots N` (the rest join) in namespaces.
+  std::vector<std::string> layout_args() const;
+
+  // Starts keel-launch `args` on slot `slot`'s machine in a session of its own, with `tag`
+  // ("NAME=value", by which the soak finds the job's processes) in its environment and its
+  // output in `log`. Throws keel::Error if it cannot be started.
+  pid_t start(int slot, const std::vector<std::string>& args, const std::string& tag,
+              const std::string& log);
+
+  // Slot `slot`'s machine back after the job lost it: in namespaces it is repaired
+  // (NetnsLab::repair: a partitioned machine's processes live on until then); here nothing
+  // is left to do (a lost slot's launcher took its workers and memory with it).
+  void repair(int slot);
+
+  // The job's shared-memory segments still there: /dev/shm/keel-<job>-* here and in every
+  // machine's own /dev/shm.
+  std::vector<std::string> leftover_shm(const std::string& job) const;
+
+ private:
+  int slots_;
+  std::unique_ptr<test::NetnsLab> lab_;
+};
+
+}  // namespace keel::bench
