@@ -221,7 +221,7 @@ RestorePoint restore_point(const std::map<int, Holdings>& have, int world, int64
                          ")");
   } else if (!empty.empty()) {
     why = detail::concat("no copy of the state of ", plural("rank", empty.size()), join(empty),
-                         "survives");
+                         " survives");
     std::string places;
     for (int r : empty) {
       auto w = where.find(r);

@@ -186,13 +186,20 @@ TEST(Recovery, NanLossSkipsTheUpdateAndRetries) {
   expect_clean(r);
 }
 
+// restart_all kills every rank at once and restores the newest sealed persistent checkpoint.
+// Step 4's is written in the background and sealed by rank 0 once every rank's part is in:
+// on a loaded machine a crash two steps later can come first, and the job then rightly stops
+// (no checkpoint, no restart from scratch). Rank 3 is slow for one second in step 5 (under
+// the hang rule's grace, which is off here, and the comm timeout), so that the crash comes
+// after the seal.
 TEST(Recovery, RestartAllFromThePersistentCheckpointIsEqualToo) {
   std::string dir = temp_dir("restart-all");
   JobRun r = run_job(
       dir, job_args(dir,
                     "--set recovery.mode=restart_all --set checkpoint.persistent_every_steps=4 "
-                    "--set checkpoint.dir=" +
-                        dir + "/ck --fault crash@step=6,rank=3"));
+                    "--set detect.hang_grace_ms=0 --set checkpoint.dir=" +
+                        dir +
+                        "/ck --fault slow@step=5,rank=3,delay_ms=1000 --fault crash@step=6,rank=3"));
   const JobRun& base = fault_free();
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(json_string_field(r.report, "param_checksum"),

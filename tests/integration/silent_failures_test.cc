@@ -99,6 +99,7 @@ TEST(SilentFailures, LostTogetherWithoutACheckpointStopsNamingTheRank) {
       launch_args(dir, 2, 16, "--fault slot_loss@step=10,rank=7 --fault slot_loss@step=10,rank=5"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "no copy of the state of")) << r.output;
+  EXPECT_TRUE(contains(r.output, " survives")) << r.output;  // not "rank 7survives"
   EXPECT_TRUE(contains(r.output, "allow_restart_from_scratch")) << r.output;
   EXPECT_EQ(r.leftover_processes, 0) << r.output;
   EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
