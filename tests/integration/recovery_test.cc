@@ -195,11 +195,12 @@ TEST(Recovery, NanLossSkipsTheUpdateAndRetries) {
 TEST(Recovery, RestartAllFromThePersistentCheckpointIsEqualToo) {
   std::string dir = temp_dir("restart-all");
   JobRun r = run_job(
-      dir, job_args(dir,
-                    "--set recovery.mode=restart_all --set checkpoint.persistent_every_steps=4 "
-                    "--set detect.hang_grace_ms=0 --set checkpoint.dir=" +
-                        dir +
-                        "/ck --fault slow@step=5,rank=3,delay_ms=1000 --fault crash@step=6,rank=3"));
+      dir,
+      job_args(dir,
+               "--set recovery.mode=restart_all --set checkpoint.persistent_every_steps=4 "
+               "--set detect.hang_grace_ms=0 --set checkpoint.dir=" +
+                   dir +
+                   "/ck --fault slow@step=5,rank=3,delay_ms=1000 --fault crash@step=6,rank=3"));
   const JobRun& base = fault_free();
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(json_string_field(r.report, "param_checksum"),
