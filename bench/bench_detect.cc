@@ -54,6 +54,7 @@ using bench::job_dir_in;
 using bench::must_run;
 using bench::parse_event;
 using bench::random_shards;
+using bench::read_controller_file;
 using bench::read_report;
 using bench::run;
 
@@ -335,10 +336,9 @@ KindResult partition(const std::string& dir, const std::string& shards, int n) {
       // The controller's endpoint and job id, once slot 0 has written them.
       std::string endpoint, job;
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-      while (job.empty() && std::chrono::steady_clock::now() < deadline) {
+      while (std::chrono::steady_clock::now() < deadline) {
         const std::string jd = job_dir_in(dir + "/runs");
-        std::ifstream in(jd + "/controller");
-        if (!jd.empty() && std::getline(in, endpoint) && std::getline(in, job)) break;
+        if (!jd.empty() && read_controller_file(jd, &endpoint, &job)) break;
         job.clear();
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -35,14 +36,17 @@ inline std::string random_shards(const std::string& dir) {
   return dir + "/train_*.bin";
 }
 
+// A file's whole text; "" if it cannot be read (not there yet, or gone).
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
 // Reads a --report JSON file into `r`; false if it is missing or not a report.
 inline bool read_report(const std::string& path, report::RunReport* r) {
-  std::ifstream in(path);
-  if (!in) return false;
-  std::string json((std::istreambuf_iterator<char>(in)), {});
   google::protobuf::util::JsonParseOptions o;
   o.ignore_unknown_fields = true;
-  return google::protobuf::util::JsonStringToMessage(json, r, o).ok();
+  return google::protobuf::util::JsonStringToMessage(read_text(path), r, o).ok();
 }
 
 // The run directory keel-launch made under `runs` (runs/<job>/), or "" before it has.
@@ -51,6 +55,15 @@ inline std::string job_dir_in(const std::string& runs) {
   for (const auto& e : std::filesystem::directory_iterator(runs, ec))
     if (e.is_directory()) return e.path().string();
   return "";
+}
+
+// The controller's endpoint and the job id from the file slot 0's keel-launch writes in its
+// run directory (job_dir/controller: the endpoint, then the job, a line each); false until
+// it has written both.
+inline bool read_controller_file(const std::string& job_dir, std::string* endpoint,
+                                 std::string* job) {
+  std::istringstream in(read_text(job_dir + "/controller"));
+  return std::getline(in, *endpoint) && std::getline(in, *job) && !job->empty();
 }
 
 // One line of a job's events.jsonl (launcher/event_log.h); false if it is not one.

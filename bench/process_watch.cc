@@ -1,9 +1,10 @@
 #include "bench/process_watch.h"
 
+#include "bench/bench_util.h"
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 namespace keel::bench {
@@ -13,14 +14,9 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
 // /proc/<pid>/comm without its newline ("" once the process is gone).
 std::string comm_of(pid_t pid) {
-  std::string comm = read_all("/proc/" + std::to_string(pid) + "/comm");
+  std::string comm = read_text("/proc/" + std::to_string(pid) + "/comm");
   while (!comm.empty() && comm.back() == '\n') comm.pop_back();
   return comm;
 }
@@ -41,7 +37,7 @@ std::vector<pid_t> ProcessWatch::tagged() const {
     // A leading NUL makes the first entry findable like the rest; a process gone meanwhile
     // reads as "".
     std::string env(1, '\0');
-    env += read_all(e.path().string() + "/environ");
+    env += read_text(e.path().string() + "/environ");
     if (env.find(entry) != std::string::npos) out.push_back(pid_t(std::atoi(name.c_str())));
   }
   return out;
@@ -53,14 +49,14 @@ int ProcessWatch::sample() {
   for (pid_t pid : tagged()) {
     // Anonymous resident memory only: what a leak grows. Mapped libraries and the shared
     // memory of snapshots are resident too, but neither grows with faults.
-    const std::string status = read_all("/proc/" + std::to_string(pid) + "/status");
+    const std::string status = read_text("/proc/" + std::to_string(pid) + "/status");
     const size_t at = status.find("RssAnon:");
     if (at == std::string::npos) continue;  // exited between the scan and now
     const int64_t anon_kib = std::atoll(status.c_str() + at + 8);
     const std::string comm = comm_of(pid);
     // Field 22 of stat, the start time in clock ticks since boot; the name before it is in
     // parentheses and may hold spaces, so count from its closing one.
-    const std::string stat = read_all("/proc/" + std::to_string(pid) + "/stat");
+    const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
     const size_t close = stat.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream fields(stat.substr(close + 2));

@@ -38,11 +38,6 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
 // The exit status of a finished child, or -1 while it runs.
 int reap(pid_t pid) {
   int st = 0;
@@ -174,11 +169,8 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
       break;
     }
     if (job_dir.empty()) job_dir = job_dir_in(dir + "/runs");
-    if (!job_dir.empty() && endpoint.empty()) {
-      std::istringstream c(slurp(job_dir + "/controller"));
-      std::string ep, job;
-      if (std::getline(c, ep) && std::getline(c, job) && !job.empty()) endpoint = ep, res.job = job;
-    }
+    if (!job_dir.empty() && endpoint.empty() && !read_controller_file(job_dir, &endpoint, &res.job))
+      endpoint.clear();
     if (!job_dir.empty()) {
       for (const events::Event& e : events.read(job_dir + "/events.jsonl")) {
         if (e.kind() == "slot_lost") {

@@ -7,25 +7,13 @@
 #include <filesystem>
 
 #include "bench/bench_util.h"
+#include "ckpt/snapshot_region.h"
 #include "integration/netns.h"
 #include "runtime/check.h"
 
 namespace keel::bench {
-namespace {
 
 namespace fs = std::filesystem;
-
-// Segments of `job` in directory `dir`, named as `where` + their name.
-void job_segments(const std::string& dir, const std::string& job, const std::string& where,
-                  std::vector<std::string>* out) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (!job.empty() && n.rfind("keel-" + job + "-", 0) == 0) out->push_back(where + n);
-  }
-}
-
-}  // namespace
 
 SoakCluster::SoakCluster(bool netns, int slots) : slots_(slots) {
   if (netns) lab_ = std::make_unique<test::NetnsLab>(slots);
@@ -72,11 +60,13 @@ void SoakCluster::repair(int slot) {
 }
 
 std::vector<std::string> SoakCluster::leftover_shm(const std::string& job) const {
-  std::vector<std::string> out;
-  job_segments("/dev/shm", job, "", &out);
-  if (lab_)
-    for (int i = 0; i < lab_->size(); ++i)
-      job_segments(lab_->shm_dir(i), job, "machine " + std::to_string(i) + ": ", &out);
+  if (job.empty()) return {};  // the job never started: nothing of it can be left
+  std::vector<std::string> out = job_segments(job);
+  for (int i = 0; lab_ && i < lab_->size(); ++i) {
+    if (!fs::is_directory(lab_->shm_dir(i))) continue;  // nothing ever ran there
+    for (const std::string& s : job_segments(job, lab_->shm_dir(i)))
+      out.push_back("machine " + std::to_string(i) + ": " + s);
+  }
   return out;
 }
 

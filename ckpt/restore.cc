@@ -27,6 +27,14 @@ void drop_if_damaged(SnapshotRegion& region, int64_t step, const TrainState& sta
 RestoreResult restore_state(TrainState& state, int64_t step, SnapshotRegion* own,
                             const std::string& holder_addr, int owner_rank, int holder_rank,
                             std::chrono::milliseconds timeout) {
+  std::vector<BackupSource> servers;
+  if (!holder_addr.empty()) servers.push_back({holder_addr, holder_rank});
+  return restore_state(state, step, own, servers, owner_rank, timeout);
+}
+
+RestoreResult restore_state(TrainState& state, int64_t step, SnapshotRegion* own,
+                            const std::vector<BackupSource>& servers, int owner_rank,
+                            std::chrono::milliseconds timeout) {
   RestoreResult result;
   std::string why;
   if (own) {
@@ -42,12 +50,12 @@ RestoreResult restore_state(TrainState& state, int64_t step, SnapshotRegion* own
   } else {
     result.skipped.push_back("own slot: no snapshot segment");
   }
-  if (!holder_addr.empty()) {
-    std::string source = holder_rank >= 0 ? detail::concat("backup held by rank ", holder_rank,
-                                                           " (", holder_addr, ")")
-                                          : "backup at " + holder_addr;
+  for (const BackupSource& server : servers) {
+    std::string source = server.rank >= 0 ? detail::concat("backup held by rank ", server.rank,
+                                                           " (", server.addr, ")")
+                                          : "backup at " + server.addr;
     try {
-      BackupClient client(holder_addr, timeout);
+      BackupClient client(server.addr, timeout);
       uint64_t sum = 0;
       if (client.fetch(owner_rank, step, state, &why, &sum)) {
         result.checksum = sum;
@@ -59,9 +67,8 @@ RestoreResult restore_state(TrainState& state, int64_t step, SnapshotRegion* own
       why = e.what();
     }
     result.skipped.push_back(source + ": " + why);
-  } else {
-    result.skipped.push_back("backup: no holder");
   }
+  if (servers.empty()) result.skipped.push_back("backup: no holder");
   std::string msg = detail::concat("cannot restore rank ", owner_rank, " to step ", step, ":");
   for (const auto& s : result.skipped) msg += "\n  " + s;
   throw RestoreError(msg);

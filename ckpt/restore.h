@@ -42,6 +42,18 @@ RestoreResult restore_state(TrainState& state, int64_t step, SnapshotRegion* own
                             const std::string& holder_addr, int owner_rank, int holder_rank = -1,
                             std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
+// A BackupServer to fetch from: its "host:port", and the rank that runs it (for messages;
+// -1: none named).
+struct BackupSource {
+  std::string addr;
+  int rank = -1;
+};
+// The same with several servers, tried in order after `own`: a replay on another machine asks
+// the rank's holder, then the rank's own server, which serves the rank's own snapshots.
+RestoreResult restore_state(TrainState& state, int64_t step, SnapshotRegion* own,
+                            const std::vector<BackupSource>& servers, int owner_rank,
+                            std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
 // Steps rank `rank` of `job` could restore, newest first: the valid slots of its own
 // segment and those of `holder`'s backup segment written for it (holder < 0: none). Reads
 // the segments read-only. Without `verify` only the headers are read (what surveys use:

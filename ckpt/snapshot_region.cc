@@ -107,11 +107,11 @@ std::string backup_segment_name(const std::string& job, int holder_rank) {
   return detail::concat("/keel-", checked_job(job), "-b", holder_rank);
 }
 
-std::vector<std::string> job_segments(const std::string& job) {
+std::vector<std::string> job_segments(const std::string& job, const std::string& shm_dir) {
   std::string prefix = "keel-" + checked_job(job) + "-";
   std::vector<std::string> out;
-  DIR* dir = ::opendir("/dev/shm");
-  KEEL_CHECK(dir != nullptr, "opendir /dev/shm: ", std::strerror(errno));
+  DIR* dir = ::opendir(shm_dir.c_str());
+  KEEL_CHECK(dir != nullptr, "opendir ", shm_dir, ": ", std::strerror(errno));
   while (dirent* e = ::readdir(dir)) {
     std::string n = e->d_name;
     if (n.size() <= prefix.size() + 1 || n.compare(0, prefix.size(), prefix) != 0) continue;

@@ -41,8 +41,10 @@ class SnapshotError : public Error {
 std::string snapshot_segment_name(const std::string& job, int rank);
 // "/keel-<job>-b<holder>": the backups that rank `holder` keeps for its backup owner.
 std::string backup_segment_name(const std::string& job, int holder_rank);
-// Names (with the leading '/') of every snapshot and backup segment of `job` in /dev/shm.
-std::vector<std::string> job_segments(const std::string& job);
+// Names (with the leading '/') of every snapshot and backup segment of `job` in `shm_dir`:
+// /dev/shm, or the directory another machine's /dev/shm is (tests/integration/netns.h).
+std::vector<std::string> job_segments(const std::string& job,
+                                      const std::string& shm_dir = "/dev/shm");
 // Unlinks every segment job_segments() lists; returns how many it removed. Mappings still
 // open elsewhere stay valid until unmapped.
 int unlink_job_segments(const std::string& job);

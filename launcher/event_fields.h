@@ -4,7 +4,6 @@
 #pragma once
 
 #include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 
 #include <string>
 
@@ -23,11 +22,6 @@ class EventFields {
   EventFields& add(const std::string& key, const char* v) { return add(key, std::string(v)); }
   // The fields as a Struct, e.g. to nest them in a larger message (launcher/event_log.h).
   const google::protobuf::Struct& fields() const { return s_; }
-  std::string json() const {
-    std::string out;
-    (void)google::protobuf::util::MessageToJsonString(s_, &out);
-    return out;
-  }
 
  private:
   google::protobuf::Struct s_;

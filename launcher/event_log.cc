@@ -1,5 +1,7 @@
 #include "launcher/event_log.h"
 
+#include <google/protobuf/util/json_util.h>
+
 #include <cerrno>
 #include <cstring>
 #include <utility>

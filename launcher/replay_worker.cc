@@ -100,33 +100,25 @@ int replay(const WorkerOptions& o, const ReplayEnv& re, const std::shared_ptr<St
   if (bp.holder < 0)
     throw Error(detail::concat("rank ", x, " of the job (", T * P * D,
                                " rank(s)) has no backup holder to replay from"));
-  auto source = make_train_state(cfg_d, backend.get(), *plugin, topo_d, x);
-  std::string tried;
-  bool restored = false;
+  std::vector<BackupSource> servers;
+  std::string unregistered;
   for (const int server : {bp.holder, x}) {
     const std::string key = recovery::backup_addr_key(re.epoch, server);
-    std::string addr;
     try {
-      addr = store->get(key, timeout);
+      servers.push_back({store->get(key, timeout), server});
     } catch (const CommTimeout&) {
-      tried += detail::concat("\n  no backup server of rank ", server, " registered in epoch ",
-                              re.epoch, " (", key, ")");
-      continue;
-    }
-    try {
-      const RestoreResult got = restore_state(*source, re.step, nullptr, addr, x, server, timeout);
-      LOG(INFO) << re.key << " rank " << g << ": rank " << x << "'s step " << re.step << " from "
-                << got.source;
-      restored = true;
-      break;
-    } catch (const RestoreError& e) {
-      tried += detail::concat("\n  ", e.what());
+      unregistered += detail::concat("\n  no backup server of rank ", server,
+                                     " registered in epoch ", re.epoch, " (", key, ")");
     }
   }
-  if (!restored)
-    throw Error(detail::concat("rank ", x, "'s state of step ", re.step,
-                               " is on neither its holder (rank ", bp.holder,
-                               ") nor itself:", tried));
+  auto source = make_train_state(cfg_d, backend.get(), *plugin, topo_d, x);
+  try {
+    const RestoreResult got = restore_state(*source, re.step, nullptr, servers, x, timeout);
+    LOG(INFO) << re.key << " rank " << g << ": rank " << x << "'s step " << re.step << " from "
+              << got.source;
+  } catch (const RestoreError& e) {
+    throw Error(e.what() + unregistered);
+  }
   auto state = make_train_state(cfg_1, backend.get(), *plugin, topo_1, g);
   const std::vector<StateSpan> from = source->spans(), to = state->spans();
   for (size_t i = 0; i < from.size(); ++i)

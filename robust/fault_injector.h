@@ -101,8 +101,8 @@ class FaultInjector {
   // the same machine later (a stop-time replay worker) computes wrong the same way.
   void set_machine(int slot) { machine_ = slot; }
   // Makes this process as wrong as machine `slot`'s recorded defect (if any): on_computed
-  // then flips as for a claimed persistent sdc fault, at every step. No record (looked up
-  // with a 1 ms timeout) is a healthy machine. Returns whether a defect was armed.
+  // then flips as for a claimed persistent sdc fault, at every step. No record (its count
+  // beside it, see record_machine) is a healthy machine. Returns whether a defect was armed.
   bool arm_machine_defects(int slot);
   // "sdc/defective/<slot>": the store key of machine `slot`'s defect.
   static std::string machine_defect_key(int slot);

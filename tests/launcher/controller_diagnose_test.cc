@@ -3,6 +3,7 @@
 // which stand-ins it starts (the suspects' ranks and their groups' peers, nobody else), what
 // it does without slots or budget, and how the incident and the event log carry the verdict.
 #include <fcntl.h>
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -112,7 +113,9 @@ class ControllerDiagnoseTest : public testing::Test {
     o.job = detail::concat("diagctl", ::getpid());
     o.store_addr = detail::concat("127.0.0.1:", server.port());
     o.on_event = [this](const std::string& kind, const EventFields& fields) {
-      events.emplace_back(kind, fields.json());
+      std::string json;
+      (void)google::protobuf::util::MessageToJsonString(fields.fields(), &json);
+      events.emplace_back(kind, json);
     };
     return std::make_unique<Controller::Impl>(o, host.get(), store, nullptr);
   }
