@@ -66,7 +66,7 @@ inline bool read_controller_file(const std::string& job_dir, std::string* endpoi
   return std::getline(in, *endpoint) && std::getline(in, *job) && !job->empty();
 }
 
-// One line of a job's events.jsonl (launcher/event_log.h); false if it is not one.
+// One line of a job's events.jsonl (launcher/controller/event_log.h); false if it is not one.
 inline bool parse_event(const std::string& line, events::Event* e) {
   return google::protobuf::util::JsonStringToMessage(line, e).ok();
 }

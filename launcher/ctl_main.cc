@@ -19,7 +19,7 @@
 #include <string>
 
 #include "launcher/control_plane.h"
-#include "launcher/standby_plan.h"
+#include "robust/standby_plan.h"
 #include "runtime/check.h"
 #include "runtime/cli.h"
 #include "runtime/logging.h"

@@ -17,14 +17,14 @@
 #include "ckpt/backup_placement.h"
 #include "ckpt/persistent_checkpoint.h"
 #include "ckpt/snapshot_region.h"
-#include "launcher/agent.h"
-#include "launcher/agent_host.h"
+#include "launcher/agent/agent.h"
+#include "launcher/controller/agent_host.h"
 #include "launcher/control_plane.h"
-#include "launcher/controller.h"
-#include "launcher/event_log.h"
-#include "launcher/local_host.h"
+#include "launcher/controller/controller.h"
+#include "launcher/controller/event_log.h"
+#include "launcher/controller/local_host.h"
 #include "launcher/recovery_protocol.h"
-#include "launcher/supervisor.h"
+#include "launcher/controller/supervisor.h"
 #include "parallel/net_address.h"
 #include "parallel/tcp_store.h"
 #include "proto/config_loader.h"
@@ -209,7 +209,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
       if (o.workers_per_slot > 0)
         argv.insert(argv.end(), {"--workers-per-slot", std::to_string(o.workers_per_slot)});
       // SIGTERM, not SIGKILL, when slot 0 dies: the slot's agent then stops its workers and
-      // removes the job's shared memory before it goes (launcher/agent.h).
+      // removes the job's shared memory before it goes (launcher/agent/agent.h).
       children.push_back(spawn_child(argv, {}, "", SIGTERM));
     }
   }
@@ -231,7 +231,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
 
   const double job_start = recovery::unix_now();
   auto store = std::make_shared<TcpStore>(host, store_server.port());
-  // What a parked standby worker knows before it has a rank (launcher/standby.h).
+  // What a parked standby worker knows before it has a rank (launcher/worker/standby.h).
   char start[32];
   std::snprintf(start, sizeof(start), "%.6f", job_start);
   const std::map<std::string, std::string> standby_env = {

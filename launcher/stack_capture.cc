@@ -246,4 +246,34 @@ std::string format_stacks(const ProcessStacks& stacks) {
   return os.str();
 }
 
+control::RankStacks to_message(int rank, const ProcessStacks& stacks) {
+  control::RankStacks m;
+  m.set_rank(rank);
+  m.set_pid(stacks.pid);
+  m.set_error(stacks.error);
+  for (const ThreadStack& t : stacks.threads) {
+    control::ThreadStackMsg* tm = m.add_threads();
+    tm->set_tid(t.tid);
+    tm->set_name(t.name);
+    tm->set_error(t.error);
+    for (const auto& f : t.frames) tm->add_frames(f);
+  }
+  return m;
+}
+
+ProcessStacks from_message(const control::RankStacks& msg) {
+  ProcessStacks s;
+  s.pid = msg.pid();
+  s.error = msg.error();
+  for (const auto& tm : msg.threads()) {
+    ThreadStack t;
+    t.tid = tm.tid();
+    t.name = tm.name();
+    t.error = tm.error();
+    t.frames.assign(tm.frames().begin(), tm.frames().end());
+    s.threads.push_back(std::move(t));
+  }
+  return s;
+}
+
 }  // namespace keel

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "proto/control.pb.h"
+
 namespace keel {
 
 // One thread's stack, innermost frame first. A frame reads "function+0xOFF (module)", or
@@ -48,5 +50,9 @@ std::vector<ProcessStacks> capture_stacks(const std::vector<pid_t>& pids,
 // The stacks as text, one block per thread ("thread TID (NAME)" then a frame a line,
 // indented), as written to runs/<job>/stacks/<incident>/rank<R>.txt.
 std::string format_stacks(const ProcessStacks& stacks);
+
+// A capture as its control-plane message (the agents send these), and back.
+control::RankStacks to_message(int rank, const ProcessStacks& stacks);
+ProcessStacks from_message(const control::RankStacks& msg);
 
 }  // namespace keel

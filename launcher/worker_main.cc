@@ -1,18 +1,18 @@
 // keel-worker: trains one rank, or with --nproc supervises N local ranks through their
-// failures (launcher/supervisor.h). Rank 0 prints a line per step and writes the report,
+// failures (launcher/controller/supervisor.h). Rank 0 prints a line per step and writes the report,
 // the loss curve and llm.c weights on request.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "launcher/diagnose_worker.h"
-#include "launcher/input_checks.h"
-#include "launcher/local_host.h"
+#include "launcher/worker/diagnose_worker.h"
+#include "launcher/worker/input_checks.h"
+#include "launcher/processes.h"
 #include "launcher/recovery_protocol.h"
-#include "launcher/replay_worker.h"
-#include "launcher/supervisor.h"
-#include "launcher/worker.h"
+#include "launcher/worker/replay_worker.h"
+#include "launcher/controller/supervisor.h"
+#include "launcher/worker/worker.h"
 #include "launcher/worker_options.h"
 #include "parallel/comm_error.h"
 #include "proto/config_loader.h"
@@ -38,9 +38,9 @@ int main(int argc, char** argv) {
                            : diagnose    ? "keel-diagnose"
                            : o.nproc > 0 ? "keel-supervisor"
                                          : "keel-worker");
-    // A stop-time SDC replay (launcher/replay_worker.h): one step, one digest, no supervisor.
+    // A stop-time SDC replay (launcher/worker/replay_worker.h): one step, one digest, no supervisor.
     if (replay) return keel::run_replay_worker(o);
-    // Stop-time diagnostics (launcher/diagnose_worker.h): checks, one answer, no supervisor.
+    // Stop-time diagnostics (launcher/worker/diagnose_worker.h): checks, one answer, no supervisor.
     if (diagnose) return keel::run_diagnose_worker(o);
     if (o.nproc > 0) {
       keel::check_launch(o);

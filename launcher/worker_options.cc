@@ -30,7 +30,7 @@ void add_worker_flags(WorkerCli* c, WorkerOptions* o) {
       ->type_name("FILE");
   app.add_option("--loss-svg", o->loss_svg_path, "draw the loss curve as an SVG (rank 0)")
       ->type_name("FILE");
-  // Only >= 1 here: check_launch (launcher/input_checks.h) says what bounds N, and how the
+  // Only >= 1 here: check_launch (launcher/worker/input_checks.h) says what bounds N, and how the
   // config's tp·pp·dp disagrees.
   app.add_option("--nproc", o->nproc,
                  "start N local ranks (N = tp·pp·dp) with a store, and supervise them")

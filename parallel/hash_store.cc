@@ -10,6 +10,13 @@ void HashStore::set(const std::string& key, const std::string& value) {
   cv_.notify_all();
 }
 
+std::optional<std::string> HashStore::try_get(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end()) return std::nullopt;
+  return it->second;
+}
+
 std::string HashStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   wait({key}, timeout);
   std::lock_guard<std::mutex> lock(mu_);

@@ -14,6 +14,7 @@ class HashStore : public Store {
  public:
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
+  std::optional<std::string> try_get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   void erase(const std::vector<std::string>& keys,

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,9 @@ class Store {
   virtual void set(const std::string& key, const std::string& value) = 0;
   // Waits until key exists and returns its value; throws CommTimeout after `timeout`.
   virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // The value of `key` if it exists now, without waiting: "is it there" is one round trip,
+  // not a get with a tiny timeout that a loaded store can miss.
+  virtual std::optional<std::string> try_get(const std::string& key) = 0;
   // Waits until all keys exist; throws CommTimeout naming the missing ones after `timeout`.
   virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
   // Atomically adds delta to the integer at key (0 if absent) and returns the new value.
@@ -41,6 +45,9 @@ class PrefixStore : public Store {
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
     return inner_->get(prefix_ + key, timeout);
   }
+  std::optional<std::string> try_get(const std::string& key) override {
+    return inner_->try_get(prefix_ + key);
+  }
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
     std::vector<std::string> full;
     for (const auto& k : keys) full.push_back(prefix_ + k);
@@ -61,5 +68,31 @@ class PrefixStore : public Store {
   std::string prefix_;
   std::shared_ptr<Store> inner_;
 };
+
+// Typed values (proto/store_values.proto; keys in proto/store_keys.h): every value in the
+// store is a serialised protobuf message. `M` is any message type. A value that does not
+// parse as an `M` throws keel::Error naming the key: a store is the job's own, so a bad value
+// is a bug or a stranger, never input to guess at.
+template <class M>
+void set_message(Store& store, const std::string& key, const M& value) {
+  store.set(key, value.SerializeAsString());
+}
+template <class M>
+M parse_message(const std::string& key, const std::string& bytes) {
+  M m;
+  if (!m.ParseFromString(bytes))
+    throw Error("store key '" + key + "' does not hold a " + std::string(M::descriptor()->full_name()));
+  return m;
+}
+template <class M>
+M get_message(Store& store, const std::string& key, std::chrono::milliseconds timeout) {
+  return parse_message<M>(key, store.get(key, timeout));
+}
+template <class M>
+std::optional<M> try_get_message(Store& store, const std::string& key) {
+  std::optional<std::string> v = store.try_get(key);
+  if (!v) return std::nullopt;
+  return parse_message<M>(key, *v);
+}
 
 }  // namespace keel

@@ -25,7 +25,7 @@ using detail::concat;
 using detail::Fd;
 using detail::IoResult;
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kErase = 5 };
+enum Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kErase = 5, kTryGet = 6 };
 enum Status : uint8_t { kOk = 0, kTimedOut = 1, kFailed = 2 };
 
 // Bigger frames are a corrupt stream or a misuse; the store holds addresses and counters.
@@ -333,6 +333,14 @@ void TcpStoreServer::Impl::handle(Client& c, const std::string& payload) {
     Writer w;
     w.u8(kOk);
     reply(c, w);
+  } else if (op == kTryGet) {
+    // Answered at once: 1 and the value, or 0 when the key does not exist.
+    auto it = data.find(r.str());
+    Writer w;
+    w.u8(kOk);
+    w.u8(it != data.end() ? 1 : 0);
+    if (it != data.end()) w.str(it->second);
+    reply(c, w);
   } else if (op == kGet || op == kWait) {
     uint64_t timeout_ms = r.u64();
     uint32_t n = r.u32();
@@ -435,6 +443,18 @@ std::string TcpStore::get(const std::string& key, std::chrono::milliseconds time
   std::lock_guard lock(mu_);
   std::string rest = wait_reply(w.buf, {key}, timeout);
   Reader r{rest};
+  return r.str();
+}
+
+std::optional<std::string> TcpStore::try_get(const std::string& key) {
+  Writer w;
+  w.u8(kTryGet);
+  w.str(key);
+  std::lock_guard lock(mu_);
+  std::string payload = request(w.buf, op_timeout_);
+  Reader r{payload};
+  KEEL_CHECK(r.u8() == kOk, "tcp store: try_get '", key, "' failed");
+  if (r.u8() == 0) return std::nullopt;
   return r.str();
 }
 

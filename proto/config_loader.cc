@@ -298,7 +298,7 @@ constexpr int kMaxThreads = 1024;
 // Token shards store tokens as uint16.
 constexpr int kMaxVocab = 1 << 16;
 // Agents send a heartbeat, and workers a liveness report, every this many milliseconds
-// (launcher/agent.cc, launcher/progress_reporter.h); the controller answers each heartbeat.
+// (launcher/agent/agent.cc, launcher/worker/progress_reporter.h); the controller answers each heartbeat.
 constexpr int kReportPeriodMs = 200;
 // The longest timeout: a day is "never" for a job, and code that scales a budget in int
 // milliseconds (3/4 of it, say) stays far from overflow.

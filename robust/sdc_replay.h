@@ -6,7 +6,7 @@
 // bit; a group whose digest differs from the majority holds a defective machine. The groups
 // are arranged twice, contiguously and then strided, so that a machine is the only one it
 // shares with any group of the other arrangement: the machine in a failing group of both is
-// the culprit. Pure code; launcher/controller_replay.cc runs the groups.
+// the culprit. Pure code; launcher/controller/controller_replay.cc runs the groups.
 #pragma once
 
 #include <optional>

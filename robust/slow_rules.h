@@ -1,7 +1,7 @@
 // Fail-slow detection (DESIGN.md, Failure handling): a rank that does not fail but slows
 // down — a throttled device, a degraded link, a noisy neighbour — drags every step of a
 // synchronous job to its pace without an error. Pure code: the controller feeds it one
-// complete round at a time (control::RoundStats of every rank, launcher/round_meter.h) and
+// complete round at a time (control::RoundStats of every rank, launcher/worker/round_meter.h) and
 // acts on the verdict (robust/recovery_policy.h: evict or warn).
 //
 // Each round, by median and MAD over peers of the same role:

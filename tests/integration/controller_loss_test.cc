@@ -33,7 +33,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kExitControllerLost = 75;  // launcher/agent.h
+constexpr int kExitControllerLost = 75;  // launcher/agent/agent.h
 const std::string k3d = "tp: 2 pp: 2 dp: 2";
 
 std::string bin(const std::string& name) {

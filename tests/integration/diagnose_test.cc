@@ -1,4 +1,4 @@
-// Stop-time diagnostics (launcher/diagnose_worker.h, robust/diagnostics.h) as real
+// Stop-time diagnostics (launcher/worker/diagnose_worker.h, robust/diagnostics.h) as real
 // keel-worker processes, without a controller: the test starts the stand-ins of a TP2×PP1×DP2
 // job itself, one per machine (slot 10 + rank), as the controller would, and judges their
 // answers. A machine whose network the job recorded as defective breaks its links and is

@@ -1,4 +1,4 @@
-// The stop-time SDC replay's worker (launcher/replay_worker.h) as real keel-worker processes.
+// The stop-time SDC replay's worker (launcher/worker/replay_worker.h) as real keel-worker processes.
 // The test plays the parked job: BackupServers in this process hold the snapshots of step
 // kStep of a TP1×PP2×DP2 job of the test GPT, registered where the job's workers register
 // theirs. Replay groups of two workers load that state, run the one step and publish a
@@ -55,7 +55,7 @@ class ReplayWorkerTest : public testing::Test {
     auto plugin = Plugin::load(cfg.model().plugin());
     for (int h = 0; h < topo.world_size(); ++h) {
       holders.push_back(std::make_unique<BackupServer>(job, h));
-      store->set(recovery::backup_addr_key(kEpoch, h), holders.back()->address());
+      store->set(keys::backup_addr_key(kEpoch, h), holders.back()->address());
     }
     // Every rank's step-kStep state, pushed to its holder as its snapshotter would. Moments
     // that are not zero, so a changed gradient changes the update, not only its sign.

@@ -1,4 +1,4 @@
-// The controller's side of stop-time diagnostics (launcher/controller_diagnose.cc) against a
+// The controller's side of stop-time diagnostics (launcher/controller/controller_diagnose.cc) against a
 // RankHost that starts its "extra" processes as real keel-worker processes on this machine:
 // which stand-ins it starts (the suspects' ranks and their groups' peers, nobody else), what
 // it does without slots or budget, and how the incident and the event log carry the verdict.
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/controller_impl.h"
+#include "launcher/controller/controller_impl.h"
 #include "parallel/tcp_store.h"
 #include "proto/config_loader.h"
 #include "robust/fault_injector.h"

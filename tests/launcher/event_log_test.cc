@@ -1,6 +1,6 @@
-// The job's event log (launcher/event_log.h): every line a keel.events.Event printed by
+// The job's event log (launcher/controller/event_log.h): every line a keel.events.Event printed by
 // protobuf's JSON printer, user text escaped, and a full disk costing the log, not the job.
-#include "launcher/event_log.h"
+#include "launcher/controller/event_log.h"
 
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>

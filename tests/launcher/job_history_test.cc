@@ -1,6 +1,6 @@
 // The job's history as rank 0 reads it back from the store for its report
-// (launcher/job_history.h), with an in-memory store.
-#include "launcher/job_history.h"
+// (launcher/worker/job_history.h), with an in-memory store.
+#include "launcher/worker/job_history.h"
 
 #include <gtest/gtest.h>
 
@@ -24,9 +24,9 @@ TEST(JobHistory, AnEvaluationLostToAFailureIsLeftOutOfTheCurve) {
     r.set_step(s);
     r.set_loss(1.0 / (s + 1));
     r.set_wall_s(0.01);
-    store.set(recovery::step_key(s), r.SerializeAsString());
+    store.set(keys::step_key(s), r.SerializeAsString());
   }
-  store.set(recovery::eval_key(10), "0.5");  // the one after step 5 never ran
+  store.set(keys::eval_key(10), "0.5");  // the one after step 5 never ran
   report::RunReport rep;
   const auto t0 = std::chrono::steady_clock::now();
   read_job_history(store, cfg, /*world=*/1, /*has_val=*/true, &rep);
@@ -49,7 +49,7 @@ TEST(JobHistory, AStepRecordLostWithRankZeroIsNamedNotWaitedFor) {
     r.set_step(s);
     r.set_loss(10.0 - s);
     r.set_wall_s(0.5);
-    store.set(recovery::step_key(s), r.SerializeAsString());
+    store.set(keys::step_key(s), r.SerializeAsString());
   }
   report::RunReport rep;
   const auto t0 = std::chrono::steady_clock::now();

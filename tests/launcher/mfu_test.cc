@@ -1,5 +1,5 @@
 // honest_mfu: an MFU above 100% is never printed; the reason names the peak that is wrong.
-#include "launcher/mfu.h"
+#include "launcher/worker/mfu.h"
 
 #include <gtest/gtest.h>
 

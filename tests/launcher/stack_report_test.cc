@@ -1,7 +1,7 @@
 // collect_stacks end to end on LocalHost: three real ranks (this test binary, run again),
 // two waiting in a "collective" and one spinning; the spinner must be named, and the files
 // written. And the failures a caller must see as values.
-#include "launcher/stack_report.h"
+#include "launcher/controller/stack_report.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -16,10 +16,10 @@
 
 #include <gtest/gtest.h>
 
-#include "launcher/agent.h"
-#include "launcher/agent_host.h"
+#include "launcher/agent/agent.h"
+#include "launcher/controller/agent_host.h"
 #include "launcher/control_plane.h"
-#include "launcher/local_host.h"
+#include "launcher/controller/local_host.h"
 
 namespace keel_test {
 // What the ranks run; the names are what the stacks must show. noinline, and work after

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "launcher/standby.h"
+#include "launcher/worker/standby.h"
 #include "parallel/hash_store.h"
 #include "robust/golden_check.h"
 #include "tests/test_paths.h"
@@ -20,7 +20,7 @@ TEST(StandbyPark, PublishesGemmGoldenAndAllReduceResultsThenTakesItsPromotion) {
   id.index = 1;
   id.gen = 2;
   // Promoted before it parks: it must still check itself first, then find the assignment.
-  store->set(standby_assign_key(id.slot, id.index, id.gen), "7 3 8");
+  store->set(keys::standby_assign_key(id.slot, id.index, id.gen), "7 3 8");
   auto backend = make_cpu_backend(2);
   auto plugin = Plugin::load(test::bin_dir() + "/libkeel_gpt.so");
 
@@ -30,7 +30,7 @@ TEST(StandbyPark, PublishesGemmGoldenAndAllReduceResultsThenTakesItsPromotion) {
   EXPECT_EQ(a.world, 8);
 
   const std::string ready =
-      store->get(standby_ready_key(id.slot, id.index, id.gen), std::chrono::seconds(1));
+      store->get(keys::standby_ready_key(id.slot, id.index, id.gen), std::chrono::seconds(1));
   EXPECT_EQ(ready.rfind("ok ", 0), 0u) << ready;
   EXPECT_NE(ready.find("GEMM"), std::string::npos) << ready;
   EXPECT_NE(ready.find("all-reduce"), std::string::npos) << ready;
@@ -64,7 +64,7 @@ TEST(StandbyPark, ADefectiveMachineFailsTheGoldenCheckAndStaysOut) {
   };
   EXPECT_THROW(park_as_standby(*backend, plugin, Precision::kFp32, connect, id, defect), Error);
   const std::string ready =
-      store->get(standby_ready_key(id.slot, id.index, id.gen), std::chrono::seconds(1));
+      store->get(keys::standby_ready_key(id.slot, id.index, id.gen), std::chrono::seconds(1));
   EXPECT_EQ(ready.rfind("failed ", 0), 0u) << ready;
   if (golden_reference(golden_key(*backend))) {
     EXPECT_NE(ready.find("this device computes wrong"), std::string::npos) << ready;

@@ -1,7 +1,7 @@
 // plan_standby: small cases against binomials computed by hand, monotonicity in every input,
 // the inputs that reproduce the reference system's 4 spares for 1,024 machines, stability at
 // N = 100,000, and the errors keel-ctl plan-standby reports.
-#include "launcher/standby_plan.h"
+#include "robust/standby_plan.h"
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,76 @@
+// The job's controller: membership by epoch, failure detection and the recovery decisions
+// (DESIGN.md, Failure handling and Recovery protocol). It starts every rank through a
+// RankHost, watches their exits, the communication errors they report through the store,
+// their progress (a rank that stops while the others wait inside a collective is hung) and,
+// under keel-launch, whole slots; and on a failure it moves the job to the next epoch:
+//   recovery.mode = in_place     the failed ranks are restarted alone, the others rebuild
+//                                their communicators and every rank restores the newest
+//                                step that all of them can restore;
+//   recovery.mode = restart_all  every rank is stopped and the job restarts from its newest
+//                                persistent checkpoint.
+// Used by keel-worker --nproc (ranks forked locally) and keel-launch (ranks on agents).
+#pragma once
+
+#include <signal.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "launcher/controller/event_fields.h"
+#include "launcher/controller/rank_host.h"
+#include "parallel/store.h"
+#include "parallel/topology.h"
+#include "proto/config.pb.h"
+#include "proto/control.pb.h"
+#include "proto/report.pb.h"
+
+namespace keel {
+
+class ControlServer;
+
+struct ControllerOptions {
+  config::JobConfig cfg;
+  std::string job;                  // names the job's shared memory and run directory
+  std::string lineage;              // of its persistent checkpoints (ckpt/persistent_checkpoint.h):
+                                    // the job, or the checkpoint it resumed from
+  double job_start = 0;             // unix seconds (ETTR counts from here)
+  std::string store_addr;           // host:port of the rendezvous store the ranks meet through
+  std::string controller_endpoint;  // the control plane's endpoint ("" under --nproc)
+  std::string run_dir;              // runs/<job>: stacks go to run_dir/stacks/<name>/
+                                    // ("" : a temporary directory)
+  bool console_progress = false;    // print rank 0's progress every train.log_every steps
+  const volatile sig_atomic_t* stop_signal = nullptr;  // set by SIGINT/SIGTERM handlers
+  // Called for every event worth a line in the job's event log (launcher/controller/event_log.h).
+  std::function<void(const std::string& kind, const EventFields& fields)> on_event;
+};
+
+class Controller {
+ public:
+  // `store` is a client of the job's store; `server` (may be null) receives the ranks'
+  // progress and keel-ctl's requests; messages of agents are passed to `on_agent_message`.
+  Controller(ControllerOptions opts, RankHost* host, std::shared_ptr<Store> store,
+             ControlServer* server = nullptr);
+  ~Controller();
+
+  // Every message the controller does not handle itself (agents' registers, heartbeats and
+  // events) goes here, on the controller's thread.
+  void set_agent_handler(
+      std::function<void(const std::string& identity, const control::Envelope& msg)> fn);
+
+  // Starts every rank and runs the job to its end. Returns the process exit code.
+  int run();
+
+  // Handles the control-plane messages that have arrived (progress, keel-ctl, agents): for
+  // a RankHost that waits on its agents outside run()'s loop.
+  void pump();
+
+  int epoch() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace keel

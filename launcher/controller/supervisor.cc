@@ -1,0 +1,71 @@
+#include "launcher/controller/supervisor.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <optional>
+#include <random>
+
+#include "ckpt/persistent_checkpoint.h"
+#include "launcher/control_plane.h"
+#include "launcher/controller/controller.h"
+#include "launcher/controller/local_host.h"
+#include "launcher/job_env.h"
+#include "launcher/recovery_protocol.h"
+#include "parallel/tcp_store.h"
+#include "proto/config_loader.h"
+#include "runtime/check.h"
+
+namespace keel {
+namespace {
+
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) {
+  g_signal = sig;
+}
+
+}  // namespace
+
+int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv) {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM}) KEEL_CHECK_ERRNO(sigaction(sig, &sa, nullptr));
+  remove_stale_segments();
+
+  ControllerOptions co;
+  co.cfg = load_config(o.config_path, o.overrides);
+  co.job = make_job_id();
+  std::optional<ResumePoint> resumed;
+  if (!o.resume_dir.empty()) {
+    CheckpointLayout layout;
+    layout.tp = co.cfg.parallel().tp();
+    layout.pp = co.cfg.parallel().pp();
+    layout.dp = co.cfg.parallel().dp();
+    layout.zero1 = co.cfg.parallel().zero1();
+    try {
+      resumed = find_resume_point(o.resume_dir, layout);
+    } catch (const InputError&) {
+      // The ranks say what is wrong with it, each loading it.
+    }
+  }
+  co.lineage = checkpoint_lineage(co.job, resumed ? &*resumed : nullptr);
+  co.job_start = recovery::unix_now();
+  co.stop_signal = &g_signal;
+  TcpStoreServer store_server("127.0.0.1", 0);
+  co.store_addr = "127.0.0.1:" + std::to_string(store_server.port());
+  // The ranks report their progress here, which is how a hang is found without waiting
+  // for the communicator timeout.
+  ControlServer control("127.0.0.1", 0);
+  co.controller_endpoint = control.endpoint();
+  auto store = std::make_shared<TcpStore>("127.0.0.1", store_server.port());
+  LocalHost host(argv, o.nproc, co.job);
+  Controller controller(co, &host, store, &control);
+  const int code = controller.run();
+  host.stop_all(SIGKILL, std::chrono::milliseconds(0));
+  host.finish();
+  return code;
+}
+
+}  // namespace keel

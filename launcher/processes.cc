@@ -1,0 +1,93 @@
+#include "launcher/processes.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <set>
+
+#include "ckpt/snapshot_region.h"
+#include "runtime/check.h"
+#include "runtime/logging.h"
+
+namespace keel {
+
+std::string self_exe_path() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  KEEL_CHECK_ERRNO(n);
+  std::string path(buf, size_t(n));
+  const std::string deleted = " (deleted)";
+  if (path.size() > deleted.size() &&
+      path.compare(path.size() - deleted.size(), deleted.size(), deleted) == 0)
+    path.resize(path.size() - deleted.size());
+  return path;
+}
+
+void set_process_name(const char* name) {
+  // Longer names are cut to 15 characters by the kernel; only a bad pointer fails.
+  KEEL_CHECK_ERRNO(prctl(PR_SET_NAME, name, 0, 0, 0));
+}
+
+pid_t spawn_child(const std::vector<std::string>& argv,
+                  const std::map<std::string, std::string>& env, const std::string& log_path,
+                  int death_signal) {
+  const pid_t parent = getpid();
+  const std::string self = self_exe_path();
+  std::vector<std::string> args_owned = argv;
+  if (args_owned[0] == "/proc/self/exe") args_owned[0] = self;
+  // Built before fork(): the child of a threaded process should not allocate.
+  std::vector<char*> args;
+  for (const auto& a : args_owned) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const std::string exec_failed = "keel: exec " + args_owned[0];
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  KEEL_CHECK_ERRNO(pid);
+  if (pid != 0) return pid;
+  // Die with the parent, whatever kills it (SIGKILL included); and if it died between
+  // fork() and prctl(), the parent is already someone else: leave at once.
+  if (prctl(PR_SET_PDEATHSIG, death_signal) != 0 || getppid() != parent) _exit(1);
+  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+  if (!log_path.empty()) {
+    int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+  }
+  execv(args[0], args.data());
+  // This binary's file was deleted (a rebuild): /proc/self/exe is still the same binary.
+  if (errno == ENOENT && args_owned[0] == self) execv("/proc/self/exe", args.data());
+  // Straight to stderr, not through glog: in the child of a threaded process, after fork(),
+  // glog's locks may be held by a thread that is not here.
+  std::perror(exec_failed.c_str());
+  _exit(127);
+}
+
+void remove_stale_segments() {
+  DIR* dir = ::opendir("/dev/shm");
+  if (!dir) return;
+  std::set<std::string> stale;
+  while (dirent* e = ::readdir(dir)) {
+    int pid = 0;
+    unsigned tag = 0;
+    char kind = 0;
+    if (std::sscanf(e->d_name, "keel-%d-%8x-%c", &pid, &tag, &kind) == 3 && pid > 0 &&
+        ::kill(pid, 0) != 0 && errno == ESRCH) {
+      char job[32];
+      std::snprintf(job, sizeof(job), "%d-%08x", pid, tag);
+      stale.insert(job);
+    }
+  }
+  ::closedir(dir);
+  for (const auto& job : stale) {
+    const int n = unlink_job_segments(job);
+    if (n > 0) LOG(INFO) << "removed " << n << " shared-memory segment(s) of ended job " << job;
+  }
+}
+
+}  // namespace keel

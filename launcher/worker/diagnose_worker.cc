@@ -1,0 +1,264 @@
+#include "launcher/worker/diagnose_worker.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launcher/worker/rank_backend.h"
+#include "model/plugin_loader.h"
+#include "parallel/net_address.h"
+#include "parallel/socket_communicator.h"
+#include "parallel/tcp_store.h"
+#include "parallel/topology.h"
+#include "proto/config_loader.h"
+#include "proto/report.pb.h"
+#include "robust/fault_injector.h"
+#include "robust/golden_check.h"
+#include "robust/self_check.h"
+#include "runtime/logging.h"
+#include "runtime/text.h"
+
+namespace keel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct DiagnoseEnv {
+  std::string key;
+  int rank = 0;  // the job rank this process stands in for
+  int epoch = 0;
+  std::set<int> suspects;  // empty: every group
+};
+
+// "<key>:<job rank>:<epoch>", and KEEL_DIAGNOSE_SUSPECTS.
+DiagnoseEnv read_diagnose_env() {
+  const std::string v = std::getenv("KEEL_DIAGNOSE");
+  const std::vector<std::string> f = split(v, ':');
+  if (f.size() != 3 || f[0].empty())
+    throw InputError("KEEL_DIAGNOSE = '" + v + "': expected <key>:<job rank>:<epoch>");
+  DiagnoseEnv e;
+  e.key = f[0];
+  try {
+    e.rank = std::stoi(f[1]);
+    e.epoch = std::stoi(f[2]);
+    if (const char* s = std::getenv("KEEL_DIAGNOSE_SUSPECTS"); s && *s)
+      for (const std::string& r : split(s, ',')) e.suspects.insert(std::stoi(r));
+  } catch (const std::exception&) {
+    throw InputError("KEEL_DIAGNOSE = '" + v +
+                     "' or KEEL_DIAGNOSE_SUSPECTS: ranks and epoch must be integers");
+  }
+  if (e.rank < 0 || e.epoch < 0)
+    throw InputError("KEEL_DIAGNOSE = '" + v + "': job rank and epoch >= 0 expected");
+  return e;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+// The test buffer: member m holds (m + 1)·(i mod 13 + 1) at i, small integers whose sums are
+// exact in float in any order, so a wrong bit anywhere is a wrong result, not rounding.
+constexpr size_t kFloats = size_t(256) * 1024;
+constexpr int kWarmups = 1, kRepeats = 12;
+constexpr Millis kPause(10);
+
+float pattern(int member, size_t i) {
+  return float(member + 1) * float(i % 13 + 1);
+}
+
+struct GroupSpec {
+  const char* kind;
+  std::vector<int> members;  // job ranks, by rank within the group
+  std::string name;          // the topology's, e.g. "tp.dp1.pp0"
+};
+
+// One group test: meet the peers' stand-ins, all-reduce the buffer a few times and check it.
+report::DiagnosticGroup test_group(const std::shared_ptr<Store>& store, const std::string& key,
+                                   const GroupSpec& g, int job_rank, bool broken_links,
+                                   const std::string& host, Millis timeout) {
+  report::DiagnosticGroup r;
+  r.set_group(g.name);
+  r.set_blamed_rank(-1);
+  const int me = int(std::find(g.members.begin(), g.members.end(), job_rank) - g.members.begin());
+  const int n = int(g.members.size());
+  const auto t0 = Clock::now();
+  try {
+    SocketCommOptions so;
+    so.name = detail::concat(key, "/", g.kind, "/", g.name);
+    so.rank = me;
+    so.size = n;
+    so.timeout = timeout;
+    so.host = host;
+    auto comm = make_socket_communicator(store, so);
+    // Calls get a few seconds at most: over a healthy link 1 MiB moves in milliseconds.
+    const Millis call = std::min(timeout, Millis(5000));
+    // Every member is connected once the barrier is through, so a peer's failure is seen as
+    // that peer's (a PeerFailure naming it), not as a rendezvous that went wrong.
+    comm->barrier(call);
+    if (broken_links) {
+      // A defective NIC, as the job recorded it: the links go down under the test.
+      comm->abort();
+      r.set_blamed_rank(job_rank);
+      r.set_error("this machine's links are recorded defective: broke them, as its network would");
+      r.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
+      return r;
+    }
+    // What the communicator has sent so far, summed over its peers.
+    auto sent = [&comm] {
+      std::pair<uint64_t, double> s{0, 0.0};
+      for (const LinkStats& l : comm->link_stats()) {
+        s.first += l.bytes_sent;
+        s.second += l.send_s;
+      }
+      return s;
+    };
+    std::vector<float> buf(kFloats);
+    double best = 0;  // bytes per second of the fastest repetition
+    for (int rep = 0; rep < kWarmups + kRepeats; ++rep) {
+      for (size_t i = 0; i < kFloats; ++i) buf[i] = pattern(me, i);
+      // Spread over a few scheduler slices: on a loaded machine one preempted peer would
+      // otherwise slow every repetition of a burst a few milliseconds long.
+      std::this_thread::sleep_for(kPause);
+      // A send waits for its peer to read: members that enter at different times (one still
+      // checking the last result) would measure each other's lateness, not the link.
+      comm->barrier(call);
+      const auto before = sent();
+      comm->all_reduce(buf.data(), kFloats, ReduceOp::kSum, call);
+      const auto after = sent();
+      // The best repetition: a healthy link reaches its speed in one of them when the
+      // machine's other processes leave it the cores; a degraded one is slow in all.
+      if (rep >= kWarmups && after.second > before.second)
+        best = std::max(best, double(after.first - before.first) / (after.second - before.second));
+      const float sum = float(n) * float(n + 1) / 2;
+      for (size_t i = 0; i < kFloats; ++i)
+        if (buf[i] != sum * float(i % 13 + 1)) {
+          r.set_error(detail::concat("all-reduce of ", kFloats, " floats over ", n,
+                                     " members: element ", i, " is ", buf[i], ", expected ",
+                                     sum * float(i % 13 + 1)));
+          r.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
+          return r;
+        }
+    }
+    r.set_bytes_per_s(best);
+    r.set_ok(true);
+    // Nobody leaves before every peer has its result: a peer still receiving would see this
+    // member's close as a failure.
+    comm->barrier(call);
+  } catch (const PeerFailure& e) {
+    r.set_ok(false);
+    if (e.peer() >= 0 && e.peer() < n) r.set_blamed_rank(g.members[size_t(e.peer())]);
+    r.set_error(e.what());
+  } catch (const std::exception& e) {
+    r.set_ok(false);
+    r.set_error(e.what());
+  }
+  r.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
+  return r;
+}
+
+// The checks; throws what keeps them from running (the caller publishes it).
+void diagnose(const WorkerOptions& o, const DiagnoseEnv& de, const std::shared_ptr<Store>& store,
+              const std::string& store_host, report::Diagnostic* d) {
+  const auto start = Clock::now();
+  config::JobConfig cfg = load_config(o.config_path, o.overrides);
+  if (const int dp = env_int("KEEL_DP", 0); dp > 0) cfg.mutable_parallel()->set_dp(dp);
+  const Topology topo(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
+  if (de.rank >= topo.world_size())
+    throw InputError(detail::concat("KEEL_DIAGNOSE names job rank ", de.rank, ", but the job (tp",
+                                    topo.tp(), " pp", topo.pp(), " dp", topo.dp(), ") has ",
+                                    topo.world_size(), " ranks"));
+  const int budget_ms =
+      cfg.recovery().diagnostics_timeout_ms() > 0 ? cfg.recovery().diagnostics_timeout_ms() : 30000;
+  const auto groups_deadline = start + Millis(budget_ms * 3 / 4);
+
+  const Precision precision = config_precision(cfg);
+  // The device the rank itself uses.
+  std::unique_ptr<Backend> backend = make_rank_backend(cfg, de.rank, o.local_world_size);
+
+  const SelfCheckResult gemm = gemm_self_check(*backend, precision);
+  d->set_gemm_ok(gemm.ok);
+  d->set_gemm_max_rel_error(gemm.max_rel_error);
+
+  // The machine's recorded defect is armed, so a machine that computes wrong fails here as
+  // it would in training; on CPU with one thread, as the golden digests were recorded.
+  FaultInjector defect(faults::FaultSchedule{}, de.rank, store);
+  const int slot = env_int("KEEL_SLOT", -1);
+  TrainerHooks hooks;
+  if (slot >= 0 && defect.arm_machine_defects(slot))
+    hooks.computed = [&defect](int64_t s, TensorClass c, float* p, size_t n, bool again) {
+      defect.on_computed(s, c, p, n, again);
+    };
+  std::unique_ptr<Backend> one_thread;
+  if (backend->kind() == DeviceKind::kCpu) one_thread = make_cpu_backend(1);
+  const GoldenCheckResult golden =
+      golden_check(one_thread ? *one_thread : *backend, Plugin::load(cfg.model().plugin()), hooks,
+                   std::nullopt, precision);
+  one_thread.reset();
+  d->set_golden_ok(golden.ok);
+
+  const bool broken_links = slot >= 0 && FaultInjector::machine_link_defective(*store, slot);
+  std::vector<GroupSpec> specs;
+  const std::pair<const char*, std::vector<int>> kinds[] = {{"tp", topo.tp_group(de.rank)},
+                                                            {"pp", topo.pp_group(de.rank)},
+                                                            {"dp", topo.dp_group(de.rank)}};
+  for (const auto& [kind, members] : kinds) {
+    if (members.size() <= 1) continue;
+    // Only groups whose every member has a stand-in: those of a suspect.
+    const bool suspect =
+        de.suspects.empty() || std::any_of(members.begin(), members.end(),
+                                           [&](int r) { return de.suspects.count(r) > 0; });
+    if (!suspect) continue;
+    const std::string name = std::string(kind) == "tp"   ? topo.tp_group_name(de.rank)
+                             : std::string(kind) == "pp" ? topo.pp_group_name(de.rank)
+                                                         : topo.dp_group_name(de.rank);
+    specs.push_back({kind, members, name});
+  }
+  const std::string host = reachable_address(store_host);
+  std::string text = gemm.message + "; " + golden.message;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    // Its share of what is left, so that a peer that never comes costs one group's time.
+    const auto left = std::chrono::duration_cast<Millis>(groups_deadline - Clock::now());
+    const Millis timeout = std::max(Millis(1000), left / int(specs.size() - i));
+    *d->add_groups() = test_group(store, de.key, specs[i], de.rank, broken_links, host, timeout);
+    const report::DiagnosticGroup& g = d->groups(int(i));
+    char rate[32];
+    std::snprintf(rate, sizeof(rate), "%.1f MB/s", g.bytes_per_s() / 1e6);
+    text += detail::concat("; ", g.group(), g.ok() ? " all-reduce ok, " : " failed: ",
+                           g.ok() ? std::string(rate) : g.error());
+  }
+  d->set_message(text);
+}
+
+}  // namespace
+
+int run_diagnose_worker(const WorkerOptions& o) {
+  const DiagnoseEnv de = read_diagnose_env();
+  auto [host, port] = parse_host_port(o.store_addr);
+  auto store = std::make_shared<TcpStore>(host, port);
+  report::Diagnostic d;
+  d.set_rank(de.rank);
+  d.set_slot(env_int("KEEL_SLOT", -1));
+  d.set_answered(true);
+  int code = 0;
+  try {
+    diagnose(o, de, store, host, &d);
+  } catch (const std::exception& e) {
+    d.set_error(e.what());
+    code = 1;
+  }
+  LOG(INFO) << de.key << " job rank " << de.rank << " (slot " << d.slot() << "): "
+            << (d.error().empty() ? d.message() : "could not run its checks: " + d.error());
+  // Without the store the answer cannot be given: main() reports that and exits non-zero,
+  // and the controller counts this process as silent.
+  store->set(detail::concat(de.key, "/result/", de.rank), d.SerializeAsString());
+  return code;
+}
+
+}  // namespace keel

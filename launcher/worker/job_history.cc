@@ -1,0 +1,139 @@
+#include "launcher/worker/job_history.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "launcher/recovery_protocol.h"
+#include "robust/fault_injector.h"
+
+namespace keel {
+
+JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int world, bool has_val,
+                            report::RunReport* rep) {
+  using Millis = std::chrono::milliseconds;
+  const int64_t steps = cfg.train().steps();
+  JobHistory h;
+  const int64_t first = std::stoll(store.get("start_step", Millis(10000)));
+  rep->set_first_step(int(first));
+  report::StepRecord r;
+  for (int64_t s = first; s < steps; ++s) {
+    // Rank 0 writes each record right after its step; a rank 0 that died between its update
+    // and the record (a hang found there) is restored past the step, and the record is lost
+    // for good: the curve keeps the step before's values there, and the report says which.
+    try {
+      r.ParseFromString(store.get(keys::step_key(s), Millis(s == first ? 10000 : 200)));
+    } catch (const CommTimeout&) {
+      if (s == first) throw;
+      rep->add_steps_without_record(int(s));
+      r.set_wall_s(0);
+      r.set_tokens(0);
+      r.set_compute_s(0);
+      r.set_comm_s(0);
+      r.set_bubble_s(0);
+      r.set_bytes_tp(0);
+      r.set_bytes_pp(0);
+      r.set_bytes_dp(0);
+      r.set_bytes_emb(0);
+    }
+    rep->add_losses(r.loss());
+    rep->add_step_end_s(r.end_at());  // unix seconds; the caller makes them job-relative
+    rep->add_grad_norms(r.grad_norm());
+    rep->add_lrs(r.lr());
+    rep->set_compute_s(rep->compute_s() + r.compute_s());
+    rep->set_comm_s(rep->comm_s() + r.comm_s());
+    rep->set_bubble_s(rep->bubble_s() + r.bubble_s());
+    rep->set_bytes_tp(rep->bytes_tp() + r.bytes_tp());
+    rep->set_bytes_pp(rep->bytes_pp() + r.bytes_pp());
+    rep->set_bytes_dp(rep->bytes_dp() + r.bytes_dp());
+    rep->set_bytes_emb(rep->bytes_emb() + r.bytes_emb());
+    h.kept_s += r.wall_s();
+    // The first step pays for page faults and connection warm-up; throughput leaves it out
+    // unless it is the only one.
+    if (s > first || steps == first + 1) h.timed_s += r.wall_s(), h.timed_tokens += r.tokens();
+    const int every = cfg.train().eval_every();
+    if (has_val && ((s + 1) % every == 0 || s + 1 == steps)) {
+      // An evaluation cut short by a failure is not run again (the job goes on from the
+      // step it followed): that point of the curve is missing, not the report.
+      try {
+        const double loss = std::stod(store.get(keys::eval_key(s + 1), Millis(100)));
+        rep->add_val_steps(double(s + 1));
+        rep->add_val_losses(loss);
+      } catch (const CommTimeout&) {
+      }
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    report::RankProcesses* rp = rep->add_ranks();
+    rp->set_rank(r);
+    const std::string pids = "pids/" + std::to_string(r) + "/";
+    const int64_t n = store.add(pids + "count", 0);
+    for (int64_t i = 0; i < n; ++i) {
+      // A rank whose id did not change when the job's layout did registers again: once each.
+      const int pid = std::stoi(store.get(pids + std::to_string(i), Millis(10000)));
+      if (std::find(rp->pids().begin(), rp->pids().end(), pid) == rp->pids().end())
+        rp->add_pids(pid);
+    }
+  }
+  // Incidents: the supervisor's (and rank 0's own), joined with the injection records and
+  // the ranks' restore times.
+  std::vector<InjectionRecord> injections = FaultInjector::read_injections(store);
+  std::vector<bool> used(injections.size(), false);
+  const int64_t n = store.add(keys::kIncidentCount, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    report::Incident inc;
+    inc.ParseFromString(store.get(keys::incident_key(i), Millis(10000)));
+    // A rank's own report of a checkpoint it could not write: no fault caused it, no epoch
+    // recovered from it.
+    if (inc.kind() == "checkpoint_write_failed") {
+      rep->set_checkpoint_write_failures(rep->checkpoint_write_failures() + 1);
+      rep->set_checkpoint_last_error(inc.detail());
+      *rep->add_incidents() = inc;
+      continue;
+    }
+    // The injection that caused it: the newest unused one before its detection, on its rank
+    // when the culprit is known.
+    int best = -1;
+    for (size_t k = 0; k < injections.size(); ++k) {
+      const auto& in = injections[k];
+      if (used[k] || in.time > inc.detected_at() || in.kind == "slow") continue;
+      if (inc.rank() >= 0 && in.rank != inc.rank()) continue;
+      if (best < 0 || in.time > injections[size_t(best)].time) best = int(k);
+    }
+    if (best >= 0) {
+      used[size_t(best)] = true;
+      inc.set_injected_at(injections[size_t(best)].time);
+      // An SDC that no check could pin on a rank stays unattributed: the report says what
+      // the job knew, not what the test injected.
+      if (inc.rank() < 0 && inc.kind() != "sdc") inc.set_rank(injections[size_t(best)].rank);
+      if (inc.kind() == "comm_error" || inc.kind() == "exit" || inc.kind() == "crash")
+        inc.set_kind(injections[size_t(best)].kind);
+    }
+    if (inc.kind() != "nan") {
+      double restored = 0;
+      for (int r = 0; r < world; ++r) {
+        try {
+          restored = std::max(
+              restored, std::stod(store.get(keys::restored_key(inc.epoch(), r), Millis(1))));
+        } catch (const CommTimeout&) {
+        }
+        try {
+          (*inc.mutable_rank_sources())[r] =
+              store.get(keys::restored_from_key(inc.epoch(), r), Millis(1));
+        } catch (const CommTimeout&) {
+        }
+      }
+      inc.set_recovered_at(restored);
+      inc.set_restored_at(restored);
+      try {
+        inc.set_first_step_at(
+            std::stod(store.get(keys::first_step_key(inc.epoch()), Millis(1))));
+      } catch (const CommTimeout&) {
+      }
+    }
+    *rep->add_incidents() = inc;
+  }
+  return h;
+}
+
+}  // namespace keel

@@ -1,0 +1,90 @@
+#include "launcher/worker/recovery_client.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "launcher/recovery_protocol.h"
+#include "runtime/check.h"
+#include "runtime/logging.h"
+
+namespace keel {
+namespace {
+
+// How long a rank waits for the supervisor's decision. The supervisor may first have to
+// notice a hang (the communicator timeout), restart a rank and let it load its plugin; a
+// rank whose supervisor died is killed by PR_SET_PDEATHSIG long before this.
+constexpr std::chrono::minutes kDecisionWait{30};
+// How often the watcher wakes to see whether it should stop.
+constexpr std::chrono::milliseconds kWatchPoll{200};
+
+}  // namespace
+
+double recovery::unix_now() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+RecoveryClient::RecoveryClient(std::function<std::shared_ptr<Store>()> connect, int rank)
+    : connect_(std::move(connect)), rank_(rank), store_(connect_()) {}
+
+RecoveryClient::~RecoveryClient() {
+  stop_watch();
+}
+
+void RecoveryClient::watch(int epoch, std::function<void()> on_abort) {
+  stop_watch();
+  stop_ = false;
+  watcher_ = std::thread([this, epoch, on_abort = std::move(on_abort)] {
+    try {
+      std::shared_ptr<Store> s = connect_();
+      const std::string key = keys::abort_key(epoch + 1);
+      while (!stop_) {
+        try {
+          s->get(key, kWatchPoll);
+        } catch (const CommTimeout&) {
+          continue;
+        }
+        aborted_epoch_ = epoch + 1;
+        on_abort();
+        return;
+      }
+    } catch (const std::exception& e) {
+      // The store is the supervisor's: losing it means the job is over (PDEATHSIG follows).
+      LOG(ERROR) << "rank " << rank_ << ": recovery watcher: " << e.what();
+    }
+  });
+}
+
+void RecoveryClient::stop_watch() {
+  stop_ = true;
+  if (watcher_.joinable()) watcher_.join();
+}
+
+membership::Rebuild RecoveryClient::fail_and_wait(int epoch, int64_t steps_completed,
+                                                  int64_t step_in_flight, const std::string& what) {
+  if (aborted_epoch_ != epoch + 1) {
+    store_->set(keys::error_key(epoch, rank_), what);
+    store_->add(keys::errors_key(epoch), 1);
+  }
+  store_->get(keys::abort_key(epoch + 1), kDecisionWait);
+  membership::Ack ack;
+  ack.set_steps_completed(steps_completed);
+  ack.set_step_in_flight(step_in_flight);
+  store_->set(keys::ack_key(epoch + 1, rank_), ack.SerializeAsString());
+  return wait_rebuild(epoch + 1);
+}
+
+membership::Rebuild RecoveryClient::wait_rebuild(int epoch) {
+  membership::Rebuild rb;
+  const std::string v = store_->get(keys::rebuild_key(epoch), kDecisionWait);
+  KEEL_CHECK(rb.ParseFromString(v), "rebuild/", epoch, ": not a keel.membership.Rebuild message");
+  return rb;
+}
+
+void RecoveryClient::mark_restored(int epoch) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6f", recovery::unix_now());
+  store_->set(keys::restored_key(epoch, rank_), buf);
+}
+
+}  // namespace keel

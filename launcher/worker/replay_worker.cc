@@ -1,0 +1,193 @@
+#include "launcher/worker/replay_worker.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <iomanip>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckpt/backup_placement.h"
+#include "ckpt/restore.h"
+#include "launcher/worker/rank_backend.h"
+#include "launcher/recovery_protocol.h"
+#include "model/data_loader.h"
+#include "model/plugin_loader.h"
+#include "model/trainer.h"
+#include "parallel/net_address.h"
+#include "parallel/process_groups.h"
+#include "parallel/tcp_store.h"
+#include "parallel/word_gather.h"
+#include "proto/config_loader.h"
+#include "robust/fault_injector.h"
+#include "runtime/block_digest.h"
+#include "runtime/logging.h"
+#include "runtime/text.h"
+
+namespace keel {
+namespace {
+
+struct ReplayEnv {
+  std::string key;
+  int64_t step = 0;
+  int epoch = 0;
+  int source_dp = 1;
+};
+
+// "<key>:<step>:<epoch>:<source_dp>".
+ReplayEnv read_replay_env() {
+  const std::string v = std::getenv("KEEL_REPLAY");
+  const std::vector<std::string> f = split(v, ':');
+  if (f.size() != 4 || f[0].empty())
+    throw InputError("KEEL_REPLAY = '" + v + "': expected <key>:<step>:<epoch>:<source_dp>");
+  ReplayEnv e;
+  e.key = f[0];
+  try {
+    e.step = std::stoll(f[1]);
+    e.epoch = std::stoi(f[2]);
+    e.source_dp = std::stoi(f[3]);
+  } catch (const std::exception&) {
+    throw InputError("KEEL_REPLAY = '" + v + "': step, epoch and source_dp must be integers");
+  }
+  if (e.step < 0 || e.epoch < 0 || e.source_dp < 1)
+    throw InputError("KEEL_REPLAY = '" + v + "': step, epoch >= 0 and source_dp >= 1 expected");
+  return e;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+// The replay itself; throws on any failure (the caller publishes it).
+int replay(const WorkerOptions& o, const ReplayEnv& re, const std::shared_ptr<Store>& store,
+           const std::string& store_host) {
+  const config::JobConfig cfg = load_config(o.config_path, o.overrides);
+  const int T = cfg.parallel().tp(), P = cfg.parallel().pp(), D = re.source_dp;
+  if (cfg.parallel().zero1() && D > 1)
+    throw InputError(detail::concat("parallel.zero1 with dp ", D,
+                                    ": the moments are sharded across replicas, and one "
+                                    "pipeline cannot assemble them to replay the step"));
+  if (o.world_size != T * P)
+    throw InputError(detail::concat("a replay group of tp", T, " pp", P, " needs ", T * P,
+                                    " workers, but KEEL_WORLD_SIZE is ", o.world_size));
+  // The job as it ran (its backups are laid out for D replicas), and the replay: one pipeline
+  // that runs every micro-batch of the same global batch.
+  config::JobConfig cfg_d = cfg, cfg_1 = cfg;
+  cfg_d.mutable_parallel()->set_dp(D);
+  cfg_1.mutable_parallel()->set_dp(1);
+  const Topology topo_d(T, P, D), topo_1(T, P, 1);
+  const int g = o.rank;
+  const Coord c = topo_1.coord(g);
+  const int x = topo_d.rank({0, c.pp, c.tp});  // the job's rank whose state this one replays
+
+  std::unique_ptr<Backend> backend = make_rank_backend(cfg, g, o.local_world_size);
+  std::shared_ptr<Plugin> plugin = Plugin::load(cfg.model().plugin());
+  DataLoader data = DataLoader::from_config(cfg_1);
+  const Millis timeout(cfg.parallel().comm_timeout_ms());
+
+  // Rank x's state at step A, fetched as a promoted standby would (the parked workers'
+  // BackupServers still serve), then laid out for one replica: the layouts differ only in the
+  // padding to a multiple of dp blocks. The controller picked A as a step every rank can
+  // restore from its own snapshot or its holder's, not always both: a holder a step behind
+  // (its snapshot of A was still being written when the job stopped) sends the replay to
+  // x's own server, which serves x's own snapshots.
+  const BackupPlacement bp =
+      backup_holder(topo_d, x, replicas_hold_backups(topo_d, cfg.parallel().zero1()));
+  if (bp.holder < 0)
+    throw Error(detail::concat("rank ", x, " of the job (", T * P * D,
+                               " rank(s)) has no backup holder to replay from"));
+  std::vector<BackupSource> servers;
+  std::string unregistered;
+  for (const int server : {bp.holder, x}) {
+    const std::string key = keys::backup_addr_key(re.epoch, server);
+    try {
+      servers.push_back({store->get(key, timeout), server});
+    } catch (const CommTimeout&) {
+      unregistered += detail::concat("\n  no backup server of rank ", server,
+                                     " registered in epoch ", re.epoch, " (", key, ")");
+    }
+  }
+  auto source = make_train_state(cfg_d, backend.get(), *plugin, topo_d, x);
+  try {
+    const RestoreResult got = restore_state(*source, re.step, nullptr, servers, x, timeout);
+    LOG(INFO) << re.key << " rank " << g << ": rank " << x << "'s step " << re.step << " from "
+              << got.source;
+  } catch (const RestoreError& e) {
+    throw Error(e.what() + unregistered);
+  }
+  auto state = make_train_state(cfg_1, backend.get(), *plugin, topo_1, g);
+  const std::vector<StateSpan> from = source->spans(), to = state->spans();
+  for (size_t i = 0; i < from.size(); ++i)
+    backend->copy(to[i].data, from[i].data, std::min(from[i].bytes(), to[i].bytes()));
+  state->set_step(re.step);
+  source.reset();
+
+  // The machine's defect, if the job recorded one: this is what the replay is to expose.
+  FaultInjector injector(faults::FaultSchedule{}, g, store);
+  const int slot = env_int("KEEL_SLOT", -1);
+  const bool defective = slot >= 0 && injector.arm_machine_defects(slot);
+
+  // Under the key's own prefix: no other group's rendezvous, nor the job's, can meet it.
+  ProcessGroupOptions po;
+  po.timeout = timeout;
+  po.device = backend->kind();
+  po.cuda_device = g % std::max(1, o.local_world_size);
+  po.host = reachable_address(store_host);
+  ProcessGroups groups =
+      make_process_groups(topo_1, g, std::make_shared<PrefixStore>(re.key + "/pg/", store), po);
+
+  Trainer trainer(cfg_1, backend.get(), plugin, topo_1, g, state.get(), &groups, &data);
+  TrainerHooks hooks;
+  if (defective)
+    hooks.computed = [&injector](int64_t s, TensorClass cls, float* d, size_t n, bool again) {
+      injector.on_computed(s, cls, d, n, again);
+    };
+  trainer.set_hooks(hooks);
+  const StepStats st = trainer.step();
+
+  // Every span (a defect in the moments shows there only), every rank's, in rank order.
+  const std::vector<uint64_t> mine = state->digests().spans;
+  const std::vector<uint64_t> all = all_gather_words(*groups.world, mine.data(), mine.size());
+  if (g == 0) {
+    char hex[17], loss[40];
+    std::snprintf(hex, sizeof(hex), "%016" PRIx64,
+                  block_digest(all.data(), all.size() * sizeof(uint64_t)));
+    std::snprintf(loss, sizeof(loss), "%.17g", st.loss);
+    store->set(re.key + "/loss", loss);
+    store->set(re.key + "/digest", hex);
+  }
+  // Rank 0 has its gather before any peer's communicators go away.
+  groups.world->barrier();
+  LOG(INFO) << re.key << " rank " << g << " (job rank " << x
+            << (defective ? ", defective machine" : "") << "): step " << re.step + 1
+            << " replayed, loss " << std::fixed << std::setprecision(6) << st.loss;
+  return 0;
+}
+
+}  // namespace
+
+int run_replay_worker(const WorkerOptions& o) {
+  const ReplayEnv re = read_replay_env();
+  // Without the store nothing can be published: main() reports that and exits non-zero.
+  auto [host, port] = parse_host_port(o.store_addr);
+  auto store = std::make_shared<TcpStore>(host, port);
+  try {
+    return replay(o, re, store, host);
+  } catch (const std::exception& e) {
+    LOG(ERROR) << re.key << " rank " << o.rank << ": " << e.what();
+    // The first failure is the cause; a peer's timeout on the failed rank comes later.
+    try {
+      if (store->add(re.key + "/errors", 1) == 1)
+        store->set(re.key + "/error", detail::concat(o.rank, ": ", e.what()));
+    } catch (const std::exception& e2) {
+      LOG(ERROR) << re.key << " rank " << o.rank << ": could not publish the error: " << e2.what();
+    }
+    return 1;
+  }
+}
+
+}  // namespace keel

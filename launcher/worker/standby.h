@@ -1,0 +1,52 @@
+// A warm standby worker (keel-launch --standby): it starts like any worker (backend, plugin,
+// data), checks itself (robust/self_check.h: GEMM and all-reduce; robust/golden_check.h: the
+// golden mini-GPT, bitwise against the repo's digest), says so in the job's store, and parks
+// until the controller promotes it to a rank that a lost or evicted slot vacated. Then it joins
+// that rank's epoch like a restarted rank and restores its state from the backup holder.
+//
+// Store keys (the controller's side is launcher/controller/agent_host.cc):
+//   standby/ready/<slot>/<index>/<gen>   "ok <what was checked>" or "failed <why>"
+//   standby/assign/<slot>/<index>/<gen>  "<rank> <epoch> <world>": the promotion
+// <gen> counts the times a slot was made a standby, so a slot that comes back never reads
+// the keys of its earlier life.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "model/plugin_loader.h"
+#include "model/trainer.h"
+#include "parallel/store.h"
+#include "proto/store_keys.h"
+#include "runtime/backend.h"
+
+namespace keel {
+
+struct StandbyIdentity {
+  int slot = -1, index = 0;            // KEEL_SLOT, KEEL_STANDBY_INDEX
+  int gen = 0;                         // KEEL_STANDBY_GEN: times the slot became a standby
+  int group_rank = 0, group_size = 1;  // among the standbys checked together
+  std::string group;                   // KEEL_STANDBY_GROUP: names their all-reduce
+  std::string host = "127.0.0.1";      // address to listen on for it
+};
+StandbyIdentity standby_identity(const std::string& listen_host);
+
+struct StandbyAssignment {
+  int rank = -1;
+  int epoch = 0;
+  int world = 0;  // the job's ranks now (its data parallelism may have shrunk)
+};
+
+// Runs the self-checks, publishes the result and waits for a promotion. A standby that
+// fails its checks throws keel::Error (the worker exits; the slot is not used). The golden
+// check trains `plugin` on `backend` (`precision`: its GEMM precision, which picks the repo
+// digest), or on CPU on a one-thread backend of its own, whose result does not depend on the
+// machine's core count. A key the repo has no digest for passes, and the message says so.
+// `golden_hooks` reach the golden run (a machine's injected defect: robust/fault_injector.h).
+StandbyAssignment park_as_standby(Backend& backend, std::shared_ptr<Plugin> plugin,
+                                  Precision precision,
+                                  const std::function<std::shared_ptr<Store>()>& connect,
+                                  const StandbyIdentity& id, const TrainerHooks& golden_hooks = {});
+
+}  // namespace keel

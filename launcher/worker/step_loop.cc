@@ -1,0 +1,19 @@
+#include "launcher/worker/step_loop.h"
+
+namespace keel {
+
+void run_step_loop(const std::function<Trainer&()>& trainer, int64_t steps,
+                   const StepHooks& hooks) {
+  while (trainer().state().step() < steps) {
+    const int64_t s = trainer().state().step();
+    try {
+      for (const auto& h : hooks.before_step) h(s);
+      const StepStats st = trainer().step();
+      for (const auto& h : hooks.after_step) h(st);
+    } catch (const std::exception& e) {
+      if (!hooks.on_error || !hooks.on_error(s, e)) throw;
+    }
+  }
+}
+
+}  // namespace keel
