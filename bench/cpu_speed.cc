@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -51,9 +52,10 @@ Sgemm sgemm_under(const std::string& core, int threads) {
                           "/keel-bench cpu --sgemm-child --threads " + std::to_string(threads);
   Sgemm s;
   s.asked = core;
-  char ran[64] = {};
-  const std::string out = output_of(cmd);
-  if (std::sscanf(out.c_str(), "%63s %lf", ran, &s.gflops) == 2) s.core = ran;
+  // The child prints one line, "<core> <GFLOP/s>".
+  std::istringstream out(output_of(cmd));
+  std::string ran;
+  if (out >> ran >> s.gflops) s.core = ran;
   return s;
 }
 

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "ckpt/checkpoint_format.h"
+#include "proto/store_keys.h"
 #include "runtime/check.h"
 #include "runtime/logging.h"
 
@@ -204,7 +205,7 @@ void PersistentCheckpointer::failed(const CheckpointWriteFailure& f) {
 void PersistentCheckpointer::write(int64_t step, uint64_t fingerprint) {
   if (!store_) store_ = store_factory_();
   const std::string step_dir = opts_.dir + "/" + checkpoint_dir_name(step);
-  std::string record = "failed";
+  store::CheckpointPart record;  // ok stays false unless the file was written
   try {
     std::error_code ec;
     fs::create_directories(step_dir, ec);
@@ -212,14 +213,20 @@ void PersistentCheckpointer::write(int64_t step, uint64_t fingerprint) {
     write_file_atomically(step_dir + "/" + rank_file_name(opts_.rank), staging_.data(),
                           staging_.size());
     const uint64_t checksum = XXH3_64bits(staging_.data(), staging_.size());
-    record = detail::concat(staging_.size(), " ", checksum, " ", fingerprint);
+    record.set_ok(true);
+    ckpt::RankFile* f = record.mutable_file();
+    f->set_rank(opts_.rank);
+    f->set_file(rank_file_name(opts_.rank));
+    f->set_bytes(staging_.size());
+    f->set_checksum(checksum);
+    f->set_layout_fingerprint(fingerprint);
   } catch (const WriteError& e) {
     failed({step, opts_.rank, e.path(), e.error()});
   }
   // Published either way: rank 0 waits for every rank's record before it seals the step.
-  store_->set(detail::concat("ckpt/", step, "/", opts_.rank), record);
+  set_message(*store_, keys::checkpoint_part_key(step, opts_.rank), record);
   if (opts_.rank != 0) return;
-  Pending p{step, std::vector<std::string>(size_t(opts_.layout.world())),
+  Pending p{step, std::vector<std::optional<store::CheckpointPart>>(size_t(opts_.layout.world())),
             std::chrono::steady_clock::now() + opts_.wait_timeout};
   p.records[0] = record;
   {
@@ -252,10 +259,11 @@ void PersistentCheckpointer::seal_loop() {
     // Look for every missing part (outside the lock: the writer thread enqueues meanwhile).
     for (Pending& p : work)
       for (size_t r = 1; r < p.records.size(); ++r) {
-        if (!p.records[r].empty() || !store) continue;
+        if (p.records[r] || !store) continue;
         try {
-          p.records[r] = store->get(detail::concat("ckpt/", p.step, "/", r),
-                                    std::chrono::milliseconds(last_look ? 1 : 20));
+          p.records[r] =
+              get_message<store::CheckpointPart>(*store, keys::checkpoint_part_key(p.step, int(r)),
+                                                 std::chrono::milliseconds(last_look ? 1 : 20));
         } catch (const CommTimeout&) {
         }
       }
@@ -264,7 +272,7 @@ void PersistentCheckpointer::seal_loop() {
     for (const Pending& p : work) {
       std::vector<int> missing;
       for (size_t r = 1; r < p.records.size(); ++r)
-        if (p.records[r].empty()) missing.push_back(int(r));
+        if (!p.records[r]) missing.push_back(int(r));
       if (missing.empty()) {
         if (seal(p)) sealed = p.step;
         done.push_back(p.step);
@@ -296,7 +304,8 @@ void PersistentCheckpointer::seal_loop() {
 bool PersistentCheckpointer::seal(const Pending& p) {
   const std::string step_dir = opts_.dir + "/" + checkpoint_dir_name(p.step);
   bool whole = true;
-  for (const std::string& rec : p.records) whole = whole && rec != "failed";
+  for (const std::optional<store::CheckpointPart>& rec : p.records)
+    whole = whole && rec && rec->ok();
   if (whole) {
     try {
       write_manifest(p.step, p.records);
@@ -317,7 +326,8 @@ bool PersistentCheckpointer::seal(const Pending& p) {
   return true;
 }
 
-void PersistentCheckpointer::write_manifest(int64_t step, const std::vector<std::string>& records) {
+void PersistentCheckpointer::write_manifest(
+    int64_t step, const std::vector<std::optional<store::CheckpointPart>>& parts) {
   const int world = opts_.layout.world();
 
   ckpt::CheckpointManifest m;
@@ -335,17 +345,9 @@ void PersistentCheckpointer::write_manifest(int64_t step, const std::vector<std:
     f->set_value(value);
   }
   for (int r = 0; r < world; ++r) {
-    const std::string& record = records[size_t(r)];
-    std::istringstream in(record);
-    uint64_t bytes = 0, checksum = 0, fp = 0;
-    KEEL_CHECK(bool(in >> bytes >> checksum >> fp), "rank ", r, " published a bad record \"",
-               record, "\"");
-    ckpt::RankFile* rf = m.add_rank_file();
-    rf->set_rank(r);
-    rf->set_file(rank_file_name(r));
-    rf->set_bytes(bytes);
-    rf->set_checksum(checksum);
-    rf->set_layout_fingerprint(fp);
+    const store::CheckpointPart& part = *parts[size_t(r)];
+    KEEL_CHECK(part.file().rank() == r, "rank ", r, "'s part names rank ", part.file().rank());
+    *m.add_rank_file() = part.file();
   }
   if (!opts_.layout.lineage.empty()) m.set_lineage(opts_.layout.lineage);
   m.set_written_at(

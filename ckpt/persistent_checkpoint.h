@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -29,6 +30,7 @@
 #include "parallel/store.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/config.pb.h"
+#include "proto/store_values.pb.h"
 
 namespace keel {
 
@@ -119,7 +121,7 @@ class PersistentCheckpointer {
 
  private:
   void write(int64_t step, uint64_t fingerprint);
-  void write_manifest(int64_t step, const std::vector<std::string>& records);
+  void write_manifest(int64_t step, const std::vector<std::optional<store::CheckpointPart>>& parts);
   void prune(int64_t newest_step);
   void failed(const CheckpointWriteFailure& f);
 
@@ -132,7 +134,7 @@ class PersistentCheckpointer {
   // Rank 0's seals: steps whose own part is written, waiting for the others'.
   struct Pending {
     int64_t step;
-    std::vector<std::string> records;  // by rank; "" while missing
+    std::vector<std::optional<store::CheckpointPart>> records;  // by rank; none while missing
     std::chrono::steady_clock::time_point deadline;
   };
   void seal_loop();

@@ -13,6 +13,7 @@
 
 #include <zmq_addon.hpp>
 
+#include "parallel/tcp_store.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -90,6 +91,13 @@ std::string tcp_endpoint(const std::string& host, const std::string& port) {
 }
 
 }  // namespace
+
+std::string endpoint_host(const std::string& endpoint) {
+  const std::string scheme = "tcp://";
+  if (endpoint.compare(0, scheme.size(), scheme) != 0)
+    throw InputError("control-plane endpoint '" + endpoint + "': expected tcp://HOST:PORT");
+  return parse_host_port(endpoint.substr(scheme.size())).first;
+}
 
 control::Envelope make_envelope(int epoch) {
   control::Envelope msg;

@@ -20,6 +20,10 @@
 
 namespace keel {
 
+// The host of a control-plane endpoint ("tcp://host:port"; IPv6 hosts in brackets). Throws
+// keel::InputError naming the endpoint if it is not one.
+std::string endpoint_host(const std::string& endpoint);
+
 // A fresh Envelope of `epoch`, sent_at stamped with the current unix time in seconds.
 control::Envelope make_envelope(int epoch);
 

@@ -55,11 +55,25 @@ std::string find_endpoint(const std::string& run, const std::string& controller)
   return ep;
 }
 
+// How long keel-ctl waits for the controller's answer. The controller answers from its loop,
+// which never blocks longer than a poll, so a status or an inject comes back at once; a
+// stacks request waits for every agent's capture (each bounded under the slot timeout); a
+// replay request is taken before the replay runs; an update request first checks the plugin
+// with every rank (each loads it and compares its parameter table).
+constexpr std::chrono::seconds kAnswerWait{3};
+constexpr std::chrono::seconds kStacksWait{15};
+constexpr std::chrono::seconds kReplayWait{5};
+constexpr std::chrono::seconds kUpdateWait{30};
+
+int no_answer(std::chrono::seconds waited) {
+  return fail(1, "the controller did not answer within " + std::to_string(waited.count()) + " s");
+}
+
 int status(keel::ControlClient& c) {
   keel::control::Envelope req = keel::make_envelope(0);
   req.mutable_status_request();
-  auto rep = c.request(req, std::chrono::seconds(3));
-  if (!rep || !rep->has_status_reply()) return fail(1, "the controller did not answer within 3 s");
+  auto rep = c.request(req, kAnswerWait);
+  if (!rep || !rep->has_status_reply()) return no_answer(kAnswerWait);
   const auto& s = rep->status_reply();
   std::printf(
       "state %s | epoch %d | step %lld | loss %.6f | %.0f tok/s | MFU %.1f%% | ETTR %.3f | "
@@ -84,8 +98,8 @@ int status(keel::ControlClient& c) {
 int inject(keel::ControlClient& c, const std::string& fault) {
   keel::control::Envelope req = keel::make_envelope(0);
   req.mutable_inject_request()->set_fault(fault);
-  auto rep = c.request(req, std::chrono::seconds(3));
-  if (!rep || !rep->has_inject_reply()) return fail(1, "the controller did not answer within 3 s");
+  auto rep = c.request(req, kAnswerWait);
+  if (!rep || !rep->has_inject_reply()) return no_answer(kAnswerWait);
   // A refusal (a bad fault, a step already passed) names its reason; nothing was injected.
   if (!rep->inject_reply().ok()) return fail(2, rep->inject_reply().message());
   std::printf("%s\n", rep->inject_reply().message().c_str());
@@ -98,8 +112,8 @@ int stacks(keel::ControlClient& c, const std::string& name) {
   keel::control::Envelope req = keel::make_envelope(0);
   req.mutable_stacks_request()->set_name(name);
   // The capture itself is bounded by the controller (under the slot timeout per agent).
-  auto rep = c.request(req, std::chrono::seconds(15));
-  if (!rep || !rep->has_stacks_reply()) return fail(1, "the controller did not answer within 15 s");
+  auto rep = c.request(req, kStacksWait);
+  if (!rep || !rep->has_stacks_reply()) return no_answer(kStacksWait);
   const auto& s = rep->stacks_reply();
   if (s.ok()) std::printf("stacks of every worker in %s\n", s.dir().c_str());
   std::fputs(s.summary().c_str(), stdout);
@@ -112,8 +126,8 @@ int stacks(keel::ControlClient& c, const std::string& name) {
 int replay(keel::ControlClient& c) {
   keel::control::Envelope req = keel::make_envelope(0);
   req.mutable_replay_request();
-  auto rep = c.request(req, std::chrono::seconds(5));
-  if (!rep || !rep->has_replay_reply()) return fail(1, "the controller did not answer within 5 s");
+  auto rep = c.request(req, kReplayWait);
+  if (!rep || !rep->has_replay_reply()) return no_answer(kReplayWait);
   if (!rep->replay_reply().ok()) return fail(2, rep->replay_reply().message());
   std::printf("%s\n", rep->replay_reply().message().c_str());
   return 0;
@@ -130,8 +144,8 @@ int update(keel::ControlClient& c, const std::string& plugin, bool lazy, int64_t
   u->set_plugin(ec ? plugin : abs.string());
   u->set_lazy(lazy);
   u->set_at_step(at_step);
-  auto rep = c.request(req, std::chrono::seconds(30));
-  if (!rep || !rep->has_update_reply()) return fail(1, "the controller did not answer within 30 s");
+  auto rep = c.request(req, kUpdateWait);
+  if (!rep || !rep->has_update_reply()) return no_answer(kUpdateWait);
   if (!rep->update_reply().ok()) return fail(2, rep->update_reply().message());
   std::printf("%s\n", rep->update_reply().message().c_str());
   return 0;

@@ -18,13 +18,13 @@
 #include "ckpt/persistent_checkpoint.h"
 #include "ckpt/snapshot_region.h"
 #include "launcher/agent/agent.h"
-#include "launcher/controller/agent_host.h"
 #include "launcher/control_plane.h"
+#include "launcher/controller/agent_host.h"
 #include "launcher/controller/controller.h"
 #include "launcher/controller/event_log.h"
 #include "launcher/controller/local_host.h"
+#include "launcher/job_env.h"
 #include "launcher/recovery_protocol.h"
-#include "launcher/controller/supervisor.h"
 #include "parallel/net_address.h"
 #include "parallel/tcp_store.h"
 #include "proto/config_loader.h"
@@ -47,10 +47,25 @@ std::string self_dir() {
   return fs::path(self_exe_path()).parent_path().string();
 }
 
-// The host part of "tcp://host:port".
-std::string endpoint_host(const std::string& ep) {
-  std::string h = ep.substr(ep.find("//") + 2);
-  return h.substr(0, h.rfind(':'));
+// How long slot 0 waits for every slot to register: machines of a cluster start their
+// launchers within seconds of each other; a minute means one will not come.
+constexpr std::chrono::seconds kRegisterWait{60};
+// At the end: how long the forked slots' agents get to stop on the shutdown command before
+// they are signalled, and how often they are looked at meanwhile.
+constexpr std::chrono::milliseconds kShutdownGrace{1000};
+constexpr std::chrono::milliseconds kReapPoll{5};
+
+// The bootstrap message's buffer under mpirun: a length and the message (a fixed size, as
+// every rank must pass MPI_Bcast the same count).
+constexpr size_t kBootstrapBytes = 1024;
+
+void store_le32(char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = char((v >> (8 * i)) & 0xff);
+}
+uint32_t load_le32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= uint32_t(uint8_t(p[i])) << (8 * i);
+  return v;
 }
 
 // --workers-per-slot, else one worker per GPU of this machine on CUDA, else 1. Every slot
@@ -99,8 +114,7 @@ int run_agent(const LaunchOptions& o, const config::JobConfig& cfg, int slot,
   a.host = host;
   a.controller = endpoint;
   a.log_dir = (fs::path(o.run_dir) / job / "logs").string();
-  a.topo = Topology(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
-  a.replica_backups = replicas_hold_backups(a.topo, cfg.parallel().zero1());
+  a.zero1 = cfg.parallel().zero1();
   a.job = job;
   a.controller_timeout = std::chrono::milliseconds(cfg.detect().controller_timeout_ms());
   fs::create_directories(a.log_dir);
@@ -141,7 +155,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
                                       ",rank=", f.rank(), ": rank ", f.rank(),
                                       " is on slot 0, which hosts the controller and cannot be "
                                       "lost yet; pick a rank of another slot"));
-    if (f.kind() == faults::Fault::partition && !std::getenv("KEEL_IFNAME"))
+    if (f.kind() == faults::Fault::partition && JobEnv::get().ifname.empty())
       throw InputError(
           "a partition fault needs each slot on its own network interface, named by KEEL_IFNAME "
           "(e.g. machines as network namespaces)");
@@ -176,7 +190,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   const bool spans_hosts = mpi && local && std::atoi(local) < nslots;
   std::string host = "127.0.0.1";
-  if (std::getenv("KEEL_IFNAME")) {
+  if (!JobEnv::get().ifname.empty()) {
     host = reachable_address("127.0.0.1");
   } else if (spans_hosts) {
     for (const auto& [ifname, addr] : ipv4_interfaces())
@@ -194,9 +208,15 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
 
   std::vector<pid_t> children;
   if (mpi) {
-    char buf[512] = {0};
-    std::snprintf(buf, sizeof(buf), "%s\n%s", control.endpoint().c_str(), job.c_str());
-    MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
+    control::Bootstrap b;
+    b.set_controller(control.endpoint());
+    b.set_job(job);
+    std::string buf = b.SerializeAsString();
+    KEEL_CHECK(buf.size() + 4 <= kBootstrapBytes, "the bootstrap message is too long");
+    buf.insert(0, std::string(4, '\0'));
+    store_le32(buf.data(), uint32_t(buf.size() - 4));
+    buf.resize(kBootstrapBytes);
+    MPI_Bcast(buf.data(), int(buf.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
     MPI_Finalize();  // MPI is for starting only: it cannot survive a dead peer
   } else if (fork_slots) {
     for (int k = 1; k < nslots; ++k) {
@@ -262,9 +282,9 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
       [&](const std::string& id, const control::Envelope& m) { agents.on_message(id, m); });
   agents.set_pump([&] { controller.pump(); });
   int code = 0;
-  if (!agents.wait_for_slots(std::chrono::seconds(60),
-                             reinterpret_cast<const volatile int*>(&g_signal))) {
-    LOG(ERROR) << "not every slot registered with the controller within 60 s";
+  if (!agents.wait_for_slots(kRegisterWait, reinterpret_cast<const volatile int*>(&g_signal))) {
+    LOG(ERROR) << "not every slot registered with the controller within " << kRegisterWait.count()
+               << " s";
     code = 1;
   } else {
     if (!o.quiet)
@@ -275,11 +295,20 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   events.write("end", EventFields().add("code", code));
   agents.stop_all(SIGKILL, std::chrono::milliseconds(0));
   agents.finish();
-  // Give the agents a moment to take the shutdown, then make sure they are gone.
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // The forked slots' agents took the shutdown and end by themselves; one that has not within
+  // the grace is told again by signal.
+  const auto grace_end = std::chrono::steady_clock::now() + kShutdownGrace;
+  std::vector<pid_t> left = children;
+  while (!left.empty() && std::chrono::steady_clock::now() < grace_end) {
+    std::erase_if(left, [](pid_t p) {
+      int st = 0;
+      return waitpid(p, &st, WNOHANG) == p;
+    });
+    if (!left.empty()) std::this_thread::sleep_for(kReapPoll);
+  }
   g_signal = g_signal ? g_signal : SIGTERM;
   agent0.join();
-  for (pid_t p : children) {
+  for (pid_t p : left) {
     kill(p, SIGTERM);
     int st = 0;
     waitpid(p, &st, 0);
@@ -319,12 +348,15 @@ int run_launch(const LaunchOptions& opts) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (rank == 0) return run_slot0(o, cfg, size, /*mpi=*/true, /*fork_slots=*/false);
     set_process_name("keel-agent");
-    char buf[512] = {0};
-    MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
+    std::string buf(kBootstrapBytes, '\0');
+    MPI_Bcast(buf.data(), int(buf.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
     MPI_Finalize();
-    std::string s(buf);
-    const std::string endpoint = s.substr(0, s.find('\n')), job = s.substr(s.find('\n') + 1);
-    return run_agent(o, cfg, rank, endpoint, job, reachable_address(endpoint_host(endpoint)));
+    const uint32_t n = load_le32(buf.data());
+    control::Bootstrap b;
+    KEEL_CHECK(n + 4 <= kBootstrapBytes && b.ParseFromArray(buf.data() + 4, int(n)),
+               "slot 0's bootstrap message does not parse");
+    return run_agent(o, cfg, rank, b.controller(), b.job(),
+                     reachable_address(endpoint_host(b.controller())));
   }
   throw InputError(
       "say where the slots are: --local N (this machine), under mpirun (one slot "

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "ckpt/snapshot_region.h"
+#include "launcher/job_env.h"
 #include "runtime/check.h"
 #include "runtime/logging.h"
 
@@ -73,15 +74,14 @@ void remove_stale_segments() {
   if (!dir) return;
   std::set<std::string> stale;
   while (dirent* e = ::readdir(dir)) {
-    int pid = 0;
-    unsigned tag = 0;
-    char kind = 0;
-    if (std::sscanf(e->d_name, "keel-%d-%8x-%c", &pid, &tag, &kind) == 3 && pid > 0 &&
-        ::kill(pid, 0) != 0 && errno == ESRCH) {
-      char job[32];
-      std::snprintf(job, sizeof(job), "%d-%08x", pid, tag);
-      stale.insert(job);
-    }
+    // "keel-<job>-<kind>...", the job id "<pid>-<8 hex digits>" (make_job_id).
+    const std::string name = e->d_name, prefix = "keel-";
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = name.substr(prefix.size());
+    const std::optional<int> pid = job_owner_pid(rest);
+    const size_t tag_end = rest.find('-', rest.find('-') + 1);
+    if (!pid || tag_end == std::string::npos) continue;
+    if (::kill(*pid, 0) != 0 && errno == ESRCH) stale.insert(rest.substr(0, tag_end));
   }
   ::closedir(dir);
   for (const auto& job : stale) {

@@ -17,6 +17,7 @@
 //      checkpoint when the Rebuild says so), sets restored/E+1/<rank> and goes on.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "proto/store_keys.h"
@@ -34,6 +35,9 @@ constexpr int kExitNonFinite = 4;
 constexpr int kExitWriteFailed = 5;
 
 // Unix time in seconds, for timelines across processes.
-double unix_now();
+inline double unix_now() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
 
 }  // namespace keel::recovery

@@ -6,12 +6,13 @@
 #include <string>
 #include <vector>
 
-#include "launcher/worker/diagnose_worker.h"
-#include "launcher/worker/input_checks.h"
+#include "launcher/controller/supervisor.h"
+#include "launcher/job_env.h"
 #include "launcher/processes.h"
 #include "launcher/recovery_protocol.h"
+#include "launcher/worker/diagnose_worker.h"
+#include "launcher/worker/input_checks.h"
 #include "launcher/worker/replay_worker.h"
-#include "launcher/controller/supervisor.h"
 #include "launcher/worker/worker.h"
 #include "launcher/worker_options.h"
 #include "parallel/comm_error.h"
@@ -32,13 +33,15 @@ int main(int argc, char** argv) {
                               : keel::load_config(o.config_path, o.overrides).runtime().blas_core(),
         argv);
     // Before any thread starts, so that every thread of the process carries the name.
-    const bool replay = std::getenv("KEEL_REPLAY") != nullptr;
-    const bool diagnose = std::getenv("KEEL_DIAGNOSE") != nullptr;
+    const keel::JobEnv& env = keel::JobEnv::get();
+    const bool replay = !env.replay_key.empty();
+    const bool diagnose = !env.diagnose_key.empty();
     keel::set_process_name(replay        ? "keel-replay"
                            : diagnose    ? "keel-diagnose"
                            : o.nproc > 0 ? "keel-supervisor"
                                          : "keel-worker");
-    // A stop-time SDC replay (launcher/worker/replay_worker.h): one step, one digest, no supervisor.
+    // A stop-time SDC replay (launcher/worker/replay_worker.h): one step, one digest, no
+    // supervisor.
     if (replay) return keel::run_replay_worker(o);
     // Stop-time diagnostics (launcher/worker/diagnose_worker.h): checks, one answer, no supervisor.
     if (diagnose) return keel::run_diagnose_worker(o);
@@ -59,7 +62,7 @@ int main(int argc, char** argv) {
     }
     // A rank started alone is a job of its own, so it does what a supervisor does first:
     // removes the shared memory of ended jobs (a lone rank killed by SIGKILL leaves its own).
-    if (!std::getenv("KEEL_JOB_ID")) keel::remove_stale_segments();
+    if (env.job.empty()) keel::remove_stale_segments();
     return keel::run_worker(o);
   } catch (const keel::InputError& e) {
     std::fprintf(stderr, "keel-worker: error: %s\n", e.what());

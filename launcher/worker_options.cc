@@ -1,5 +1,7 @@
 #include "launcher/worker_options.h"
 
+#include "launcher/job_env.h"
+
 #include <cstdlib>
 #include <string>
 
@@ -74,15 +76,15 @@ std::optional<int> parse_worker_options(int argc, char** argv, WorkerOptions* o)
   o->overrides = c.job.set;
   o->faults = c.faults.fault;
   o->inject_path = c.faults.inject;
-  // Set by keel-launch only, so no flag; the whole text must be the number.
-  if (const char* v = std::getenv("KEEL_LOCAL_WORLD_SIZE"); v && *v) {
-    char* end = nullptr;
-    const long x = std::strtol(v, &end, 10);
-    if (*end != '\0' || x < 1 || x > kMaxWorld)
-      return cli::usage_error(
-          c.app, detail::concat("KEEL_LOCAL_WORLD_SIZE = '", v, "': expected an integer in [1, ",
-                                kMaxWorld, "]"));
-    o->local_world_size = int(x);
+  // Set by keel-launch only, so no flag (launcher/job_env.h checks it is a number).
+  try {
+    const int local = JobEnv::get().local_world_size;
+    if (local > kMaxWorld)
+      return cli::usage_error(c.app, detail::concat(env::kLocalWorldSize, " = ", local,
+                                                    ": expected at most ", kMaxWorld));
+    if (local > 0) o->local_world_size = local;
+  } catch (const InputError& e) {
+    return cli::usage_error(c.app, e.what());
   }
   if (o->rank >= o->world_size)
     return cli::usage_error(

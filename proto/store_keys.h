@@ -48,7 +48,7 @@ inline std::string ack_key(int epoch, int rank) {  // membership::Ack
 inline std::string rebuild_key(int epoch) {  // membership::Rebuild
   return detail::join("rebuild/", epoch);
 }
-inline std::string restored_key(int epoch, int rank) {  // store::Restored
+inline std::string restored_key(int epoch, int rank) {  // store::Time: when it restored
   return detail::join("restored/", epoch, rank);
 }
 // Where rank r's state came from in epoch E (the incident's rank_sources): store::Restored.
@@ -90,6 +90,14 @@ inline std::string rank_perf_key(int rank) {
 }
 inline std::string eval_key(int64_t step) {  // store::Eval
   return detail::join("eval/", step);
+}
+// The processes that served rank r: a counter (pids/<r>/count) and one report::RankProcesses
+// with the rank and one PID under each pids/<r>/<i>.
+inline std::string pid_count_key(int rank) {
+  return detail::join("pids/", rank) + "/count";
+}
+inline std::string pid_key(int rank, int64_t i) {
+  return detail::join("pids/", rank, i);
 }
 // Steps completed by rank 0 (store::Step): the controller's "did the job progress" check.
 inline constexpr const char* kProgress = "progress";
@@ -156,12 +164,13 @@ inline constexpr const char* kInjectCount = "inject/count";
 inline std::string injection_key(int64_t n) {
   return detail::join("inject/", n);
 }
-// Faults keel-ctl inject sent to a running job: a count and store::FaultText each.
+// Faults keel-ctl inject sent to a running job: a count and a faults::Fault each, checked
+// by the controller when it accepted them.
 inline constexpr const char* kRuntimeFaultCount = "runtime_faults/count";
 inline std::string runtime_fault_key(int64_t n) {
   return detail::join("runtime_faults/", n);
 }
-// A machine's injected defect (store::FaultText), and a counter beside it that says it
+// A machine's injected defect (faults::Fault), and a counter beside it that says it
 // exists: a lookup asks the counter, a plain round trip.
 inline std::string machine_defect_key(int slot) {
   return detail::join("sdc/defective/", slot);

@@ -11,11 +11,12 @@
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "ckpt/snapshot_region.h"
 #include "parallel/link_delay.h"
+#include "proto/store_keys.h"
+#include "proto/store_values.pb.h"
 #include "robust/fault_spec.h"
 #include "runtime/logging.h"
 
@@ -34,13 +35,17 @@ double unix_now() {
   for (;;) x = x * 6364136223846793005ull + 1442695040888963407ull;
 }
 
+// A record is set right after its count is taken: how long a reader waits for a writer.
+constexpr std::chrono::seconds kRecordWait{10};
+constexpr std::chrono::milliseconds kInjectionWait{2000};
+
 // A machine's defect record: the value, and a count beside it that says it exists. A lookup
 // asks the count (a plain round trip) rather than a get with a tiny timeout, which a loaded
 // machine's store can miss although the record is there (a defective machine taken for a
 // healthy one).
-std::optional<std::string> machine_record(Store& store, const std::string& key) {
-  if (store.add(key + "/set", 0) <= 0) return std::nullopt;
-  return store.get(key, std::chrono::seconds(10));
+std::optional<faults::Fault> machine_record(Store& store, const std::string& key) {
+  if (store.add(keys::exists_key(key), 0) <= 0) return std::nullopt;
+  return get_message<faults::Fault>(store, key, kRecordWait);
 }
 
 // The value an sdc flip lands on: the first normal one from `at` on, wrapping around. A zero
@@ -64,28 +69,29 @@ FaultInjector::FaultInjector(faults::FaultSchedule schedule, int rank, std::shar
 }
 
 bool FaultInjector::claim(int index) {
-  return store_->add("fault/" + std::to_string(index) + "/fired", 1) == 1;
+  return store_->add(keys::fault_fired_key(index), 1) == 1;
 }
 
 void FaultInjector::record(const faults::Fault& f, int64_t step) {
-  int64_t n = store_->add("inject/count", 1);
-  char time[32];
-  std::snprintf(time, sizeof(time), "%.6f", unix_now());
-  store_->set("inject/" + std::to_string(n - 1),
-              detail::concat(fault_kind_name(f.kind()), " ", rank_, " ", step, " ", time));
+  const int64_t n = store_->add(keys::kInjectCount, 1);
+  store::Injection r;
+  r.set_kind(fault_kind_name(f.kind()));
+  r.set_rank(rank_);
+  r.set_step(step);
+  r.set_time(unix_now());
+  set_message(*store_, keys::injection_key(n - 1), r);
 }
 
 void FaultInjector::poll_runtime_faults() {
-  const int64_t n = store_->add("runtime_faults/count", 0);
+  const int64_t n = store_->add(keys::kRuntimeFaultCount, 0);
   for (; runtime_seen_ < n; ++runtime_seen_) {
-    std::string text;
+    faults::Fault f;
     try {
-      text = store_->get("runtime_faults/" + std::to_string(runtime_seen_),
-                         std::chrono::milliseconds(2000));
+      f = get_message<faults::Fault>(*store_, keys::runtime_fault_key(runtime_seen_),
+                                     kInjectionWait);
     } catch (const CommTimeout&) {
-      continue;
+      continue;  // its writer died between add and set
     }
-    faults::Fault f = parse_fault_flag(text);
     // Claimed under its own key, so the schedule's indices stay as they were.
     *schedule_.add_fault() = f;
   }
@@ -149,9 +155,7 @@ void FaultInjector::before_step(int64_t step) {
         // ... and with the machine it runs on, which a replay worker started there later
         // inherits (arm_machine_defects).
         if (machine_ >= 0 && !f.once())
-          record_machine(*store_, machine_defect_key(machine_),
-                         detail::concat("sdc@step=", f.step(), ",rank=", f.rank(),
-                                        ",target=", faults::Fault::Target_Name(f.target())));
+          record_machine(*store_, keys::machine_defect_key(machine_), f);
         break;
       case faults::Fault::slow_link:
         if (!claim(i)) break;
@@ -167,9 +171,7 @@ void FaultInjector::before_step(int64_t step) {
         // step from now on, and a diagnostic run on the machine breaks its own.
         if (!f.once()) {
           broken_links_ = true;
-          if (machine_ >= 0)
-            record_machine(*store_, machine_link_defect_key(machine_),
-                           detail::concat("link_error@step=", f.step(), ",rank=", f.rank()));
+          if (machine_ >= 0) record_machine(*store_, keys::machine_link_defect_key(machine_), f);
         }
         groups_->abort_all();
         return;
@@ -260,27 +262,24 @@ void FaultInjector::on_computed(int64_t step, TensorClass cls, float* data, size
   }
 }
 
-void FaultInjector::record_machine(Store& store, const std::string& key, const std::string& fault) {
-  store.set(key, fault);
-  store.add(key + "/set", 1);
-}
-
-std::string FaultInjector::machine_link_defect_key(int slot) {
-  return "link/defective/" + std::to_string(slot);
+void FaultInjector::record_machine(Store& store, const std::string& key,
+                                   const faults::Fault& fault) {
+  set_message(store, key, fault);
+  store.add(keys::exists_key(key), 1);
 }
 
 bool FaultInjector::machine_link_defective(Store& store, int slot) {
-  return machine_record(store, machine_link_defect_key(slot)).has_value();
+  return machine_record(store, keys::machine_link_defect_key(slot)).has_value();
 }
 
-std::string FaultInjector::machine_defect_key(int slot) {
-  return "sdc/defective/" + std::to_string(slot);
+std::optional<faults::Fault> FaultInjector::machine_defect(Store& store, int slot) {
+  return machine_record(store, keys::machine_defect_key(slot));
 }
 
 bool FaultInjector::arm_machine_defects(int slot) {
-  const std::optional<std::string> text = machine_record(*store_, machine_defect_key(slot));
-  if (!text) return false;  // a healthy machine
-  faults::Fault f = parse_fault_flag(*text);
+  std::optional<faults::Fault> defect = machine_defect(*store_, slot);
+  if (!defect) return false;  // a healthy machine
+  faults::Fault f = *defect;
   f.set_once(false);
   // Rank -1: before_step never claims it again; on_computed looks at the target only.
   f.set_rank(-1);
@@ -291,18 +290,16 @@ bool FaultInjector::arm_machine_defects(int slot) {
 
 std::vector<InjectionRecord> FaultInjector::read_injections(Store& store) {
   std::vector<InjectionRecord> out;
-  int64_t n = store.add("inject/count", 0);
+  const int64_t n = store.add(keys::kInjectCount, 0);
   for (int64_t i = 0; i < n; ++i) {
-    std::string text;
+    store::Injection m;
     try {
       // A record is set right after its count is taken; give a writer a moment.
-      text = store.get("inject/" + std::to_string(i), std::chrono::milliseconds(2000));
+      m = get_message<store::Injection>(store, keys::injection_key(i), kInjectionWait);
     } catch (const CommTimeout&) {
       continue;  // its writer died between add and set
     }
-    std::istringstream in(text);
-    InjectionRecord r;
-    if (in >> r.kind >> r.rank >> r.step >> r.time) out.push_back(r);
+    out.push_back({m.kind(), m.rank(), m.step(), m.time()});
   }
   return out;
 }

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,21 +98,21 @@ class FaultInjector {
 
   // The machine (keel-launch slot) this process runs on. A defect is a machine's, not a
   // process's: a persistent (not `once`) sdc fault this process claims from then on is also
-  // recorded as machine_defect_key(slot) = its --fault text, so that a process started on
+  // recorded as keys::machine_defect_key(slot) = the fault, so that a process started on
   // the same machine later (a stop-time replay worker) computes wrong the same way.
   void set_machine(int slot) { machine_ = slot; }
   // Makes this process as wrong as machine `slot`'s recorded defect (if any): on_computed
   // then flips as for a claimed persistent sdc fault, at every step. No record (its count
   // beside it, see record_machine) is a healthy machine. Returns whether a defect was armed.
   bool arm_machine_defects(int slot);
-  // "sdc/defective/<slot>": the store key of machine `slot`'s defect.
-  static std::string machine_defect_key(int slot);
-  // "link/defective/<slot>": set by a persistent link_error fault; whether machine `slot`'s
-  // network is defective (a diagnostic run there must break its links too).
-  static std::string machine_link_defect_key(int slot);
-  // Records machine defect `key` (one of the two above) as `fault`, a --fault text; a record
-  // is found by its count beside it, not by a get racing a tiny timeout.
-  static void record_machine(Store& store, const std::string& key, const std::string& fault);
+  // Records machine defect `key` (keys::machine_defect_key or keys::machine_link_defect_key,
+  // the latter set by a persistent link_error fault) as `fault`; a record is found by its
+  // count beside it, not by a get racing a tiny timeout.
+  static void record_machine(Store& store, const std::string& key, const faults::Fault& fault);
+  // Machine `slot`'s recorded sdc defect, if any.
+  static std::optional<faults::Fault> machine_defect(Store& store, int slot);
+  // Whether machine `slot`'s network is defective (a diagnostic run there must break its
+  // links too).
   static bool machine_link_defective(Store& store, int slot);
 
   // The injections recorded so far, in firing order.

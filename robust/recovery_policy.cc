@@ -100,7 +100,7 @@ Plan shrink(const std::set<int>& out_ranks, const ClusterView& v,
                          topo.dp() - 1, " replicas");
   if (!why.empty()) return stop("no standby is ready and data parallelism cannot shrink: " + why);
   Plan p;
-  p.rung = "shrink";
+  p.rung = PlanRung::kShrink;
   const int d = *replicas.begin();
   const Topology next(topo.tp(), topo.pp(), topo.dp() - 1);
   std::set<int> retired_slots;
@@ -295,7 +295,7 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
 
   if (mode == config::RecoveryConfig::restart_all) {
     Plan p;
-    p.rung = "restart_all";
+    p.rung = PlanRung::kRestartAll;
     p.restart_all = true;
     for (int r = 0; r < topo.world_size(); ++r) p.restart.insert(r);
     // Every rank starts again; a lost slot's ranks start on a standby.
@@ -450,7 +450,7 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
 
   const std::string who = join(restart);
   if (!p.promote.empty()) {
-    p.rung = "evict";
+    p.rung = PlanRung::kEvict;
     p.why = f.kind == FailureKind::kHang ? "a hung slot is not trusted until it checked itself"
             : f.kind == FailureKind::kSdc
                 ? "a slot that computes wrong silently is not trusted until it checked itself"
@@ -464,20 +464,20 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     p.action = "evict slot " + join(ev) + "; standby slot " + join(sb) + " takes " +
                (restart.size() > 1 ? "ranks " : "rank ") + who;
   } else if (!restart.empty()) {
-    p.rung = "restart";
+    p.rung = PlanRung::kRestart;
     p.why = "a clear culprit on a live slot: restart it, the others rebuild";
     p.action =
         "restart " + std::string(restart.size() > 1 ? "ranks " : "rank ") + who + " in place";
   } else if (f.kind == FailureKind::kSdc) {
-    p.rung = "rollback";
+    p.rung = PlanRung::kRollback;
     p.why = "corruption with no clear culprit: every rank goes back to verified state";
     p.action = "roll back in place (no clear culprit)";
   } else if (f.from_checkpoint && o.persistent_step >= 0) {
-    p.rung = "rollback";
+    p.rung = PlanRung::kRollback;
     p.why = f.ladder_why;
     p.action = "roll back in place";
   } else {
-    p.rung = "reattempt";
+    p.rung = PlanRung::kReattempt;
     p.why = f.diagnosed ? "no culprit, and the stop-time diagnostics passed: every rank rebuilds "
                           "its communicators and goes on"
                         : "no culprit: every rank rebuilds its communicators and goes on";
@@ -487,6 +487,26 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     p.action += detail::concat("; restore the persistent checkpoint of step ", p.restore.step);
   if (p.restore.job_source == membership::scratch) p.action += "; start over from step 0";
   return p;
+}
+
+const char* plan_rung_name(PlanRung r) {
+  switch (r) {
+    case PlanRung::kRestart:
+      return "restart";
+    case PlanRung::kEvict:
+      return "evict";
+    case PlanRung::kReattempt:
+      return "reattempt";
+    case PlanRung::kRollback:
+      return "rollback";
+    case PlanRung::kRestartAll:
+      return "restart_all";
+    case PlanRung::kShrink:
+      return "shrink";
+    case PlanRung::kGrow:
+      return "grow";
+  }
+  return "reattempt";
 }
 
 bool can_grow(const ClusterView& v, const Options& o) {
@@ -501,7 +521,7 @@ std::optional<Plan> decide_grow(const ClusterView& v, const std::map<int, Holdin
   const Topology& topo = v.topo;
   if (!can_grow(v, o)) return std::nullopt;
   Plan p;
-  p.rung = "grow";
+  p.rung = PlanRung::kGrow;
   const Topology next(topo.tp(), topo.pp(), topo.dp() + 1);
   for (int r = 0; r < topo.world_size(); ++r) p.renumber[r] = next.rank(topo.coord(r));
   for (int r = 0; r < next.world_size(); ++r)

@@ -115,6 +115,15 @@ RestorePoint restore_point(const std::map<int, Holdings>& have, int world, int64
                            bool allow_scratch,
                            const std::map<int, std::pair<int, int>>& where = {});
 
+// What a recovery does, as DESIGN.md's ladder names it (the ladder's rung before the
+// decision is robust/ladder.h's Rung): restart the culprit in place, evict its slot for a
+// standby, reattempt in place, roll back, restart every rank, shrink or grow data
+// parallelism.
+enum class PlanRung { kRestart, kEvict, kReattempt, kRollback, kRestartAll, kShrink, kGrow };
+// "restart", "evict", "reattempt", "rollback", "restart_all", "shrink", "grow": the
+// incident's rung field.
+const char* plan_rung_name(PlanRung r);
+
 struct Plan {
   enum class Kind {
     kRecover,  // carry it out
@@ -123,19 +132,18 @@ struct Plan {
     kStop,     // the job must stop (`why` says why)
   };
   Kind kind = Kind::kRecover;
-  std::string rung;          // DESIGN.md's ladder: "evict", "restart", "reattempt", "restart_all",
-                             // "shrink", "grow"
-  std::string why;           // one line: why this rung
-  std::string action;        // one line for the incident
-  bool restart_all = false;  // every rank is stopped and started again
-  std::set<int> kill;        // live ranks to stop first (evicted, retired)
-  std::set<int> restart;     // ranks (ids of the next epoch) to start
-  std::vector<int> evict;    // slots taken out of the job
-  std::map<int, int> promote;         // evicted slot -> standby slot that takes its ranks
-  std::vector<int> retire_slots;      // slots left without ranks (shrink): become standbys
-  std::optional<Topology> next_topo;  // shrink / grow
-  std::map<int, int> renumber;        // old -> new id for every rank that stays
-  std::vector<int> new_ranks;         // grow: the ranks of the new replica
+  PlanRung rung = PlanRung::kReattempt;  // the incident's `rung` is plan_rung_name(rung)
+  std::string why;                       // one line: why this rung
+  std::string action;                    // one line for the incident
+  bool restart_all = false;              // every rank is stopped and started again
+  std::set<int> kill;                    // live ranks to stop first (evicted, retired)
+  std::set<int> restart;                 // ranks (ids of the next epoch) to start
+  std::vector<int> evict;                // slots taken out of the job
+  std::map<int, int> promote;            // evicted slot -> standby slot that takes its ranks
+  std::vector<int> retire_slots;         // slots left without ranks (shrink): become standbys
+  std::optional<Topology> next_topo;     // shrink / grow
+  std::map<int, int> renumber;           // old -> new id for every rank that stays
+  std::vector<int> new_ranks;            // grow: the ranks of the new replica
   RestorePoint restore;
 };
 

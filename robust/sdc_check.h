@@ -1,7 +1,7 @@
 // The silent data corruption check's decisions (DESIGN.md, Determinism; Failure handling):
 // which replica recomputes whose micro-batch, and what the digests every rank reports at a
 // check say — clean, a named culprit, or who must give a third opinion. Pure code: the
-// digests come in, a verdict goes out; launcher/sdc_monitor.cc gathers them and acts.
+// digests come in, a verdict goes out; launcher/worker/sdc_checker.cc gathers them and acts.
 //
 // Every `every` steps (the step with (step + 1) % every == 0) every rank reports:
 //  - recompute: the digests of its step's first micro-batch (gradient, boundary activation)
@@ -32,13 +32,8 @@
 
 namespace keel::sdc {
 
-// Thrown on every rank alike when a check found corruption, before the step's update (the
-// state is still the step's start): the recovery protocol takes over as after a failed
-// collective, and the controller reads the verdict the ranks left in the store.
-class SdcFound : public CommError {
- public:
-  explicit SdcFound(const std::string& what) : CommError(what) {}
-};
+// A check that finds corruption ends the epoch on every rank alike: the worker throws
+// keel::SdcFound (launcher/worker/sdc_checker.h), which is no CommError.
 
 // Whether the step with 0-based index `step` runs a check; `every` <= 0: never.
 bool is_check_step(int64_t step, int every);

@@ -1,7 +1,7 @@
 // The probation of a hot update (DESIGN.md, The plugin API): for update.probation_steps after
 // new model code took over, a failure of the job, a non-finite loss or a loss jump is blamed on
-// the new code and rolls it back. Pure code; launcher/controller/controller_update.cc and
-// launcher/worker/worker_update.cc apply it.
+// the new code and rolls it back. Pure code; launcher/controller/update_manager.cc and
+// launcher/worker/update_watcher.cc apply it.
 #pragma once
 
 #include <cstdint>

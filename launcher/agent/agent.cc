@@ -20,6 +20,7 @@
 #include "ckpt/restore.h"
 #include "ckpt/snapshot_region.h"
 #include "launcher/control_plane.h"
+#include "launcher/job_env.h"
 #include "launcher/processes.h"
 #include "launcher/stack_capture.h"
 #include "runtime/check.h"
@@ -50,8 +51,9 @@ std::string tail(const std::string& path, size_t n) {
 // Another machine's PID usually names no process here, which is right: its segments on this
 // machine are this job's leftovers either way.
 bool controller_process_gone(const std::string& job) {
-  int pid = 0;
-  if (std::sscanf(job.c_str(), "%d-", &pid) != 1 || pid <= 0) return false;
+  const std::optional<int> owner = job_owner_pid(job);
+  if (!owner) return false;
+  const int pid = *owner;
   if (::kill(pid, 0) != 0) return errno == ESRCH;
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
@@ -106,221 +108,248 @@ int Agent::stop_without_controller(std::chrono::milliseconds silent) {
   return kExitControllerLost;
 }
 
+std::string Agent::log_of(int rank) const {
+  return o_.log_dir + "/rank" + std::to_string(rank) + ".log";
+}
+
+std::string Agent::standby_log_of(int index) const {
+  return o_.log_dir + "/slot" + std::to_string(o_.slot) + "-standby" + std::to_string(index) +
+         ".log";
+}
+
+void Agent::send_register() {
+  control::Envelope r = make_envelope(0);
+  auto* reg = r.mutable_registration();
+  reg->set_slot(o_.slot);
+  reg->set_host(o_.host);
+  reg->set_pid(int(getpid()));
+  reg->set_workers(o_.workers);
+  reg->set_job(o_.job);
+  client_->send(r);
+}
+
+void Agent::send_event(int epoch, control::Event ev) {
+  control::Envelope e = make_envelope(epoch);
+  ev.set_slot(o_.slot);
+  *e.mutable_event() = std::move(ev);
+  client_->send(e);
+}
+
+void Agent::on_spawn(int epoch, const control::Command& c) {
+  std::map<std::string, std::string> env(c.env().begin(), c.env().end());
+  // This machine's best OpenBLAS core, so the worker need not re-exec to get it.
+  add_blas_core_env(&env);
+  const std::vector<std::string> argv(c.args().begin(), c.args().end());
+  if (c.rank() < 0) {  // a warm standby, parked until it is given a rank
+    const int index = -1 - c.rank();
+    parked_[index] = spawn_child(argv, env, standby_log_of(index));
+    return;
+  }
+  if (c.has_adopt_index()) {
+    // Promotion: the parked worker takes the rank (the controller told it through the
+    // store); from now on it is that rank's worker.
+    auto p = parked_.find(c.adopt_index());
+    if (p == parked_.end()) {
+      control::Event ev;
+      ev.set_kind(control::Event::slot_error);
+      ev.set_message(detail::concat("no parked standby worker ", c.adopt_index()));
+      send_event(epoch, ev);
+      return;
+    }
+    workers_[c.rank()] = p->second;
+    parked_.erase(p);
+    hosted_.insert(c.rank());
+    return;
+  }
+  workers_[c.rank()] = spawn_child(argv, env, log_of(c.rank()));
+  // A process that is no rank of the job (a replay worker, a diagnostic stand-in: ids at or
+  // above the world size) holds none of its state: nothing of it to survey or remove.
+  if (c.rank() < c.world()) hosted_.insert(c.rank());
+}
+
+void Agent::on_kill(int epoch, const control::Command& c) {
+  auto it = workers_.find(c.rank());
+  if (it == workers_.end()) return;
+  ::kill(it->second, SIGKILL);
+  int st = 0;
+  waitpid(it->second, &st, 0);
+  workers_.erase(it);
+  control::Event ev;
+  ev.set_kind(control::Event::worker_exit);
+  ev.set_rank(c.rank());
+  ev.set_signal(SIGKILL);
+  send_event(epoch, ev);
+}
+
+void Agent::on_survey(int epoch, const control::Command& c) {
+  // Whose backups a rank holds follows the layout in force, which the command carries.
+  const membership::Membership& m = c.membership();
+  const Topology topo(std::max(1, m.tp()), std::max(1, m.pp()), std::max(1, m.dp()));
+  const bool replica_backups = replicas_hold_backups(topo, o_.zero1);
+  control::Event ev;
+  ev.set_kind(control::Event::snapshots);
+  // Ranks this slot ran: their own snapshots, and the backups they hold for others. Slot
+  // headers only: a restore verifies the slot it loads, falls back to the next source and
+  // drops a damaged slot, so no pass over the payloads is made here.
+  for (int r : hosted_) {
+    control::SnapshotHolding* own = ev.add_holdings();
+    own->set_owner_rank(r);
+    own->set_own(true);
+    for (int64_t s : restorable_steps(o_.job, r, -1)) own->add_steps(s);
+    const int owner = r < topo.world_size() ? backup_owner(topo, r, replica_backups) : -1;
+    if (owner >= 0) {
+      control::SnapshotHolding* held = ev.add_holdings();
+      held->set_owner_rank(owner);
+      // Only what holder r keeps: restorable_steps(owner, r) would also read the owner's
+      // own segment, which lives on its slot, not here.
+      for (int64_t s : held_steps(o_.job, owner, r, replica_backups)) held->add_steps(s);
+    }
+  }
+  send_event(epoch, ev);
+}
+
+void Agent::on_stacks(int epoch, const control::Command& c) {
+  // Every worker at once: a stall is a moment, and their stacks should be of it. The
+  // controller keeps the timeout well under the slot timeout, as no heartbeat goes out
+  // meanwhile.
+  std::vector<int> ranks;
+  std::vector<pid_t> pids;
+  for (const auto& [rank, pid] : workers_) {
+    ranks.push_back(rank);
+    pids.push_back(pid);
+  }
+  const std::vector<ProcessStacks> stacks = capture_stacks(
+      pids, c.timeout_ms() > 0 ? std::chrono::milliseconds(c.timeout_ms()) : kDefaultStackTimeout);
+  control::Event ev;
+  ev.set_kind(control::Event::stacks);
+  for (size_t i = 0; i < ranks.size(); ++i) *ev.add_rank_stacks() = to_message(ranks[i], stacks[i]);
+  send_event(epoch, ev);
+}
+
+void Agent::on_renumber(const control::Command& c) {
+  std::map<int, pid_t> renamed;
+  for (const auto& [rank, pid] : workers_) {
+    auto n = c.rank_map().find(rank);
+    if (n != c.rank_map().end()) renamed[n->second] = pid;
+  }
+  workers_.swap(renamed);
+  // The shared memory stays under the old names until the workers move to the new ones;
+  // both are this slot's to remove at the end.
+  const std::set<int> hosted = hosted_;
+  for (int r : hosted) {
+    auto n = c.rank_map().find(r);
+    if (n != c.rank_map().end()) hosted_.insert(n->second);
+  }
+}
+
+std::optional<int> Agent::on_command(int epoch, const control::Command& c) {
+  switch (c.kind()) {
+    case control::Command::welcome:
+      welcomed_ = true;
+      break;
+    case control::Command::refuse:
+      // Said once, in keel-launch's form for bad input (as main() says the others, not
+      // through glog); nothing of the job runs here.
+      std::fprintf(stderr, "keel-launch: error: the controller at %s refused slot %d: %s\n",
+                   o_.controller.c_str(), o_.slot, c.message().c_str());
+      kill_workers();
+      return kExitJoinRefused;
+    case control::Command::spawn:
+      on_spawn(epoch, c);
+      break;
+    case control::Command::kill:
+      on_kill(epoch, c);
+      break;
+    case control::Command::survey:
+      on_survey(epoch, c);
+      break;
+    case control::Command::stacks:
+      on_stacks(epoch, c);
+      break;
+    case control::Command::reset:
+      // Evicted, or given up while cut off: its ranks run elsewhere now and the copies it
+      // held are no one's to restore from; it comes back empty, as a standby.
+      kill_workers();
+      remove_shared_memory();
+      hosted_.clear();
+      send_register();
+      break;
+    case control::Command::shutdown:
+      kill_workers();
+      remove_shared_memory();
+      return 0;
+    case control::Command::renumber:
+      on_renumber(c);
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
+void Agent::reap_workers() {
+  // Worker exits, known within one poll.
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    int st = 0;
+    if (waitpid(it->second, &st, WNOHANG) != it->second) {
+      ++it;
+      continue;
+    }
+    control::Event ev;
+    ev.set_kind(control::Event::worker_exit);
+    ev.set_rank(it->first);
+    ev.set_pid(it->second);
+    if (WIFEXITED(st)) ev.set_exit_code(WEXITSTATUS(st));
+    if (WIFSIGNALED(st)) ev.set_signal(WTERMSIG(st));
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) ev.set_last_lines(tail(log_of(it->first), 12));
+    send_event(0, ev);
+    it = workers_.erase(it);
+  }
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    int st = 0;
+    if (waitpid(it->second, &st, WNOHANG) != it->second) {
+      ++it;
+      continue;
+    }
+    control::Event ev;
+    ev.set_kind(control::Event::slot_error);
+    ev.set_message("standby worker " + std::to_string(it->first) +
+                   " ended: " + tail(standby_log_of(it->first), 3));
+    send_event(0, ev);
+    it = parked_.erase(it);
+  }
+}
+
 int Agent::run(const volatile int* stop) {
   // The pid makes the identity this process's own: another launcher that claims the same
   // slot by mistake must not take over this one's connection (the controller's ROUTER hands
   // an identity over to its newest client), only be refused.
-  const std::string me = detail::concat("agent/", o_.slot, "/", getpid());
-  ControlClient client(o_.controller, me);
-  auto send_register = [&] {
-    control::Envelope r = make_envelope(0);
-    auto* reg = r.mutable_registration();
-    reg->set_slot(o_.slot);
-    reg->set_host(o_.host);
-    reg->set_pid(int(getpid()));
-    reg->set_workers(o_.workers);
-    reg->set_job(o_.job);
-    client.send(r);
-  };
+  ControlClient client(o_.controller, detail::concat("agent/", o_.slot, "/", getpid()));
+  client_ = &client;
   send_register();
-  bool welcomed = false;
   const auto register_deadline = Clock::now() + o_.register_timeout;
   auto next_heartbeat = Clock::now();
-  auto log_of = [&](int rank) { return o_.log_dir + "/rank" + std::to_string(rank) + ".log"; };
-  // Anything the controller sends proves it alive; it answers every heartbeat (200 ms).
+  // Anything the controller sends proves it alive; it answers every heartbeat.
   auto last_heard = Clock::now();
   while (!(stop && *stop)) {
-    if (!welcomed && Clock::now() > register_deadline) {
+    if (!welcomed_ && Clock::now() > register_deadline) {
       LOG(ERROR) << "slot " << o_.slot << ": cannot reach the controller at " << o_.controller
                  << " within " << o_.register_timeout.count() / 1000 << " s";
       return 1;
     }
-    if (welcomed && o_.controller_timeout.count() > 0 &&
+    if (welcomed_ && o_.controller_timeout.count() > 0 &&
         Clock::now() - last_heard > o_.controller_timeout)
       return stop_without_controller(
           std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_heard));
-    if (auto m = client.poll(std::chrono::milliseconds(20))) {
+    if (auto m = client.poll(kPoll)) {
       last_heard = Clock::now();
-      if (!m->has_command()) continue;
-      const control::Command& c = m->command();
-      switch (c.kind()) {
-        case control::Command::welcome:
-          welcomed = true;
-          break;
-        case control::Command::refuse:
-          // Said once, in keel-launch's form for bad input (as main() says the others, not
-          // through glog); nothing of the job runs here.
-          std::fprintf(stderr, "keel-launch: error: the controller at %s refused slot %d: %s\n",
-                       o_.controller.c_str(), o_.slot, c.message().c_str());
-          kill_workers();
-          return kExitJoinRefused;
-        case control::Command::spawn: {
-          std::map<std::string, std::string> env(c.env().begin(), c.env().end());
-          // This machine's best OpenBLAS core, so the worker need not re-exec to get it.
-          add_blas_core_env(&env);
-          if (c.rank() < 0) {  // a warm standby, parked until it is given a rank
-            const int index = -1 - c.rank();
-            std::vector<std::string> argv(c.args().begin(), c.args().end());
-            parked_[index] = spawn_child(argv, env,
-                                         o_.log_dir + "/slot" + std::to_string(o_.slot) +
-                                             "-standby" + std::to_string(index) + ".log");
-          } else if (auto a = env.find("KEEL_ADOPT_INDEX"); a != env.end()) {
-            // Promotion: the parked worker takes the rank (the controller told it through
-            // the store); from now on it is that rank's worker.
-            auto p = parked_.find(std::stoi(a->second));
-            if (p == parked_.end()) {
-              control::Envelope e = make_envelope(m->epoch());
-              e.mutable_event()->set_kind(control::Event::slot_error);
-              e.mutable_event()->set_slot(o_.slot);
-              e.mutable_event()->set_message("no parked standby worker " + a->second);
-              client.send(e);
-              break;
-            }
-            workers_[c.rank()] = p->second;
-            parked_.erase(p);
-            hosted_.insert(c.rank());
-          } else {
-            std::vector<std::string> argv(c.args().begin(), c.args().end());
-            workers_[c.rank()] = spawn_child(argv, env, log_of(c.rank()));
-            // A process that is no rank of the job (a replay worker, a diagnostic stand-in:
-            // ids at or above the world size) holds none of its state: nothing of it to
-            // survey or remove.
-            if (c.rank() < c.world()) hosted_.insert(c.rank());
-          }
-          break;
-        }
-        case control::Command::kill: {
-          auto it = workers_.find(c.rank());
-          if (it == workers_.end()) break;
-          ::kill(it->second, SIGKILL);
-          int st = 0;
-          waitpid(it->second, &st, 0);
-          workers_.erase(it);
-          control::Envelope e = make_envelope(m->epoch());
-          auto* ev = e.mutable_event();
-          ev->set_kind(control::Event::worker_exit);
-          ev->set_slot(o_.slot);
-          ev->set_rank(c.rank());
-          ev->set_signal(SIGKILL);
-          client.send(e);
-          break;
-        }
-        case control::Command::survey: {
-          control::Envelope e = make_envelope(m->epoch());
-          auto* ev = e.mutable_event();
-          ev->set_kind(control::Event::snapshots);
-          ev->set_slot(o_.slot);
-          // Ranks this slot ran: their own snapshots, and the backups they hold for others.
-          // Slot headers only: a restore verifies the slot it loads, falls back to the next
-          // source and drops a damaged slot, so no pass over the payloads is made here.
-          for (int r : hosted_) {
-            control::SnapshotHolding* own = ev->add_holdings();
-            own->set_owner_rank(r);
-            own->set_own(true);
-            for (int64_t s : restorable_steps(o_.job, r, -1)) own->add_steps(s);
-            const int owner = backup_owner(o_.topo, r, o_.replica_backups);
-            if (owner >= 0) {
-              control::SnapshotHolding* held = ev->add_holdings();
-              held->set_owner_rank(owner);
-              // Only what holder r keeps: restorable_steps(owner, r) would also read the
-              // owner's own segment, which lives on its slot, not here.
-              for (int64_t s : held_steps(o_.job, owner, r, o_.replica_backups)) held->add_steps(s);
-            }
-          }
-          client.send(e);
-          break;
-        }
-        case control::Command::stacks: {
-          // Every worker at once: a stall is a moment, and their stacks should be of it.
-          // The controller keeps the timeout well under the slot timeout, as no heartbeat
-          // goes out meanwhile.
-          std::vector<int> ranks;
-          std::vector<pid_t> pids;
-          for (const auto& [rank, pid] : workers_) {
-            ranks.push_back(rank);
-            pids.push_back(pid);
-          }
-          const std::vector<ProcessStacks> stacks = capture_stacks(
-              pids, std::chrono::milliseconds(c.timeout_ms() > 0 ? c.timeout_ms() : 1000));
-          control::Envelope e = make_envelope(m->epoch());
-          auto* ev = e.mutable_event();
-          ev->set_kind(control::Event::stacks);
-          ev->set_slot(o_.slot);
-          for (size_t i = 0; i < ranks.size(); ++i)
-            *ev->add_rank_stacks() = to_message(ranks[i], stacks[i]);
-          client.send(e);
-          break;
-        }
-        case control::Command::reset:
-          // Evicted, or given up while cut off: its ranks run elsewhere now and the copies it
-          // held are no one's to restore from; it comes back empty, as a standby.
-          kill_workers();
-          remove_shared_memory();
-          hosted_.clear();
-          send_register();
-          break;
-        case control::Command::shutdown:
-          kill_workers();
-          remove_shared_memory();
-          return 0;
-        case control::Command::renumber: {
-          std::map<int, pid_t> renamed;
-          for (const auto& [rank, pid] : workers_) {
-            auto n = c.rank_map().find(rank);
-            if (n != c.rank_map().end()) renamed[n->second] = pid;
-          }
-          workers_.swap(renamed);
-          // The shared memory stays under the old names until the workers move to the
-          // new ones; both are this slot's to remove at the end.
-          std::set<int> hosted = hosted_;
-          for (int r : hosted) {
-            auto n = c.rank_map().find(r);
-            if (n != c.rank_map().end()) hosted_.insert(n->second);
-          }
-          break;
-        }
-        default:
-          break;
-      }
+      if (m->has_command())
+        if (std::optional<int> rc = on_command(m->epoch(), m->command())) return *rc;
     }
-    // Worker exits, known within one poll (20 ms).
-    for (auto it = workers_.begin(); it != workers_.end();) {
-      int st = 0;
-      if (waitpid(it->second, &st, WNOHANG) != it->second) {
-        ++it;
-        continue;
-      }
-      control::Envelope e = make_envelope(0);
-      auto* ev = e.mutable_event();
-      ev->set_kind(control::Event::worker_exit);
-      ev->set_slot(o_.slot);
-      ev->set_rank(it->first);
-      ev->set_pid(it->second);
-      if (WIFEXITED(st)) ev->set_exit_code(WEXITSTATUS(st));
-      if (WIFSIGNALED(st)) ev->set_signal(WTERMSIG(st));
-      if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) ev->set_last_lines(tail(log_of(it->first), 12));
-      client.send(e);
-      it = workers_.erase(it);
-    }
-    for (auto it = parked_.begin(); it != parked_.end();) {
-      int st = 0;
-      if (waitpid(it->second, &st, WNOHANG) != it->second) {
-        ++it;
-        continue;
-      }
-      control::Envelope e = make_envelope(0);
-      e.mutable_event()->set_kind(control::Event::slot_error);
-      e.mutable_event()->set_slot(o_.slot);
-      e.mutable_event()->set_message("standby worker " + std::to_string(it->first) + " ended: " +
-                                     tail(o_.log_dir + "/slot" + std::to_string(o_.slot) +
-                                              "-standby" + std::to_string(it->first) + ".log",
-                                          3));
-      client.send(e);
-      it = parked_.erase(it);
-    }
+    reap_workers();
     // Only a welcomed agent holds its slot; until then its heartbeats would claim it.
-    if (welcomed && Clock::now() >= next_heartbeat) {
-      next_heartbeat = Clock::now() + std::chrono::milliseconds(200);
+    if (welcomed_ && Clock::now() >= next_heartbeat) {
+      next_heartbeat = Clock::now() + kHeartbeatEvery;
       control::Envelope h = make_envelope(0);
       h.mutable_heartbeat()->set_slot(o_.slot);
       for (const auto& [rank, pid] : workers_) h.mutable_heartbeat()->add_ranks_alive(rank);

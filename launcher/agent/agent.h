@@ -11,27 +11,30 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
 #include <sys/types.h>
 
-#include "parallel/topology.h"
+#include "launcher/control_plane.h"
 
 namespace keel {
 
 struct AgentOptions {
   int slot = 0;
-  int workers = 1;               // worker capacity of the slot
-  std::string host;              // the slot's reachable address, for the controller
-  std::string controller;        // the control plane's endpoint
-  std::string log_dir;           // each worker's stdout and stderr: log_dir/rank<R>.log
-  Topology topo{1, 1, 1};        // to know whose backups the slot holds
-  bool replica_backups = false;  // DP replicas are each other's backups (replicas_hold_backups)
-  std::string job;               // names the job's shared memory
+  int workers = 1;         // worker capacity of the slot
+  std::string host;        // the slot's reachable address, for the controller
+  std::string controller;  // the control plane's endpoint
+  std::string log_dir;     // each worker's stdout and stderr: log_dir/rank<R>.log
+  bool zero1 = false;      // parallel.zero1: with the layout, whose backups a rank holds
+  std::string job;         // names the job's shared memory
+  // How long the agent tries to reach the controller before it gives up (exit 1): the
+  // controller binds before any slot starts, so only a wrong endpoint or a dead controller
+  // takes this long.
   std::chrono::milliseconds register_timeout{std::chrono::seconds(10)};
   // detect.controller_timeout_ms: silence from the controller, once it welcomed the agent,
-  // after which the slot is stopped (0: never).
+  // after which the slot is stopped (0: never). keel-launch always sets it from the config.
   std::chrono::milliseconds controller_timeout{std::chrono::seconds(10)};
 };
 
@@ -54,11 +57,35 @@ class Agent {
   int run(const volatile int* stop = nullptr);
 
  private:
+  // Every poll of the control plane waits this long at most, so a worker's exit is reported
+  // within it; heartbeats go out at this rate (the controller answers each: keepalive).
+  static constexpr std::chrono::milliseconds kPoll{20};
+  static constexpr std::chrono::milliseconds kHeartbeatEvery{200};
+  // A stacks command without its own timeout: a capture of one worker takes milliseconds.
+  static constexpr std::chrono::milliseconds kDefaultStackTimeout{1000};
+
   AgentOptions o_;
+  ControlClient* client_ = nullptr;  // run()'s, for the handlers
+  bool welcomed_ = false;
   std::map<int, pid_t> workers_;  // rank -> pid
   std::map<int, pid_t> parked_;   // standby index -> pid of a worker waiting for a rank
   std::set<int> hosted_;          // every rank this slot ran (its shared memory is here)
 
+  void send_register();
+  // Sends `ev` (its slot filled in) under `epoch`.
+  void send_event(int epoch, control::Event ev);
+  // One command of the controller; a value: run() returns it.
+  std::optional<int> on_command(int epoch, const control::Command& c);
+  void on_spawn(int epoch, const control::Command& c);
+  void on_kill(int epoch, const control::Command& c);
+  // Answers with the snapshots the slot holds, for the layout in the command's Membership.
+  void on_survey(int epoch, const control::Command& c);
+  void on_stacks(int epoch, const control::Command& c);
+  void on_renumber(const control::Command& c);
+  // Reports every worker (and parked standby) that ended since the last call.
+  void reap_workers();
+  std::string log_of(int rank) const;
+  std::string standby_log_of(int index) const;
   void kill_workers();          // SIGKILLs and reaps every worker, parked ones included
   void remove_shared_memory();  // the segments of every rank in hosted_
   int stop_without_controller(std::chrono::milliseconds silent);

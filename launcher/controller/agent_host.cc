@@ -8,7 +8,9 @@
 #include <thread>
 
 #include "launcher/control_plane.h"
-#include "launcher/worker/standby.h"
+#include "launcher/job_env.h"
+#include "proto/store_keys.h"
+#include "proto/store_values.pb.h"
 #include "runtime/check.h"
 #include "runtime/logging.h"
 
@@ -16,6 +18,22 @@ namespace keel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// How long kill() waits for the agent to report the worker gone: SIGKILL and waitpid on the
+// slot take milliseconds; an agent silent this long is dying with its slot (the slot timeout
+// then takes it as lost).
+constexpr std::chrono::seconds kKillWait{10};
+// How long a survey waits for every active slot's answer: reading slot headers takes
+// milliseconds; a slot that does not answer by then contributes no holdings.
+constexpr std::chrono::seconds kSurveyWait{10};
+// How long evict() waits for an evicted slot's agent to register again after its reset, so
+// that the ranks' new workers never find its old shared memory; a slot that takes longer is
+// dying anyway.
+constexpr std::chrono::seconds kEvictRegisterWait{2};
+// The trip of a stacks request and its answer over the control plane, on top of the capture.
+constexpr std::chrono::seconds kStacksTrip{1};
+// Between polls of the control plane while waiting on an agent.
+constexpr std::chrono::milliseconds kPollPause{2};
 
 // A wait status as waitpid() would give it, from what the agent saw.
 int wait_status(int exit_code, int signal) {
@@ -31,27 +49,45 @@ AgentHost::AgentHost(ControlServer* server, std::shared_ptr<Store> store, int wo
                      std::chrono::milliseconds slot_timeout)
     : server_(server),
       store_(std::move(store)),
-      world_(world),
-      workers_per_slot_(workers_per_slot),
-      slots_(size_t(slots)),
+      layout_{slots, standby_slots, workers_per_slot},
+      agents_(size_t(slots)),
       worker_argv_(std::move(worker_argv)),
       worker_env_(std::move(worker_env)),
       slot_timeout_(slot_timeout),
-      rank_slot_(size_t(world)),
       alive_(size_t(world), false) {
-  for (int r = 0; r < world; ++r) rank_slot_[size_t(r)] = r / workers_per_slot;
-  for (int k = slots - standby_slots; k < slots; ++k) {
-    slots_[size_t(k)].role = Role::kStandby;
-    slots_[size_t(k)].initial_standby = true;
-  }
-  initial_standbys_ = standby_slots;
+  // Until a controller lends its own (attach): a host driven alone (tests) still places its
+  // ranks, in Megatron order.
+  unattached_ = std::make_unique<JobMembership>(Topology(1, 1, world), world, layout_);
+  members_ = unattached_.get();
 }
 
-std::vector<int> AgentHost::ranks_on(int slot) const {
-  std::vector<int> out;
-  for (int r = 0; r < world_; ++r)
-    if (rank_slot_[size_t(r)] == slot) out.push_back(r);
-  return out;
+void AgentHost::attach(JobMembership* membership, Inbox inbox) {
+  KEEL_CHECK(membership && membership->slot_count() == layout_.slots,
+             "the membership's slots are not this host's");
+  members_ = membership;
+  unattached_.reset();
+  inbox_ = std::move(inbox);
+}
+
+void AgentHost::poll_plane() {
+  if (!inbox_) {
+    if (pump_) pump_();
+    return;
+  }
+  while (auto in = server_->poll(std::chrono::milliseconds(0))) {
+    const control::Envelope& m = in->msg;
+    if (m.has_registration() || m.has_heartbeat() || m.has_event())
+      on_message(in->identity, m);
+    else
+      inbox_(in->identity, m);
+  }
+}
+
+control::Envelope AgentHost::command(control::Command::Kind kind) const {
+  control::Envelope m = make_envelope(members_->epoch());
+  m.mutable_command()->set_kind(kind);
+  *m.mutable_command()->mutable_membership() = members_->to_proto();
+  return m;
 }
 
 void AgentHost::on_message(const std::string& identity, const control::Envelope& m) {
@@ -66,45 +102,40 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
       server_->send(identity, no);
       return;
     }
-    Slot& s = slots_[size_t(reg.slot())];
-    ++s.registrations;
-    const bool back = s.state == State::kLost || s.role == Role::kEvicted;
-    s.identity = identity;
-    s.host = reg.host();
-    s.pid = reg.pid();
-    s.state = State::kActive;
-    s.last_heartbeat = Clock::now();
+    const int k = reg.slot();
+    Agent& a = agents_[size_t(k)];
+    ++a.registrations;
+    a.identity = identity;
+    a.host = reg.host();
+    a.pid = reg.pid();
+    a.last_heartbeat = Clock::now();
+    const bool first_standby_check = members_->initial_standby(k) && members_->standby_gen(k) == 0;
+    const JobMembership::Registered r = members_->register_slot(k);
     control::Envelope w = make_envelope(0);
     w.mutable_command()->set_kind(control::Command::welcome);
     server_->send(identity, w);
-    // A slot whose ranks moved elsewhere comes back as a standby, after its self-check.
-    if (s.role == Role::kEvicted || (back && ranks_on(reg.slot()).empty())) s.role = Role::kStandby;
-    if (back)
-      LOG(INFO) << "slot " << reg.slot() << " (" << reg.host() << ") rejoined"
-                << (s.role == Role::kStandby ? " as a standby" : "");
-    if (s.role == Role::kStandby) start_standby(reg.slot(), s.initial_standby && s.gen == 0);
+    if (r.rejoined)
+      LOG(INFO) << "slot " << k << " (" << reg.host() << ") rejoined"
+                << (r.start_check ? " as a standby" : "");
+    if (r.start_check) start_standby(k, first_standby_check);
     return;
   }
   if (m.has_heartbeat()) {
     const int k = m.heartbeat().slot();
-    if (k < 0 || k >= int(slots_.size())) return;
-    Slot& s = slots_[size_t(k)];
+    if (k < 0 || k >= int(agents_.size())) return;
+    Agent& a = agents_[size_t(k)];
     // Another agent that claims the slot (refused, or replaced by a newer one) must not keep
     // it looking alive.
-    if (identity != s.identity) return;
-    if (s.state == State::kLost) {
+    if (identity != a.identity) return;
+    if (members_->link(k) == JobMembership::Link::kLost) {
       // Its network came back, but its ranks were given up: their workers are stale.
-      control::Envelope r = make_envelope(0);
-      r.mutable_command()->set_kind(control::Command::reset);
-      server_->send(identity, r);
+      server_->send(identity, command(control::Command::reset));
       return;
     }
-    s.last_heartbeat = Clock::now();
+    a.last_heartbeat = Clock::now();
     // The agent's proof that the controller lives: without it for
     // detect.controller_timeout_ms the agent stops its workers and exits (launcher/agent/agent.h).
-    control::Envelope alive = make_envelope(0);
-    alive.mutable_command()->set_kind(control::Command::keepalive);
-    server_->send(identity, alive);
+    server_->send(identity, command(control::Command::keepalive));
     return;
   }
   if (m.has_event()) {
@@ -114,7 +145,7 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     } else if (e.kind() == control::Event::stacks) {
       stacks_replies_[e.slot()] = e;
     } else if (e.kind() == control::Event::worker_exit) {
-      if (e.rank() < 0 || e.rank() >= world_) return;
+      if (e.rank() < 0 || e.rank() >= int(alive_.size())) return;
       alive_[size_t(e.rank())] = false;
       if (killing_.erase(e.rank())) return;  // we asked for it
       RankExit x;
@@ -133,135 +164,93 @@ std::string AgentHost::refusal(const std::string& identity, const control::Regis
   if (!job_.empty() && reg.job() != job_)
     return detail::concat("job id '", reg.job(), "' is not this controller's job (", job_,
                           "): take --job from runs/<job>/controller");
-  const int last = int(slots_.size()) - 1;
+  const int last = int(agents_.size()) - 1;
   if (reg.slot() < 0 || reg.slot() > last)
     return detail::concat("slot ", reg.slot(), " is out of range: the job has slots 0..", last);
   if (reg.slot() == 0 && reg.pid() != int(getpid()))
     return detail::concat("slot 0 is the controller's own (keel-launch pid ", getpid(),
                           "): join as ",
                           last == 1 ? "slot 1" : detail::concat("one of slots 1..", last));
-  const Slot& s = slots_[size_t(reg.slot())];
-  if (s.state == State::kActive && identity != s.identity)
+  const Agent& a = agents_[size_t(reg.slot())];
+  if (up(reg.slot()) && identity != a.identity)
     return detail::concat(
-        "slot ", reg.slot(), " is in use: keel-launch pid ", s.pid, " on ", s.host,
+        "slot ", reg.slot(), " is in use: keel-launch pid ", a.pid, " on ", a.host,
         " runs it (last heartbeat ",
-        int64_t(std::chrono::duration<double, std::milli>(Clock::now() - s.last_heartbeat).count()),
+        int64_t(std::chrono::duration<double, std::milli>(Clock::now() - a.last_heartbeat).count()),
         " ms ago); a slot can be joined once it is taken as lost (no heartbeat for ",
         slot_timeout_.count(), " ms)");
   return "";
 }
 
 void AgentHost::start_standby(int slot, bool initial) {
-  Slot& s = slots_[size_t(slot)];
-  s.self_check.assign(size_t(workers_per_slot_), "");
-  ++s.gen;
+  const int gen = members_->begin_standby_check(slot);
+  const int per_slot = layout_.workers_per_slot;
+  agents_[size_t(slot)].self_check.assign(size_t(per_slot), std::nullopt);
   // The standbys of the job's start check one all-reduce among all of them; a slot that
   // becomes a standby later checks among its own workers.
-  const int first = int(slots_.size()) - initial_standbys_;
-  const int group_size = initial ? initial_standbys_ * workers_per_slot_ : workers_per_slot_;
-  const std::string group = initial ? std::string("standby/check/start")
-                                    : detail::concat("standby/check/", slot, "/", s.gen);
-  for (int i = 0; i < workers_per_slot_; ++i) {
-    control::Envelope m = make_envelope(0);
+  const int standbys = members_->initial_standbys();
+  const int first = members_->slot_count() - standbys;
+  const int group_size = initial ? standbys * per_slot : per_slot;
+  const std::string group = initial ? detail::concat(keys::kStandbyCheckGroup, "/start")
+                                    : detail::concat(keys::kStandbyCheckGroup, "/", slot, "/", gen);
+  for (int i = 0; i < per_slot; ++i) {
+    control::Envelope m = command(control::Command::spawn);
     control::Command* c = m.mutable_command();
-    c->set_kind(control::Command::spawn);
     c->set_rank(-1 - i);  // a parked worker: no rank yet
-    c->set_world(world_);
+    c->set_world(members_->world());
     for (const auto& a : worker_argv_) c->add_args(a);
     for (const auto& [k, v] : worker_env_) (*c->mutable_env())[k] = v;
     auto& env = *c->mutable_env();
-    env["KEEL_STANDBY"] = "1";
-    env["KEEL_SLOT"] = std::to_string(slot);
-    env["KEEL_STANDBY_INDEX"] = std::to_string(i);
-    env["KEEL_STANDBY_GEN"] = std::to_string(s.gen);
-    env["KEEL_LOCAL_WORLD_SIZE"] = std::to_string(workers_per_slot_);
-    env["KEEL_STANDBY_GROUP"] = group;
-    env["KEEL_STANDBY_GROUP_SIZE"] = std::to_string(group_size);
-    env["KEEL_STANDBY_GROUP_RANK"] =
-        std::to_string(initial ? (slot - first) * workers_per_slot_ + i : i);
+    env[env::kStandby] = "1";
+    env[env::kSlot] = std::to_string(slot);
+    env[env::kStandbyIndex] = std::to_string(i);
+    env[env::kStandbyGen] = std::to_string(gen);
+    env[env::kLocalWorldSize] = std::to_string(per_slot);
+    env[env::kStandbyGroup] = group;
+    env[env::kStandbyGroupSize] = std::to_string(group_size);
+    env[env::kStandbyGroupRank] = std::to_string(initial ? (slot - first) * per_slot + i : i);
     send(slot, m);
   }
 }
 
-bool AgentHost::standby_ready(int slot) const {
-  const Slot& s = slots_[size_t(slot)];
-  if (s.role != Role::kStandby || s.state != State::kActive) return false;
-  for (int i = 0; i < workers_per_slot_; ++i) {
-    if (s.self_check[size_t(i)].empty()) {
-      try {
-        s.self_check[size_t(i)] =
-            store_->get(keys::standby_ready_key(slot, i, s.gen), std::chrono::milliseconds(1));
-      } catch (const CommTimeout&) {
-        return false;
+void AgentHost::refresh() {
+  for (int k = 0; k < members_->slot_count(); ++k) {
+    if (members_->state(k) != membership::SlotInfo::standby || members_->ready(k) ||
+        members_->check_failed(k))
+      continue;
+    Agent& a = agents_[size_t(k)];
+    const int gen = members_->standby_gen(k);
+    bool all_ok = !a.self_check.empty(), failed = false;
+    for (size_t i = 0; i < a.self_check.size(); ++i) {
+      if (!a.self_check[i]) {
+        if (auto c = try_get_message<store::StandbyCheck>(*store_,
+                                                          keys::standby_ready_key(k, int(i), gen)))
+          a.self_check[i] = c->ok();
       }
+      all_ok = all_ok && a.self_check[i].value_or(false);
+      failed = failed || (a.self_check[i] && !*a.self_check[i]);
     }
-    if (s.self_check[size_t(i)].rfind("ok", 0) != 0) return false;
+    if (failed || all_ok) members_->standby_checked(k, gen, all_ok);
   }
-  return true;
-}
-
-bool AgentHost::promote(int lost, int standby) {
-  if (!standby_ready(standby)) return false;
-  const std::vector<int> ranks = ranks_on(lost);
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    rank_slot_[size_t(ranks[i])] = standby;
-    adopt_[ranks[i]] = int(i);
-  }
-  slots_[size_t(standby)].role = Role::kActive;
-  // A live slot evicted a moment ago (evict()) has registered again and checks itself as a
-  // standby by now: it must stay one. Only a slot still holding the role is marked.
-  if (slots_[size_t(lost)].role == Role::kActive) slots_[size_t(lost)].role = Role::kEvicted;
-  return true;
-}
-
-void AgentHost::renumber(const std::map<int, int>& old_to_new, int new_world) {
-  std::vector<int> slot(size_t(new_world), -1);
-  std::vector<bool> alive(size_t(new_world), false);
-  for (const auto& [o, n] : old_to_new) {
-    slot[size_t(n)] = rank_slot_[size_t(o)];
-    alive[size_t(n)] = alive_[size_t(o)];
-  }
-  rank_slot_ = std::move(slot);
-  alive_ = std::move(alive);
-  world_ = new_world;
-  adopt_.clear();
-  killing_.clear();
-  control::Envelope m = make_envelope(0);
-  m.mutable_command()->set_kind(control::Command::renumber);
-  for (const auto& [o, n] : old_to_new) (*m.mutable_command()->mutable_rank_map())[o] = n;
-  for (size_t k = 0; k < slots_.size(); ++k) send(int(k), m);
-}
-
-bool AgentHost::place(const std::vector<int>& ranks) {
-  std::vector<int> ready;
-  for (size_t k = 0; k < slots_.size(); ++k)
-    if (standby_ready(int(k))) ready.push_back(int(k));
-  if (int(ready.size()) * workers_per_slot_ < int(ranks.size())) return false;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    const int k = ready[i / size_t(workers_per_slot_)];
-    rank_slot_[size_t(ranks[i])] = k;
-    adopt_[ranks[i]] = int(i % size_t(workers_per_slot_));
-    slots_[size_t(k)].role = Role::kActive;
-  }
-  return true;
 }
 
 void AgentHost::evict(int slot) {
   for (int r : ranks_on(slot)) kill(r);
-  slots_[size_t(slot)].role = Role::kEvicted;
   // The slot itself is healthy enough to answer: it drops its workers and its shared memory
   // and registers again, which makes it a standby once it has checked itself. Its ranks'
   // new workers must not find its old segments (on one machine they share /dev/shm): wait
   // for the registration that follows the reset.
-  const int before = slots_[size_t(slot)].registrations;
-  control::Envelope m = make_envelope(0);
-  m.mutable_command()->set_kind(control::Command::reset);
-  send(slot, m);
-  const auto deadline = Clock::now() + std::chrono::seconds(2);
-  while (slots_[size_t(slot)].registrations == before &&
-         slots_[size_t(slot)].state == State::kActive && Clock::now() < deadline) {
-    if (pump_) pump_();
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const int before = agents_[size_t(slot)].registrations;
+  send(slot, command(control::Command::reset));
+  wait_until([&] { return agents_[size_t(slot)].registrations != before || !up(slot); },
+             kEvictRegisterWait);
+}
+
+void AgentHost::wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (!done() && Clock::now() < deadline) {
+    poll_plane();
+    std::this_thread::sleep_for(kPollPause);
   }
 }
 
@@ -269,71 +258,63 @@ bool AgentHost::wait_for_slots(std::chrono::milliseconds timeout, const volatile
   const auto deadline = Clock::now() + timeout;
   while (Clock::now() < deadline) {
     if (stop && *stop) return false;
-    if (pump_) pump_();
+    poll_plane();
     bool all = true;
-    for (const Slot& s : slots_) all = all && s.state == State::kActive;
+    for (int k = 0; k < members_->slot_count(); ++k) all = all && up(k);
     if (all) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(kPollPause);
   }
   return false;
 }
 
 void AgentHost::send(int slot, const control::Envelope& msg) {
-  const Slot& s = slots_[size_t(slot)];
-  if (s.state == State::kActive) server_->send(s.identity, msg);
+  if (up(slot)) server_->send(agents_[size_t(slot)].identity, msg);
 }
 
 void AgentHost::spawn(int rank, const std::map<std::string, std::string>& env) {
   const int slot = slot_of(rank);
-  control::Envelope m = make_envelope(0);
+  control::Envelope m = command(control::Command::spawn);
   control::Command* c = m.mutable_command();
-  c->set_kind(control::Command::spawn);
   c->set_rank(rank);
-  c->set_world(world_);
+  c->set_world(members_->world());
   auto adopt = adopt_.find(rank);
   if (adopt != adopt_.end()) {
     // A parked standby worker takes the rank: it joins the epoch as a restarted rank.
-    auto epoch = env.find("KEEL_EPOCH");
-    store_->set(keys::standby_assign_key(slot, adopt->second, slots_[size_t(slot)].gen),
-                std::to_string(rank) + " " + (epoch == env.end() ? "0" : epoch->second) + " " +
-                    std::to_string(world_));
-    (*c->mutable_env())["KEEL_ADOPT_INDEX"] = std::to_string(adopt->second);
+    store::StandbyAssign assign;
+    assign.set_rank(rank);
+    assign.set_epoch(members_->epoch());
+    *assign.mutable_membership() = members_->to_proto();
+    set_message(*store_, keys::standby_assign_key(slot, adopt->second, members_->standby_gen(slot)),
+                assign);
+    c->set_adopt_index(adopt->second);
     adopt_.erase(adopt);
   } else {
     for (const auto& a : worker_argv_) c->add_args(a);
     for (const auto& [k, v] : env) (*c->mutable_env())[k] = v;
-    (*c->mutable_env())["KEEL_LOCAL_WORLD_SIZE"] = std::to_string(workers_per_slot_);
-    (*c->mutable_env())["KEEL_SLOT"] = std::to_string(slot);
-    std::string ranks;
-    for (int r : ranks_on(slot)) {
-      if (!ranks.empty()) ranks += ',';
-      ranks += std::to_string(r);
-    }
-    (*c->mutable_env())["KEEL_SLOT_RANKS"] = ranks;
+    (*c->mutable_env())[env::kLocalWorldSize] = std::to_string(layout_.workers_per_slot);
+    (*c->mutable_env())[env::kSlot] = std::to_string(slot);
   }
   alive_[size_t(rank)] = true;
   send(slot, m);
 }
 
 bool AgentHost::spawn_extra(int slot, int id, const std::map<std::string, std::string>& env) {
-  if (slot < 0 || slot >= int(slots_.size()) || id < world_) return false;
-  control::Envelope m = make_envelope(0);
+  if (slot < 0 || slot >= int(agents_.size()) || id < members_->world()) return false;
+  control::Envelope m = command(control::Command::spawn);
   control::Command* c = m.mutable_command();
-  c->set_kind(control::Command::spawn);
   c->set_rank(id);
-  c->set_world(world_);
+  c->set_world(members_->world());
   for (const auto& a : worker_argv_) c->add_args(a);
   for (const auto& [k, v] : env) (*c->mutable_env())[k] = v;
-  (*c->mutable_env())["KEEL_LOCAL_WORLD_SIZE"] = std::to_string(workers_per_slot_);
-  (*c->mutable_env())["KEEL_SLOT"] = std::to_string(slot);
+  (*c->mutable_env())[env::kLocalWorldSize] = std::to_string(layout_.workers_per_slot);
+  (*c->mutable_env())[env::kSlot] = std::to_string(slot);
   send(slot, m);
   return true;
 }
 
 void AgentHost::kill_extra(int slot, int id) {
-  if (slot < 0 || slot >= int(slots_.size())) return;
-  control::Envelope m = make_envelope(0);
-  m.mutable_command()->set_kind(control::Command::kill);
+  if (slot < 0 || slot >= int(agents_.size())) return;
+  control::Envelope m = command(control::Command::kill);
   m.mutable_command()->set_rank(id);
   send(slot, m);
 }
@@ -341,18 +322,17 @@ void AgentHost::kill_extra(int slot, int id) {
 void AgentHost::kill(int rank) {
   if (!alive_[size_t(rank)]) return;
   killing_.insert(rank);
-  control::Envelope m = make_envelope(0);
-  m.mutable_command()->set_kind(control::Command::kill);
+  control::Envelope m = command(control::Command::kill);
   m.mutable_command()->set_rank(rank);
   send(slot_of(rank), m);
   // Returns once the agent says the worker is gone, or its slot is lost (then it is gone
   // with it, as far as the job is concerned).
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  const auto deadline = Clock::now() + kKillWait;
   while (alive_[size_t(rank)] && Clock::now() < deadline) {
-    if (pump_) pump_();
+    poll_plane();
     check_heartbeats();
-    if (slots_[size_t(slot_of(rank))].state != State::kActive) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (!up(slot_of(rank))) break;
+    std::this_thread::sleep_for(kPollPause);
   }
   alive_[size_t(rank)] = false;
   killing_.erase(rank);
@@ -360,21 +340,21 @@ void AgentHost::kill(int rank) {
 
 void AgentHost::check_heartbeats() {
   const auto now = Clock::now();
-  for (size_t k = 0; k < slots_.size(); ++k) {
-    Slot& s = slots_[k];
-    if (s.state != State::kActive || now - s.last_heartbeat < slot_timeout_) continue;
-    s.state = State::kLost;
-    const double silent = std::chrono::duration<double>(now - s.last_heartbeat).count();
-    for (int r : ranks_on(int(k))) {
+  for (int k = 0; k < int(agents_.size()); ++k) {
+    const Agent& a = agents_[size_t(k)];
+    if (!up(k) || now - a.last_heartbeat < slot_timeout_) continue;
+    members_->heartbeat_lost(k);
+    const double silent = std::chrono::duration<double>(now - a.last_heartbeat).count();
+    for (int r : ranks_on(k)) {
       if (!alive_[size_t(r)] && !killing_.count(r)) continue;
       alive_[size_t(r)] = false;
       killing_.erase(r);
       RankExit x;
       x.rank = r;
-      x.slot = int(k);
+      x.slot = k;
       x.slot_lost = true;
       char buf[96];
-      std::snprintf(buf, sizeof(buf), "no heartbeat from %s for %.2f s", s.host.c_str(), silent);
+      std::snprintf(buf, sizeof(buf), "no heartbeat from %s for %.2f s", a.host.c_str(), silent);
       x.detail = buf;
       exits_.push_back(x);
     }
@@ -392,34 +372,29 @@ std::optional<RankExit> AgentHost::poll_exit() {
 void AgentHost::stop_all(int sig, std::chrono::milliseconds grace) {
   (void)sig;
   (void)grace;
-  for (int r = 0; r < world_; ++r) kill(r);
+  for (int r = 0; r < int(alive_.size()); ++r) kill(r);
   exits_.clear();
 }
 
 std::map<int, policy::Holdings> AgentHost::survey(const Topology& topo, bool) {
-  (void)topo;
+  (void)topo;  // the agents take the layout from the membership the command carries
   survey_replies_.clear();
-  control::Envelope m = make_envelope(0);
-  m.mutable_command()->set_kind(control::Command::survey);
+  const control::Envelope m = command(control::Command::survey);
   int asked = 0;
-  for (size_t k = 0; k < slots_.size(); ++k)
-    if (slots_[k].state == State::kActive) {
-      send(int(k), m);
+  for (int k = 0; k < int(agents_.size()); ++k)
+    if (up(k)) {
+      send(k, m);
       ++asked;
     }
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (int(survey_replies_.size()) < asked && Clock::now() < deadline) {
-    if (pump_) pump_();
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  wait_until([&] { return int(survey_replies_.size()) >= asked; }, kSurveyWait);
   // A holding on the slot the rank runs on is its own snapshot; anywhere else it is the
   // copy its backup holder keeps.
   std::map<int, policy::Holdings> out;
   for (const auto& [slot, e] : survey_replies_)
     for (const auto& h : e.holdings()) {
       const int r = h.owner_rank();
-      if (r < 0 || r >= world_) continue;
-      const bool own = h.own() && rank_slot_[size_t(r)] == slot;
+      if (r < 0 || r >= members_->world()) continue;
+      const bool own = h.own() && slot_of(r) == slot;
       if (h.own() && !own) continue;  // a snapshot left on a slot the rank moved away from
       for (int64_t s : h.steps()) (own ? out[r].own : out[r].backup).insert(s);
     }
@@ -429,20 +404,16 @@ std::map<int, policy::Holdings> AgentHost::survey(const Topology& topo, bool) {
 std::map<int, control::RankStacks> AgentHost::capture_stacks(std::chrono::milliseconds timeout) {
   stacks_replies_.clear();
   const auto capture = std::min(timeout, slot_timeout_ / 2);
-  control::Envelope m = make_envelope(0);
-  m.mutable_command()->set_kind(control::Command::stacks);
+  control::Envelope m = command(control::Command::stacks);
   m.mutable_command()->set_timeout_ms(int(capture.count()));
   std::vector<int> asked;
-  for (size_t k = 0; k < slots_.size(); ++k)
-    if (slots_[k].state == State::kActive && !ranks_on(int(k)).empty()) {
-      send(int(k), m);
-      asked.push_back(int(k));
+  for (int k = 0; k < int(agents_.size()); ++k)
+    if (up(k) && !ranks_on(k).empty()) {
+      send(k, m);
+      asked.push_back(k);
     }
-  const auto deadline = Clock::now() + capture + std::chrono::seconds(1);
-  while (stacks_replies_.size() < asked.size() && Clock::now() < deadline) {
-    if (pump_) pump_();
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  const auto wait = capture + std::chrono::duration_cast<std::chrono::milliseconds>(kStacksTrip);
+  wait_until([&] { return stacks_replies_.size() >= asked.size(); }, wait);
   std::map<int, control::RankStacks> out;
   for (int k : asked) {
     auto reply = stacks_replies_.find(k);
@@ -451,73 +422,53 @@ std::map<int, control::RankStacks> AgentHost::capture_stacks(std::chrono::millis
       for (int r : ranks_on(k)) {
         control::RankStacks& missing = out[r];
         missing.set_rank(r);
-        missing.set_error(detail::concat("slot ", k, " did not answer within ",
-                                         (capture + std::chrono::seconds(1)).count(), " ms"));
+        missing.set_error(
+            detail::concat("slot ", k, " did not answer within ", wait.count(), " ms"));
       }
       continue;
     }
     for (const auto& rs : reply->second.rank_stacks())
-      if (rs.rank() >= 0 && rs.rank() < world_ && rank_slot_[size_t(rs.rank())] == k)
+      if (rs.rank() >= 0 && rs.rank() < members_->world() && slot_of(rs.rank()) == k)
         out[rs.rank()] = rs;
   }
   return out;
 }
 
+void AgentHost::renumber(const std::map<int, int>& old_to_new, int new_world) {
+  std::vector<bool> alive(size_t(new_world), false);
+  for (const auto& [o, n] : old_to_new) alive[size_t(n)] = alive_[size_t(o)];
+  alive_ = std::move(alive);
+  adopt_.clear();
+  killing_.clear();
+  control::Envelope m = command(control::Command::renumber);
+  for (const auto& [o, n] : old_to_new) (*m.mutable_command()->mutable_rank_map())[o] = n;
+  for (int k = 0; k < int(agents_.size()); ++k) send(k, m);
+}
+
 void AgentHost::finish() {
-  control::Envelope m = make_envelope(0);
-  m.mutable_command()->set_kind(control::Command::shutdown);
-  for (size_t k = 0; k < slots_.size(); ++k) send(int(k), m);
+  const control::Envelope m = command(control::Command::shutdown);
+  for (int k = 0; k < int(agents_.size()); ++k) send(k, m);
 }
 
 double AgentHost::slot_silence_s(int slot) const {
-  return std::chrono::duration<double>(Clock::now() - slots_[size_t(slot)].last_heartbeat).count();
-}
-
-void AgentHost::fill_view(policy::ClusterView* v) const {
-  v->rank_slot = rank_slot_;
-  v->workers_per_slot = workers_per_slot_;
-  v->slots.clear();
-  v->ready_standbys.clear();
-  v->pending_standbys.clear();
-  for (size_t k = 0; k < slots_.size(); ++k) {
-    const Slot& s = slots_[k];
-    using St = membership::SlotInfo;
-    St::State st = s.state == State::kLost      ? St::lost
-                   : s.state == State::kPending ? St::pending
-                   : s.role == Role::kStandby   ? St::standby
-                   : s.role == Role::kEvicted   ? St::evicted
-                                                : St::active;
-    v->slots[int(k)] = st;
-    if (st != St::standby) continue;
-    if (standby_ready(int(k))) {
-      v->ready_standbys.insert(int(k));
-      continue;
-    }
-    bool failed = false;  // a failed self-check is not worth waiting for
-    for (const std::string& c : s.self_check) failed = failed || (!c.empty() && c.rfind("ok", 0));
-    if (!failed) v->pending_standbys.insert(int(k));
-  }
+  return std::chrono::duration<double>(Clock::now() - agents_[size_t(slot)].last_heartbeat).count();
 }
 
 void AgentHost::fill_status(control::StatusReply* reply) const {
   const auto now = Clock::now();
-  for (size_t k = 0; k < slots_.size(); ++k) {
-    const Slot& s = slots_[k];
+  for (int k = 0; k < int(agents_.size()); ++k) {
+    const Agent& a = agents_[size_t(k)];
     control::SlotStatus* ss = reply->add_slots();
-    ss->set_slot(int(k));
-    ss->set_host(s.host);
-    std::string state = s.state == State::kLost      ? "lost"
-                        : s.state == State::kPending ? "pending"
-                        : s.role == Role::kStandby   ? "standby"
-                        : s.role == Role::kEvicted   ? "evicted"
-                                                     : "active";
-    if (s.role == Role::kStandby) standby_ready(int(k));  // fetches its self-check results
-    if (s.role == Role::kStandby && !s.self_check.empty())
-      state += s.self_check[0].empty() ? " (checking)"
-                                       : " (self-check " + s.self_check[0].substr(0, 6) + ")";
+    ss->set_slot(k);
+    ss->set_host(a.host);
+    std::string state = JobMembership::state_name(members_->state(k));
+    if (members_->role(k) == JobMembership::Role::kStandby && !a.self_check.empty())
+      state += !a.self_check[0]   ? " (checking)"
+               : *a.self_check[0] ? " (self-check ok)"
+                                  : " (self-check failed)";
     ss->set_state(state);
-    ss->set_last_heartbeat_age_s(std::chrono::duration<double>(now - s.last_heartbeat).count());
-    for (int r : ranks_on(int(k))) ss->add_ranks(r);
+    ss->set_last_heartbeat_age_s(std::chrono::duration<double>(now - a.last_heartbeat).count());
+    for (int r : ranks_on(k)) ss->add_ranks(r);
   }
 }
 

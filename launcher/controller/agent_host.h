@@ -1,12 +1,16 @@
-// The controller's view of the slots (keel-launch): a RankHost whose ranks run on agents,
-// one per slot, reached over the control plane. Ranks start on slots in Megatron order,
-// `workers_per_slot` consecutive ranks a slot, so a TP group stays inside a slot where it
-// fits. A slot whose heartbeats stop for detect.slot_timeout_ms is lost, with its ranks.
+// The controller's transport to its slots (keel-launch): a RankHost whose ranks run on
+// agents, one per slot, reached over the control plane. It keeps what only the transport
+// knows (each agent's identity, pid and last heartbeat, the workers it runs, the parked
+// standby workers' self-checks) and borrows the controller's JobMembership
+// (launcher/controller/membership.h) for everything else: which slot a rank runs on, the
+// slots' states, the layout. It reports its agents' news into that membership (a register,
+// a slot whose heartbeats stopped for detect.slot_timeout_ms, a standby that checked itself);
+// the epoch transition makes the other changes and tells it what to carry out.
 //
 // Standby slots (keel-launch --standby K, the last K) run parked workers that have passed a
-// self-check (launcher/worker/standby.h). promote() moves a lost or evicted slot's ranks onto a
-// ready standby; spawning such a rank then hands it to a parked worker instead of starting a
-// process. An evicted or lost slot that registers again becomes a standby.
+// self-check (launcher/worker/standby.h). A rank promoted onto a standby is handed to a parked
+// worker (adopt) instead of starting a process. An evicted or lost slot that registers again
+// becomes a standby.
 #pragma once
 
 #include <chrono>
@@ -18,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/controller/membership.h"
 #include "launcher/controller/rank_host.h"
 #include "parallel/store.h"
 
@@ -36,8 +41,10 @@ class AgentHost : public RankHost {
   // The job id every registering agent must present (Register.job); empty: any.
   void set_job(std::string job) { job_ = std::move(job); }
 
-  // Messages of agents (the controller passes them on); `pump` handles the control plane's
-  // pending messages (the controller's), for the calls here that wait on an agent.
+  // Messages of agents (the controller passes them on). While a call here waits on an agent
+  // it polls the control plane itself: the agents' messages it handles, every other one goes
+  // to the controller's inbox (attach), so the controller is never re-entered. `pump` is for
+  // a host driven without a controller (tests): it is called instead.
   // A Register is refused (Command refuse, with the reason; the job goes on untouched) when
   // its job id is not this job's, its slot is outside 0..slots-1, it claims slot 0 from
   // another process than this one (slot 0 is the controller's own), or its slot is active
@@ -49,6 +56,8 @@ class AgentHost : public RankHost {
   // Waits until every slot has registered (or `timeout` passes: false).
   bool wait_for_slots(std::chrono::milliseconds timeout, const volatile int* stop);
 
+  SlotLayout slot_layout() const override { return layout_; }
+  void attach(JobMembership* membership, Inbox inbox) override;
   void spawn(int rank, const std::map<std::string, std::string>& env) override;
   void kill(int rank) override;
   bool spawn_extra(int slot, int id, const std::map<std::string, std::string>& env) override;
@@ -57,57 +66,59 @@ class AgentHost : public RankHost {
   void stop_all(int sig, std::chrono::milliseconds grace) override;
   std::map<int, policy::Holdings> survey(const Topology& topo, bool replica_backups) override;
   void finish() override;
-  int slot_of(int rank) const override { return rank_slot_[size_t(rank)]; }
-  void fill_view(policy::ClusterView* view) const override;
+  int slot_of(int rank) const override { return members_->slot_of(rank); }
+  std::vector<int> ranks_on(int slot) const override { return members_->ranks_on(slot); }
   double slot_silence_s(int slot) const override;
+  void refresh() override;
   void fill_status(control::StatusReply* reply) const override;
-  bool promote(int slot, int standby) override;
+  void adopt(int rank, int parked_index) override { adopt_[rank] = parked_index; }
   void evict(int slot) override;
-  std::vector<int> ranks_on(int slot) const override;
   void renumber(const std::map<int, int>& old_to_new, int new_world) override;
-  bool place(const std::vector<int>& ranks) override;
   // Asks every active slot's agent to capture its workers' stacks and waits for the answers
-  // (pumping the control plane) up to `timeout` and a second for the trip. Each agent's
+  // (pumping the control plane) up to `timeout` and kStacksTrip for the trip. Each agent's
   // capture is held under half the slot timeout: it sends no heartbeat meanwhile.
   std::map<int, control::RankStacks> capture_stacks(std::chrono::milliseconds timeout) override;
 
  private:
-  enum class State { kPending, kActive, kLost };
-  enum class Role { kActive, kStandby, kEvicted };
-  struct Slot {
+  // What the transport knows of a slot's agent.
+  struct Agent {
     std::string identity, host;
-    State state = State::kPending;
-    Role role = Role::kActive;
     std::chrono::steady_clock::time_point last_heartbeat;
     int pid = 0;
-    // Per parked worker: "ok ..." / "failed ..." / "" (not known yet); filled in lazily from
-    // the store, also when keel-ctl status asks.
-    mutable std::vector<std::string> self_check;
-    int gen = 0;                   // times it was made a standby
-    int registrations = 0;         // Register messages received
-    bool initial_standby = false;  // a standby from the start (checked together)
+    int registrations = 0;  // Register messages received
+    // Per parked worker of the standby generation in force: its self-check (absent: not
+    // known yet), read from the store by refresh().
+    std::vector<std::optional<bool>> self_check;
   };
+  bool up(int slot) const { return members_->link(slot) == JobMembership::Link::kUp; }
+  // A command of `kind`, carrying the membership in force.
+  control::Envelope command(control::Command::Kind kind) const;
   void send(int slot, const control::Envelope& msg);
   // Why a Register from `identity` cannot be taken ("" if it can).
   std::string refusal(const std::string& identity, const control::Register& reg) const;
   void check_heartbeats();
   void start_standby(int slot, bool initial);
-  bool standby_ready(int slot) const;
+  // Takes up what arrived on the control plane (see on_message).
+  void poll_plane();
+  // Waits (polling the control plane) until `done` or `timeout`.
+  void wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
 
   ControlServer* server_;
   std::shared_ptr<Store> store_;
   std::string job_;
-  int world_, workers_per_slot_;
-  std::vector<Slot> slots_;
+  SlotLayout layout_;
+  JobMembership* members_ = nullptr;  // the controller's (attach)
+  // The host's own until attach(): only a host driven without a controller (tests) uses it.
+  std::unique_ptr<JobMembership> unattached_;
+  std::vector<Agent> agents_;
   std::vector<std::string> worker_argv_;
   std::map<std::string, std::string> worker_env_;  // for standby workers (no rank yet)
   std::chrono::milliseconds slot_timeout_;
   std::function<void()> pump_;
-  std::vector<int> rank_slot_;
+  Inbox inbox_;               // the controller's (attach)
   std::map<int, int> adopt_;  // rank -> parked worker index on its (new) slot
-  int initial_standbys_ = 0;
-  std::vector<bool> alive_;  // rank has a running worker as far as we know
-  std::set<int> killing_;    // ranks whose exit we caused (not reported)
+  std::vector<bool> alive_;   // rank has a running worker as far as we know
+  std::set<int> killing_;     // ranks whose exit we caused (not reported)
   std::deque<RankExit> exits_;
   std::map<int, control::Event> survey_replies_;  // slot -> snapshots event
   std::map<int, control::Event> stacks_replies_;  // slot -> stacks event

@@ -1,4 +1,8 @@
+// The controller's loop: starts every rank, handles the control plane (progress reports,
+// keel-ctl, the agents' messages), and watches for failures cheapest first, handing each to
+// the epoch transition (controller_recovery.cc).
 #include "launcher/controller/controller.h"
+#include "launcher/controller/wall_clock.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,13 +10,40 @@
 #include <thread>
 
 #include "launcher/controller/controller_impl.h"
-#include "launcher/controller/stack_report.h"
+#include "proto/store_keys.h"
+#include "proto/store_values.pb.h"
 #include "robust/fault_injector.h"
 #include "robust/fault_spec.h"
 #include "runtime/check.h"
 #include "runtime/logging.h"
 
 namespace keel {
+namespace {
+
+// How often the loop looks for what the ranks report through the store (errors, updates).
+constexpr std::chrono::milliseconds kStorePollEvery{20};
+// How often it asks whether a shrunk job can grow back.
+constexpr std::chrono::milliseconds kGrowCheckEvery{200};
+// The loop's pause when nothing happened.
+constexpr std::chrono::milliseconds kLoopPause{5};
+// How long the ranks get to stop on SIGTERM before they are killed.
+constexpr std::chrono::seconds kStopGrace{5};
+
+}  // namespace
+
+const char* run_state_name(RunState s) {
+  switch (s) {
+    case RunState::kStarting:
+      return "starting";
+    case RunState::kTraining:
+      return "training";
+    case RunState::kRecovering:
+      return "recovering";
+    case RunState::kWaiting:
+      return "waiting";
+  }
+  return "starting";
+}
 
 Controller::Impl::Impl(ControllerOptions opts, RankHost* h, std::shared_ptr<Store> s,
                        ControlServer* srv)
@@ -20,78 +51,80 @@ Controller::Impl::Impl(ControllerOptions opts, RankHost* h, std::shared_ptr<Stor
       host(h),
       store(std::move(s)),
       server(srv),
-      topo(o.cfg.parallel().tp(), o.cfg.parallel().pp(), o.cfg.parallel().dp()),
-      world(topo.world_size()),
-      slow_detector(o.cfg.detect()) {
-  update_membership();
+      members(Topology(o.cfg.parallel().tp(), o.cfg.parallel().pp(), o.cfg.parallel().dp()),
+              o.cfg.parallel().dp(), h->slot_layout()),
+      ctx{&o, h, store, &members, [this] { pump(); }},
+      detector(ctx, srv != nullptr),
+      updates(ctx),
+      replays(ctx),
+      diagnostics(ctx),
+      slow(ctx) {
+  host->attach(&members, [this](const std::string& identity, const control::Envelope& m) {
+    take_up(identity, m);
+  });
 }
 
-void Controller::Impl::event(const std::string& kind, const EventFields& fields) {
-  if (o.on_event) o.on_event(kind, fields);
-}
-
-std::map<std::string, std::string> Controller::Impl::rank_env(int rank, bool restarted) const {
-  char start[32];
-  std::snprintf(start, sizeof(start), "%.6f", o.job_start);
-  std::map<std::string, std::string> env = {
-      {"KEEL_RANK", std::to_string(rank)},
-      {"KEEL_WORLD_SIZE", std::to_string(world)},
-      {"KEEL_STORE_ADDR", o.store_addr},
-      {"KEEL_JOB_ID", o.job},
-      {"KEEL_SUPERVISED", "1"},
-      {"KEEL_EPOCH", std::to_string(epoch)},
-      {"KEEL_RESTARTED", restarted ? "1" : "0"},
-      {"KEEL_JOB_START", start},
-      {"KEEL_LINEAGE", o.lineage},
-  };
-  if (!o.controller_endpoint.empty()) env["KEEL_CONTROLLER"] = o.controller_endpoint;
-  if (topo.dp() != o.cfg.parallel().dp()) env["KEEL_DP"] = std::to_string(topo.dp());
-  // Ranks share cores: OpenMP threads that spin while waiting steal them from the rank
-  // that has work (measured: a step 5-7x slower at load 9).
-  if (world > 1) env["OMP_WAIT_POLICY"] = "PASSIVE";
-  return env;
-}
-
-// Handles what arrived on the control plane: progress, keel-ctl, and the agents' messages.
+// Handles what arrived on the control plane: first what the host set aside while it waited on
+// its agents (take_up), then what is new.
 void Controller::Impl::pump() {
-  if (!server) return;
-  while (auto in = server->poll(std::chrono::milliseconds(0))) {
-    const control::Envelope& m = in->msg;
-    if (m.has_progress()) {
-      if (m.epoch() != epoch) continue;  // a report of an older epoch: stale
-      const control::WorkerProgress& p = m.progress();
-      if (p.rank() < 0 || p.rank() >= world || finished.count(p.rank())) continue;
-      if (o.console_progress && p.rank() == 0) print_progress(p);
-      if (p.has_round()) on_round(p.rank(), p.round());
-      progress[p.rank()] = {p, Clock::now()};
-    } else if (m.has_status_request()) {
-      control::Envelope r = make_envelope(epoch);
-      status(r.mutable_status_reply());
-      server->send(in->identity, r);
-    } else if (m.has_inject_request()) {
-      control::Envelope r = make_envelope(epoch);
-      inject(m.inject_request().fault(), r.mutable_inject_reply());
-      server->send(in->identity, r);
-    } else if (m.has_stacks_request()) {
-      stacks_requests.emplace_back(in->identity, m.stacks_request().name());
-    } else if (m.has_update_request()) {
-      control::Envelope r = make_envelope(epoch);
-      request_update(m.update_request(), r.mutable_update_reply());
-      server->send(in->identity, r);
-    } else if (m.has_replay_request()) {
-      control::Envelope r = make_envelope(epoch);
-      control::ReplayReply* rr = r.mutable_replay_reply();
-      std::string why;
-      rr->set_ok(replay_possible(&why));
-      rr->set_message(rr->ok() ? "the job stops, replays its newest step on groups of machines "
-                                 "and evicts the machine found (see the incidents)"
-                               : "no replay: " + why);
-      if (rr->ok()) replay_requested = true;
-      server->send(in->identity, r);
-    } else if (on_agent) {
-      on_agent(in->identity, m);
-    }
+  while (!inbox.empty()) {
+    auto [identity, m] = std::move(inbox.front());
+    inbox.pop_front();
+    handle(identity, m);
   }
+  if (!server) return;
+  while (auto in = server->poll(std::chrono::milliseconds(0))) handle(in->identity, in->msg);
+}
+
+void Controller::Impl::take_up(const std::string& identity, const control::Envelope& m) {
+  // keel-ctl status is answered at once (it changes nothing); the rest waits for the loop.
+  if (m.has_status_request() && server) {
+    control::Envelope r = make_envelope(members.epoch());
+    status(r.mutable_status_reply());
+    server->send(identity, r);
+    return;
+  }
+  inbox.emplace_back(identity, m);
+}
+
+// Progress, keel-ctl, and the agents' messages.
+void Controller::Impl::handle(const std::string& identity, const control::Envelope& m) {
+  control::Envelope r = make_envelope(members.epoch());
+  if (m.has_progress()) {
+    if (m.epoch() == members.epoch()) on_progress(m.progress());  // else stale
+    return;
+  } else if (m.has_status_request()) {
+    status(r.mutable_status_reply());
+  } else if (m.has_inject_request()) {
+    inject(m.inject_request().fault(), r.mutable_inject_reply());
+  } else if (m.has_stacks_request()) {
+    stacks_requests.emplace_back(identity, m.stacks_request().name());
+    return;
+  } else if (m.has_update_request()) {
+    updates.request(m.update_request(), r.mutable_update_reply());
+  } else if (m.has_replay_request()) {
+    replay_request(r.mutable_replay_reply());
+  } else {
+    if (on_agent) on_agent(identity, m);
+    return;
+  }
+  server->send(identity, r);
+}
+
+void Controller::Impl::on_progress(const control::WorkerProgress& p) {
+  if (p.rank() < 0 || p.rank() >= members.world() || finished.count(p.rank())) return;
+  if (o.console_progress && p.rank() == 0) print_progress(p);
+  if (p.has_round()) slow.on_round(p.rank(), p.round());
+  detector.on_progress(p);
+}
+
+void Controller::Impl::replay_request(control::ReplayReply* rr) {
+  std::string why;
+  rr->set_ok(replays.possible(&why));
+  rr->set_message(rr->ok() ? "the job stops, replays its newest step on groups of machines "
+                             "and evicts the machine found (see the incidents)"
+                           : "no replay: " + why);
+  if (rr->ok()) replays.request();
 }
 
 void Controller::Impl::print_progress(const control::WorkerProgress& p) {
@@ -106,29 +139,29 @@ void Controller::Impl::print_progress(const control::WorkerProgress& p) {
   if (p.sdc_passed_step() > 0)
     std::snprintf(sdc, sizeof(sdc), " | sdc ok @%lld", static_cast<long long>(p.sdc_passed_step()));
   // After a hot update, which code the job runs.
-  const std::string plugin =
-      !plugin_changed ? "" : " | plugin " + plugin_version + " " + plugin_hash.substr(0, 8);
+  const std::string plugin = updates.progress_label();
   // A rank that computes well above its stage's median drags every step: name it early.
   char slowest[48] = "";
-  if (slowest_rank >= 0 && slowest_factor > 1.2)
-    std::snprintf(slowest, sizeof(slowest), " | slowest rank %d %.1fx", slowest_rank,
-                  slowest_factor);
+  if (slow.slowest_rank() >= 0 && slow.slowest_factor() > 1.2)
+    std::snprintf(slowest, sizeof(slowest), " | slowest rank %d %.1fx", slow.slowest_rank(),
+                  slow.slowest_factor());
   std::printf(
       "step %5lld/%d | loss %.6f | %8.0f tok/s | compute %3.0f%% comm %3.0f%% | epoch %d%s%s%s\n",
       static_cast<long long>(p.step()), o.cfg.train().steps(), p.loss(),
       p.step_s() > 0 ? tokens / p.step_s() : 0.0,
       p.step_s() > 0 ? 100 * p.compute_s() / p.step_s() : 0.0,
-      p.step_s() > 0 ? 100 * p.comm_s() / p.step_s() : 0.0, epoch, sdc, plugin.c_str(), slowest);
+      p.step_s() > 0 ? 100 * p.comm_s() / p.step_s() : 0.0, members.epoch(), sdc, plugin.c_str(),
+      slowest);
   std::fflush(stdout);
 }
 
-void Controller::Impl::status(control::StatusReply* r) const {
-  r->set_epoch(epoch);
-  r->set_state(state);
-  r->set_incidents(incidents);
+void Controller::Impl::status(control::StatusReply* r) {
+  r->set_epoch(members.epoch());
+  r->set_state(run_state_name(state));
+  r->set_incidents(stops.incidents);
   int64_t step = -1;
   double loss = 0;
-  for (const auto& [rank, p] : progress) {
+  for (const auto& [rank, p] : detector.progress()) {
     control::RankStatus* rs = r->add_ranks();
     rs->set_rank(rank);
     rs->set_slot(p.first.slot());
@@ -139,12 +172,12 @@ void Controller::Impl::status(control::StatusReply* r) const {
   }
   r->set_step(std::max<int64_t>(step, 0));
   r->set_loss(loss);
-  try {
-    r->set_tokens_per_s(std::stod(store->get("live/tokens_per_s", std::chrono::milliseconds(1))));
-    r->set_mfu(std::stod(store->get("live/mfu", std::chrono::milliseconds(1))));
-    r->set_ettr(std::stod(store->get("live/ettr", std::chrono::milliseconds(1))));
-  } catch (const std::exception&) {
+  if (auto live = try_get_message<store::Live>(*store, keys::kLive)) {
+    r->set_tokens_per_s(live->tokens_per_s());
+    r->set_mfu(live->mfu());
+    r->set_ettr(live->ettr());
   }
+  host->refresh();  // the standbys' self-checks
   host->fill_status(r);
 }
 
@@ -153,7 +186,7 @@ void Controller::Impl::inject(const std::string& fault, control::InjectReply* r)
   try {
     FaultPlan plan;
     add_fault_flag(&plan, fault);
-    validate_fault_plan(plan, world, o.cfg.train().steps());
+    validate_fault_plan(plan, members.world(), o.cfg.train().steps());
     const faults::Fault& f = plan.schedule.fault(0);
     // The hook that corrupts a rank's tensors is installed on every rank alike when the job
     // starts (it changes when a single micro-batch's gradients are reduced), not later.
@@ -172,8 +205,9 @@ void Controller::Impl::inject(const std::string& fault, control::InjectReply* r)
     // started step c, so S must be past c: S <= c is refused. S = c + 1 or later fires unless
     // the rank completes step S - 1 before the fault reaches the store (the time of this
     // call: with steps of a few ms, give a step some way ahead).
-    auto target = progress.find(f.rank());
-    if (target != progress.end() && f.step() <= target->second.first.step()) {
+    auto target = detector.progress().find(f.rank());
+    const bool reported = target != detector.progress().end();
+    if (reported && f.step() <= target->second.first.step()) {
       const int64_t done = target->second.first.step();
       throw InputError(detail::concat(
           fault, ": step ", f.step(), " has passed: rank ", f.rank(), " has completed ", done,
@@ -181,38 +215,58 @@ void Controller::Impl::inject(const std::string& fault, control::InjectReply* r)
           done + 1 < o.cfg.train().steps() ? detail::concat("give step=", done + 1, " or later")
                                            : std::string("the job has no step left to start")));
     }
-    const int64_t n = store->add("runtime_faults/count", 1) - 1;
-    store->set("runtime_faults/" + std::to_string(n), fault);
+    const int64_t n = store->add(keys::kRuntimeFaultCount, 1) - 1;
+    // The fault as parsed and checked here (robust/fault_injector.h reads a faults::Fault).
+    set_message(*store, keys::runtime_fault_key(n), f);
     r->set_ok(true);
     r->set_message("injected " + fault +
-                   (target == progress.end()
-                        ? std::string()
-                        : detail::concat(" (rank ", f.rank(), " has completed ",
-                                         target->second.first.step(), " step(s))")));
-    event("inject_request", EventFields().add("fault", fault));
+                   (!reported ? std::string()
+                              : detail::concat(" (rank ", f.rank(), " has completed ",
+                                               target->second.first.step(), " step(s))")));
+    ctx.event("inject_request", EventFields().add("fault", fault));
   } catch (const std::exception& e) {
     r->set_ok(false);
     r->set_message(e.what());
   }
 }
 
+std::optional<Detected> Controller::Impl::poll_failures(Clock::time_point* next_error_poll,
+                                                        Clock::time_point* next_grow_check) {
+  if (Clock::now() >= *next_error_poll) {
+    *next_error_poll = Clock::now() + kStorePollEvery;
+    updates.poll(detector.ahead());
+    updates.end_probation(detector.min_step());
+    if (auto d = detector.comm_error()) return d;
+  }
+  if (Clock::now() >= *next_grow_check) {
+    *next_grow_check = Clock::now() + kGrowCheckEvery;
+    maybe_grow();
+  }
+  serve_stacks_requests();
+  if (replays.take_request()) return replays.requested();
+  if (auto d = detector.hang(stops.incidents + 1)) return d;
+  return slow.judge();
+}
+
 int Controller::Impl::run() {
-  for (int r = 0; r < world; ++r) spawn(r, /*restarted=*/false);
-  state = "training";
-  event("start", EventFields().add("world", world));
+  // Epoch 0's record: every rank, whenever it starts, finds the membership there.
+  write_rebuild(policy::Plan{}, nullptr);
+  for (int r = 0; r < members.world(); ++r) spawn(r, /*restarted=*/false);
+  state = RunState::kTraining;
+  ctx.event("start", EventFields().add("world", members.world()));
   auto next_error_poll = Clock::now(), next_grow_check = Clock::now();
   while (true) {
     if (stopping()) {
       LOG(WARNING) << strsignal(*o.stop_signal) << ": stopping every rank";
-      host->stop_all(SIGTERM, std::chrono::seconds(5));
+      host->stop_all(SIGTERM, kStopGrace);
       return 128 + *o.stop_signal;
     }
     pump();
     if (auto ex = host->poll_exit()) {
       if (ex->clean()) {
         finished.insert(ex->rank);
-        progress.erase(ex->rank);
-        if (int(finished.size()) == world) return 0;
+        detector.forget(ex->rank);
+        if (int(finished.size()) == members.world()) return 0;
         continue;
       }
       if (!finished.empty() || ex->fatal()) {
@@ -221,59 +275,31 @@ int Controller::Impl::run() {
           why += detail::concat("\nrank ", ex->rank, "'s last lines:\n", ex->detail);
         return stop_job(why, ex->code());
       }
-      if (!recover(from_exit(*ex))) return stop_job("", ex->code() ? ex->code() : 1);
+      if (!recover(detector.from_exit(*ex))) return stop_job("", ex->code() ? ex->code() : 1);
       continue;
     }
-    if (Clock::now() >= next_error_poll) {
-      next_error_poll = Clock::now() + std::chrono::milliseconds(20);
-      poll_updates();
-      end_probation(last_min_step);
-      if (auto d = comm_error()) {
-        if (!recover(std::move(*d))) return stop_job("", 1);
-        continue;
-      }
-    }
-    if (Clock::now() >= next_grow_check) {
-      next_grow_check = Clock::now() + std::chrono::milliseconds(200);
-      maybe_grow();
-    }
-    serve_stacks_requests();
-    if (replay_requested) {
-      replay_requested = false;
-      if (!recover(requested_replay())) return stop_job("", 1);
-      continue;
-    }
-    if (auto d = hang()) {
+    if (auto d = poll_failures(&next_error_poll, &next_grow_check)) {
       if (!recover(std::move(*d))) return stop_job("", 1);
       continue;
     }
-    if (auto d = fail_slow()) {
-      if (!recover(std::move(*d))) return stop_job("", 1);
-      continue;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(kLoopPause);
   }
-}
-
-control::StacksReply Controller::Impl::capture_stacks(const std::string& name) {
-  const std::string root = o.run_dir.empty() ? "/tmp/keel-stacks-" + o.job : o.run_dir + "/stacks";
-  return collect_stacks(*host, root + "/" + name, std::chrono::seconds(2));
 }
 
 void Controller::Impl::serve_stacks_requests() {
   auto requests = std::move(stacks_requests);
   stacks_requests.clear();
   for (auto& [identity, name] : requests) {
-    control::Envelope r = make_envelope(epoch);
+    control::Envelope r = make_envelope(members.epoch());
     // The name becomes a directory: user text, so no separators and no way up.
     if (name.find('/') != std::string::npos || name.find("..") != std::string::npos) {
       r.mutable_stacks_reply()->set_ok(false);
       r.mutable_stacks_reply()->set_message("stacks --name " + name +
                                             ": a name, not a path (no '/' or '..')");
     } else {
-      if (name.empty()) name = detail::concat("ctl-", int64_t(unix_now() * 1000));
-      *r.mutable_stacks_reply() = capture_stacks(name);
-      event("stacks", EventFields().add("name", name).add("dir", r.stacks_reply().dir()));
+      if (name.empty()) name = detail::concat("ctl-", int64_t(unix_seconds() * 1000));
+      *r.mutable_stacks_reply() = ctx.capture_stacks(name);
+      ctx.event("stacks", EventFields().add("name", name).add("dir", r.stacks_reply().dir()));
     }
     server->send(identity, r);
   }
@@ -281,8 +307,8 @@ void Controller::Impl::serve_stacks_requests() {
 
 int Controller::Impl::stop_job(const std::string& why, int code) {
   if (!why.empty()) LOG(ERROR) << why << "; stopping the job";
-  event("stop", EventFields().add("code", code).add("why", why));
-  host->stop_all(SIGTERM, std::chrono::seconds(5));
+  ctx.event("stop", EventFields().add("code", code).add("why", why));
+  host->stop_all(SIGTERM, kStopGrace);
   return code;
 }
 
@@ -306,7 +332,7 @@ void Controller::pump() {
 }
 
 int Controller::epoch() const {
-  return impl_->epoch;
+  return impl_->members.epoch();
 }
 
 }  // namespace keel

@@ -1,13 +1,18 @@
-// The job's controller: membership by epoch, failure detection and the recovery decisions
-// (DESIGN.md, Failure handling and Recovery protocol). It starts every rank through a
-// RankHost, watches their exits, the communication errors they report through the store,
-// their progress (a rank that stops while the others wait inside a collective is hung) and,
-// under keel-launch, whole slots; and on a failure it moves the job to the next epoch:
+// The job's controller: the one owner of the job's membership (launcher/controller/
+// membership.h), failure detection and the recovery decisions' carrying out (DESIGN.md,
+// Failure handling and Recovery protocol). It starts every rank through a RankHost, watches
+// their exits, the communication errors they report through the store, their progress (a
+// rank that stops while the others wait inside a collective is hung), their speed (fail-slow)
+// and, under keel-launch, whole slots; and on a failure it moves the job to the next epoch,
+// writing rebuild/<E> (every epoch's, epoch 0's included, carries the Membership):
 //   recovery.mode = in_place     the failed ranks are restarted alone, the others rebuild
 //                                their communicators and every rank restores the newest
 //                                step that all of them can restore;
 //   recovery.mode = restart_all  every rank is stopped and the job restarts from its newest
 //                                persistent checkpoint.
+// Its parts (controller_impl.h) each own their state: the Detector, the epoch transition
+// (controller_recovery.cc), the UpdateManager, the ReplayCoordinator, the
+// DiagnoseCoordinator and the SlowWatcher. The decisions themselves are robust/'s.
 // Used by keel-worker --nproc (ranks forked locally) and keel-launch (ranks on agents).
 #pragma once
 

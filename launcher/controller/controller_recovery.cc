@@ -1,13 +1,16 @@
 // The one epoch transition (DESIGN.md, Recovery protocol), whatever the failure and whatever
 // the plan: abort → ack → decide (robust/recovery_policy.h) → rebuild → restore. Crashes,
-// hangs, lost slots, hot swaps, shrinking, growing back and restart_all all go through it.
+// hangs, lost slots, hot swaps, shrinking, growing back and restart_all all go through it,
+// and it is the only place the membership's epoch, layout and placement change.
 #include <algorithm>
 #include <cstdio>
 #include <thread>
 
 #include "ckpt/backup_placement.h"
-#include "ckpt/persistent_checkpoint.h"
 #include "launcher/controller/controller_impl.h"
+#include "launcher/controller/wall_clock.h"
+#include "proto/store_keys.h"
+#include "proto/store_values.pb.h"
 #include "runtime/check.h"
 #include "runtime/logging.h"
 
@@ -17,212 +20,114 @@ namespace {
 // A standby still checking itself is worth this long a wait before the policy is asked
 // again as if it were not there.
 constexpr std::chrono::seconds kStandbyCheckWait{30};
+// Between looks at the acks, and between the policy's "wait"s.
+constexpr std::chrono::milliseconds kAckPause{2};
+constexpr std::chrono::milliseconds kWaitPause{10};
+// The restore step of epoch 0's rebuild record: the job's start state, no restore.
+constexpr int64_t kStartState = -2;
+
+const char* restored_from_name(membership::Source s) {
+  return s == membership::persistent ? "persistent"
+         : s == membership::scratch  ? "scratch"
+                                     : "memory";
+}
 
 }  // namespace
 
-policy::ClusterView Controller::Impl::view() const {
-  policy::ClusterView v;
-  v.topo = topo;
-  v.configured_dp = o.cfg.parallel().dp();
-  host->fill_view(&v);
-  return v;
+policy::ClusterView Controller::Impl::view() {
+  host->refresh();
+  return members.view();
 }
 
-policy::Options Controller::Impl::policy_options(bool with_checkpoint) const {
-  policy::Options po;
-  po.recovery = o.cfg.recovery();
-  po.detect = o.cfg.detect();
-  po.zero1 = o.cfg.parallel().zero1();
-  po.micro_batch = o.cfg.train().micro_batch_size();
-  po.global_batch = o.cfg.train().global_batch_size();
-  const auto& ck = o.cfg.checkpoint();
-  if (with_checkpoint && ck.persistent_every_steps() > 0) {
-    CheckpointLayout l;
-    l.tp = topo.tp();
-    l.pp = topo.pp();
-    l.dp = topo.dp();
-    l.zero1 = o.cfg.parallel().zero1();
-    l.lineage = o.lineage;  // never a newer checkpoint another run left in the directory
-    try {
-      po.persistent_step = find_resume_point(ck.dir(), l).step;
-    } catch (const InputError&) {
-      po.persistent_step = -1;  // none yet, or none complete
-    }
-  }
-  return po;
+int64_t Controller::Impl::progress_now() const {
+  const auto p = try_get_message<store::Step>(*store, keys::kProgress);
+  return p ? p->step() : -1;
 }
 
-void Controller::Impl::update_membership() {
-  members.Clear();
-  members.set_epoch(epoch);
-  members.set_tp(topo.tp());
-  members.set_pp(topo.pp());
-  members.set_dp(topo.dp());
-  const policy::ClusterView v = view();
-  for (int s : v.rank_slot) members.add_rank_slot(s);
-  for (const auto& [k, st] : v.slots) {
-    membership::SlotInfo* si = members.add_slots();
-    si->set_slot(k);
-    si->set_state(st);
-    si->set_ready(v.ready_standbys.count(k) > 0);
-  }
+bool Controller::Impl::must_stop(const Detected& d, int64_t progress) {
+  const policy::StopVerdict v =
+      policy::count_failure(&stops, o.cfg.recovery().max_incidents(), progress);
+  if (!v.stop) return false;
+  if (stops.incidents > o.cfg.recovery().max_incidents())
+    LOG(ERROR) << v.why << "; stopping the job (last: " << d.inc.detail() << ")";
+  else
+    LOG(ERROR) << d.inc.detail() << "; " << v.why << ": stopping the job";
+  return true;
 }
 
 std::map<int, membership::Ack> Controller::Impl::collect_acks(int next, Detected* d) {
-  report::Incident* inc = &d->inc;
   std::map<int, membership::Ack> acks;
   // A healthy rank inside a long step answers at its end: the deadline scales with it.
-  const int64_t ms = policy::abort_deadline_ms(o.cfg.recovery(), median_step_s());
+  const int64_t ms = policy::abort_deadline_ms(o.cfg.recovery(), detector.median_step_s());
   const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
   while (true) {
     pump();
-    while (auto ex = host->poll_exit()) {
-      d->failure.dead.insert(ex->rank);
-      // A peer's communication error was seen before this exit: the exit names the culprit.
-      if (inc->kind() == "comm_error" && !ex->slot_lost && !ex->clean()) {
-        inc->set_rank(ex->rank);
-        inc->set_slot(host->slot_of(ex->rank));
-        inc->set_kind(WIFSIGNALED(ex->status) ? "crash" : "exit");
-        inc->set_rule("exit");
-        d->failure.kind =
-            WIFSIGNALED(ex->status) ? policy::FailureKind::kCrash : policy::FailureKind::kExit;
-        d->failure.culprit = ex->rank;
-      }
-      if (ex->slot_lost && !d->failure.lost_slots.count(ex->slot)) label_slot_loss(d, ex->slot);
-      inc->set_detail(inc->detail() + detail::concat("; rank ", ex->rank, " ", ex->describe()));
-    }
+    while (auto ex = host->poll_exit()) detector.fold_exit(d, *ex);
     bool all = true;
-    for (int r = 0; r < world; ++r) {
+    for (int r = 0; r < members.world(); ++r) {
       if (d->failure.dead.count(r) || acks.count(r)) continue;
-      try {
-        membership::Ack a;
-        if (a.ParseFromString(store->get(keys::ack_key(next, r), std::chrono::milliseconds(1))))
-          acks[r] = a;
-      } catch (const CommTimeout&) {
+      if (auto a = try_get_message<membership::Ack>(*store, keys::ack_key(next, r)))
+        acks[r] = *a;
+      else
         all = false;
-      }
     }
     if (all) break;
     if (Clock::now() > deadline) {
-      for (int r = 0; r < world; ++r) {
-        if (d->failure.dead.count(r) || acks.count(r)) continue;
-        host->kill(r);
-        d->failure.dead.insert(r);
-        if (inc->rank() < 0 || inc->kind() == "comm_error") {
-          inc->set_rank(r);
-          inc->set_slot(host->slot_of(r));
-          inc->set_kind("hang");
-          inc->set_rule("abort_deadline");
-          d->failure.kind = policy::FailureKind::kHang;
-          d->failure.culprit = r;
-        }
-        inc->set_detail(inc->detail() + detail::concat("; rank ", r,
-                                                       " did not answer the abort within ", ms,
-                                                       " ms (hung): killed"));
-      }
+      for (int r = 0; r < members.world(); ++r)
+        if (!d->failure.dead.count(r) && !acks.count(r)) detector.fold_unanswered(d, r, ms);
       break;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::this_thread::sleep_for(kAckPause);
   }
   return acks;
 }
 
-bool Controller::Impl::recover(Detected d) {
-  report::Incident& inc = d.inc;
-  event("detected", EventFields()
-                        .add("kind", inc.kind())
-                        .add("rank", inc.rank())
-                        .add("rule", inc.rule())
-                        .add("detail", inc.detail()));
-  if (++incidents > o.cfg.recovery().max_incidents()) {
-    LOG(ERROR) << incidents << " incidents, more than recovery.max_incidents = "
-               << o.cfg.recovery().max_incidents() << "; stopping the job (last: " << inc.detail()
-               << ")";
-    return false;
-  }
-  // A failure that comes back before the job completed a single step since the last one
-  // will not go away by restarting (every rank failing to connect, say): stop.
-  int64_t progress_now = -1;
-  try {
-    progress_now = std::stoll(store->get("progress", std::chrono::milliseconds(1)));
-  } catch (const std::exception&) {
-  }
-  no_progress_incidents = progress_now == progress_at_last_incident ? no_progress_incidents + 1 : 0;
-  progress_at_last_incident = progress_now;
-  if (no_progress_incidents >= 2) {
-    LOG(ERROR) << inc.detail() << "; the job completed no step since the last "
-               << no_progress_incidents << " recoveries, so this failure repeats: stopping the job";
-    return false;
-  }
-  state = "recovering";
-  const int next = epoch + 1;
+policy::LadderStep Controller::Impl::climb(Detected* d, int64_t progress,
+                                           const std::map<int, policy::Holdings>& have,
+                                           const policy::Options& po,
+                                           membership::Rebuild* epoch_plugin) {
   const bool restart_all = o.cfg.recovery().mode() == config::RecoveryConfig::restart_all;
-
-  // 1-2. Abort and ack: survivors abort their communicators and say what they hold.
-  std::map<int, membership::Ack> acks;
-  if (restart_all) {
-    host->stop_all(SIGKILL, std::chrono::milliseconds(0));
-  } else {
-    store->set(keys::abort_key(next), inc.detail());
-    event("abort", EventFields().add("epoch", next));
-    acks = collect_acks(next, &d);
-  }
-
-  // A failure while an update is on probation rolls the plugin back with the recovery; a
-  // lazy update staged for a recovery goes in with this one.
-  membership::Rebuild epoch_plugin;
-  bool lazy_update = false;
-  if (in_probation(progress_now) && !restart_all) {
-    rollback_update(&d, &epoch_plugin);
-  } else if (update_active >= 0 && update_phase == UpdatePhase::kStaged) {
-    epoch_plugin.set_plugin_path(update_plan.plugin());
-    epoch_plugin.set_plugin_hash(update_plan.hash());
-    lazy_update = true;
-  }
-
-  // 3. Decide.
-  const policy::Options po = policy_options(/*with_checkpoint=*/true);
-  std::map<int, policy::Holdings> have = host->survey(topo, replicas_hold_backups(topo, po.zero1));
-  for (const auto& [r, a] : acks) have[r].live = a.steps_completed();
-  // The ladder: a failure with no clear culprit runs diagnostics, a rollback or a replay
-  // before the decision (restart_all, the baseline, only restarts).
-  const policy::LadderStep ls = policy::climb(d.failure, progress_now, &ladder, po);
-  inc.set_ladder_rung(int(ls.rung));
-  if (ls.rung != policy::Rung::kCulprit) d.failure.ladder_why = ls.why;
-  if (!restart_all && ls.rung != policy::Rung::kCulprit) {
-    LOG(WARNING) << "ladder rung " << int(ls.rung) << " (" << policy::rung_name(ls.rung)
-                 << "): " << ls.why;
-    event("ladder", EventFields().add("rung", int(ls.rung)).add("why", ls.why));
-  }
-  if (!restart_all) switch (ls.rung) {
-      case policy::Rung::kCulprit:
-        break;
-      case policy::Rung::kDiagnose: {
-        std::set<int> suspects;
-        const policy::ClusterView sv = view();
-        for (const auto& [slot, st] : sv.slots)
-          if (st == membership::SlotInfo::active && !sv.ranks_on(slot).empty())
-            suspects.insert(slot);
-        for (int slot : diagnose(suspects, &inc)) d.failure.failed_slots.insert(slot);
-        d.failure.diagnosed = true;
-        break;
-      }
-      case policy::Rung::kRollback:
-        if (!epoch_plugin.plugin_hash().empty()) break;  // probation rolled the plugin back
-        if (ls.plugin_rollback && update_plan.outcome() == "applied" &&
-            !update_plan.previous_hash().empty())
-          rollback_update(&d, &epoch_plugin);
-        else
-          d.failure.from_checkpoint = true;
-        break;
-      case policy::Rung::kReplay: {
-        // The replay names a machine: a rank of it is the culprit, and its slot goes.
-        pin_by_replay(&d, have);
-        if (d.failure.kind != policy::FailureKind::kSdc && d.failure.culprit >= 0)
-          d.failure.failed_slots.insert(host->slot_of(d.failure.culprit));
-        break;
-      }
+  ladder.update_applied_step = updates.last_applied_step();
+  const policy::LadderStep ls = policy::climb(d->failure, progress, &ladder, po);
+  d->inc.set_ladder_rung(int(ls.rung));
+  if (ls.rung != policy::Rung::kCulprit) d->failure.ladder_why = ls.why;
+  if (restart_all || ls.rung == policy::Rung::kCulprit) return ls;
+  LOG(WARNING) << "ladder rung " << int(ls.rung) << " (" << policy::rung_name(ls.rung)
+               << "): " << ls.why;
+  ctx.event("ladder", EventFields().add("rung", int(ls.rung)).add("why", ls.why));
+  switch (ls.rung) {
+    case policy::Rung::kCulprit:
+      break;
+    case policy::Rung::kDiagnose: {
+      std::set<int> suspects;
+      const policy::ClusterView sv = view();
+      for (const auto& [slot, st] : sv.slots)
+        if (st == membership::SlotInfo::active && !sv.ranks_on(slot).empty()) suspects.insert(slot);
+      for (int slot : diagnostics.run(suspects, stops.incidents, &d->inc))
+        d->failure.failed_slots.insert(slot);
+      d->failure.diagnosed = true;
+      break;
     }
+    case policy::Rung::kRollback:
+      if (!epoch_plugin->plugin_hash().empty()) break;  // probation rolled the plugin back
+      if (ls.plugin_rollback && updates.can_roll_back())
+        updates.rollback(d, epoch_plugin);
+      else
+        d->failure.from_checkpoint = true;
+      break;
+    case policy::Rung::kReplay:
+      // The replay names a machine: a rank of it is the culprit, and its slot goes.
+      replays.pin(d, have, stops.incidents);
+      if (d->failure.kind != policy::FailureKind::kSdc && d->failure.culprit >= 0)
+        d->failure.failed_slots.insert(host->slot_of(d->failure.culprit));
+      break;
+  }
+  return ls;
+}
+
+std::optional<policy::Plan> Controller::Impl::decide(Detected* d,
+                                                     const std::map<int, policy::Holdings>& have,
+                                                     const policy::Options& po) {
   const auto wait_start = Clock::now();
   policy::Plan plan;
   policy::ClusterView v;
@@ -231,32 +136,77 @@ bool Controller::Impl::recover(Detected d) {
     // Slots found lost since the failure was detected (a restart_all kills first, asks after).
     for (const auto& [k, st] : v.slots)
       if (st == membership::SlotInfo::lost && !v.ranks_on(k).empty() &&
-          !d.failure.lost_slots.count(k)) {
-        d.failure.lost_slots.insert(k);
-        for (int r : v.ranks_on(k)) d.failure.dead.insert(r);
+          !d->failure.lost_slots.count(k)) {
+        d->failure.lost_slots.insert(k);
+        for (int r : v.ranks_on(k)) d->failure.dead.insert(r);
       }
     if (Clock::now() - wait_start > kStandbyCheckWait) v.pending_standbys.clear();
-    plan = policy::decide(d.failure, v, have, po);
+    plan = policy::decide(d->failure, v, have, po);
     if (plan.kind != policy::Plan::Kind::kWait) break;
-    if (state != "waiting") {
+    if (state != RunState::kWaiting) {
       LOG(WARNING) << plan.why;
-      event("wait", EventFields().add("why", plan.why));
+      ctx.event("wait", EventFields().add("why", plan.why));
     }
-    state = "waiting";
-    if (stopping()) return false;
+    state = RunState::kWaiting;
+    if (stopping()) return std::nullopt;
     pump();
-    while (auto ex = host->poll_exit()) d.failure.dead.insert(ex->rank);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    while (auto ex = host->poll_exit()) d->failure.dead.insert(ex->rank);
+    std::this_thread::sleep_for(kWaitPause);
   }
-  if (state == "waiting")
-    for (int k : d.failure.lost_slots)
+  if (state == RunState::kWaiting)
+    for (int k : d->failure.lost_slots)
       if (v.slots.count(k) && v.slots.at(k) != membership::SlotInfo::lost) {
         LOG(INFO) << "slot " << k << " is back";
-        event("slot_rejoined", EventFields().add("slot", k));
+        ctx.event("slot_rejoined", EventFields().add("slot", k));
       }
-  if (plan.kind == policy::Plan::Kind::kStop) {
-    LOG(ERROR) << inc.detail() << "; " << plan.why << ": stopping the job";
-    event("stop_decision", EventFields().add("why", plan.why));
+  return plan;
+}
+
+bool Controller::Impl::recover(Detected d) {
+  report::Incident& inc = d.inc;
+  ctx.event("detected", EventFields()
+                            .add("kind", inc.kind())
+                            .add("rank", inc.rank())
+                            .add("rule", inc.rule())
+                            .add("detail", inc.detail()));
+  const int64_t progress = progress_now();
+  if (must_stop(d, progress)) return false;
+  state = RunState::kRecovering;
+  const int next = members.epoch() + 1;
+  const bool restart_all = o.cfg.recovery().mode() == config::RecoveryConfig::restart_all;
+
+  // 1-2. Abort and ack: survivors abort their communicators and say what they hold.
+  std::map<int, membership::Ack> acks;
+  if (restart_all) {
+    host->stop_all(SIGKILL, std::chrono::milliseconds(0));
+  } else {
+    store::Abort abort;
+    abort.set_reason(inc.detail());
+    set_message(*store, keys::abort_key(next), abort);
+    ctx.event("abort", EventFields().add("epoch", next));
+    acks = collect_acks(next, &d);
+  }
+
+  // A failure while an update is on probation rolls the plugin back with the recovery; a
+  // lazy update staged for a recovery goes in with this one.
+  membership::Rebuild epoch_plugin;
+  bool lazy_update = false;
+  if (updates.in_probation(progress) && !restart_all)
+    updates.rollback(&d, &epoch_plugin);
+  else
+    lazy_update = updates.staged(&epoch_plugin);
+
+  // 3. Decide: the ladder's mechanism first (restart_all, the baseline, only restarts).
+  const policy::Options po = ctx.policy_options(/*with_checkpoint=*/true);
+  std::map<int, policy::Holdings> have =
+      host->survey(members.topo(), replicas_hold_backups(members.topo(), po.zero1));
+  for (const auto& [r, a] : acks) have[r].live = a.steps_completed();
+  const policy::LadderStep ls = climb(&d, progress, have, po, &epoch_plugin);
+  const std::optional<policy::Plan> plan = decide(&d, have, po);
+  if (!plan) return false;
+  if (plan->kind == policy::Plan::Kind::kStop) {
+    LOG(ERROR) << inc.detail() << "; " << plan->why << ": stopping the job";
+    ctx.event("stop_decision", EventFields().add("why", plan->why));
     return false;
   }
 
@@ -266,67 +216,78 @@ bool Controller::Impl::recover(Detected d) {
     in_flight = std::max(in_flight, a.step_in_flight());
     completed = std::max(completed, a.steps_completed());
   }
-  if (restart_all) in_flight = completed = std::max<int64_t>(progress_now, 0);
-  carry_out(plan, next, &inc, epoch_plugin.plugin_hash().empty() ? nullptr : &epoch_plugin);
-  if (lazy_update) applied_update(std::max<int64_t>(plan.restore.step, 0));
-  if (ls.rung != policy::Rung::kCulprit && !restart_all && plan.why != ls.why)
-    inc.set_why(ls.why + " -> " + plan.why);
+  if (restart_all) in_flight = completed = std::max<int64_t>(progress, 0);
+  carry_out(*plan, next, &inc, epoch_plugin.plugin_hash().empty() ? nullptr : &epoch_plugin);
+  if (lazy_update) updates.applied(std::max<int64_t>(plan->restore.step, 0));
+  if (ls.rung != policy::Rung::kCulprit && !restart_all && plan->why != ls.why)
+    inc.set_why(ls.why + " -> " + plan->why);
   inc.set_step(int(in_flight));
   inc.set_steps_lost(
-      int(std::max<int64_t>(0, completed - std::max<int64_t>(plan.restore.step, 0))));
-  const int64_t n = store->add(keys::kIncidentCount, 1) - 1;
-  store->set(keys::incident_key(n), inc.SerializeAsString());
+      int(std::max<int64_t>(0, completed - std::max<int64_t>(plan->restore.step, 0))));
+  const int64_t n = store_incident(*store, inc);
   LOG(WARNING) << "incident " << n + 1 << ": " << inc.detail() << " at step " << inc.step() + 1
-               << "; " << inc.action() << " (epoch " << epoch << ", restored step "
+               << "; " << inc.action() << " (epoch " << members.epoch() << ", restored step "
                << inc.restored_step() << ")";
-  if (!plan.restore.why.empty())
-    LOG(INFO) << "restored from " << inc.restored_from() << ": " << plan.restore.why;
-  event("recovered", EventFields()
-                         .add("kind", inc.kind())
-                         .add("epoch", epoch)
-                         .add("restored_step", inc.restored_step())
-                         .add("restored_from", inc.restored_from())
-                         .add("rung", inc.rung())
-                         .add("action", inc.action()));
+  if (!plan->restore.why.empty())
+    LOG(INFO) << "restored from " << inc.restored_from() << ": " << plan->restore.why;
+  ctx.event("recovered", EventFields()
+                             .add("kind", inc.kind())
+                             .add("epoch", members.epoch())
+                             .add("restored_step", inc.restored_step())
+                             .add("restored_from", inc.restored_from())
+                             .add("rung", inc.rung())
+                             .add("action", inc.action()));
   return true;
 }
 
-void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Incident* inc,
-                                 const membership::Rebuild* plugin) {
+void Controller::Impl::apply_membership(const policy::Plan& plan, report::Incident* inc) {
   for (int r : plan.kill) host->kill(r);
   const policy::ClusterView before = view();
   for (int s : plan.evict) {
     auto st = before.slots.find(s);
     // A live slot (hung, over-evicted) drops its workers and checks itself again.
-    if (st != before.slots.end() && st->second == membership::SlotInfo::active) host->evict(s);
+    if (st != before.slots.end() && st->second == membership::SlotInfo::active) {
+      members.evict(s);
+      host->evict(s);
+    }
   }
-  if (!plan.evict.empty()) inc->set_evicted_at(unix_now());
+  if (!plan.evict.empty()) inc->set_evicted_at(unix_seconds());
+  host->refresh();
   for (const auto& [s, sb] : plan.promote) {
-    KEEL_CHECK(host->promote(s, sb), "standby slot ", sb, " is no longer ready");
+    const std::vector<int> moved = members.promote(s, sb);
+    for (size_t i = 0; i < moved.size(); ++i) host->adopt(moved[i], int(i));
     inc->add_slots_evicted(s);
     inc->add_standbys_promoted(sb);
     LOG(WARNING) << "slot " << s << " evicted; standby slot " << sb << " takes its ranks";
-    event("promote", EventFields().add("evicted", s).add("standby", sb));
+    ctx.event("promote", EventFields().add("evicted", s).add("standby", sb));
   }
-  if (plan.next_topo) {
-    host->renumber(plan.renumber, plan.next_topo->world_size());
-    for (int s : plan.retire_slots) host->evict(s);  // they check themselves: standbys
-    if (plan.rung == "shrink")
-      LOG(WARNING) << plan.why << ": data parallelism shrinks from " << topo.dp() << " to "
-                   << plan.next_topo->dp() << " replicas (" << plan.action << ")";
-    event(plan.rung == "grow" ? "grow_dp" : "shrink_dp",
-          EventFields().add("dp", plan.next_topo->dp()));
-    topo = *plan.next_topo;
-    world = topo.world_size();
-    if (!plan.new_ranks.empty() && !host->place(plan.new_ranks))
-      LOG(WARNING) << "growing back: the standbys went away";
+  if (!plan.next_topo) return;
+  const int dp_before = members.topo().dp();
+  members.renumber(plan.renumber, *plan.next_topo);
+  host->renumber(plan.renumber, plan.next_topo->world_size());
+  for (int s : plan.retire_slots) {  // they check themselves: standbys
+    members.evict(s);
+    host->evict(s);
   }
-  epoch = next;
-  update_membership();
-  for (int r : plan.restart) spawn(r, /*restarted=*/true);
+  if (plan.rung == policy::PlanRung::kShrink)
+    LOG(WARNING) << plan.why << ": data parallelism shrinks from " << dp_before << " to "
+                 << plan.next_topo->dp() << " replicas (" << plan.action << ")";
+  ctx.event(plan.rung == policy::PlanRung::kGrow ? "grow_dp" : "shrink_dp",
+            EventFields().add("dp", plan.next_topo->dp()));
+  if (plan.new_ranks.empty()) return;
+  host->refresh();
+  if (members.placeable() < int(plan.new_ranks.size())) {
+    LOG(WARNING) << "growing back: the standbys went away";
+    return;
+  }
+  for (const JobMembership::Placement& p : members.place(plan.new_ranks))
+    host->adopt(p.rank, p.index);
+}
+
+void Controller::Impl::write_rebuild(const policy::Plan& plan, const membership::Rebuild* plugin) {
   membership::Rebuild rb;
-  *rb.mutable_membership() = members;
-  rb.set_restore_step(plan.restore.step);
+  *rb.mutable_membership() = members.to_proto();
+  rb.set_restore_step(members.epoch() == 0 ? kStartState : plan.restore.step);
   rb.set_source(plan.restore.job_source);
   for (const auto& [a, b] : plan.renumber) (*rb.mutable_renumber())[a] = b;
   for (int r : plan.new_ranks) rb.add_new_ranks(r);
@@ -335,44 +296,46 @@ void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Inc
     rb.set_plugin_path(plugin->plugin_path());
     rb.set_plugin_hash(plugin->plugin_hash());
   }
-  store->set(keys::rebuild_key(next), rb.SerializeAsString());
+  set_message(*store, keys::rebuild_key(members.epoch()), rb);
+}
+
+void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Incident* inc,
+                                 const membership::Rebuild* plugin) {
+  apply_membership(plan, inc);
+  members.next_epoch(next);
+  for (int r : plan.restart) spawn(r, /*restarted=*/true);
+  write_rebuild(plan, plugin);
   // Three epochs back: a rank restarted for epoch next-1 may still be starting and read its
   // rebuild; none is left in next-3, whose ranks all acked a later epoch.
   forget_epoch(next - 3);
-  inc->set_rebuilt_at(unix_now());
-  event("rebuild", EventFields().add("epoch", next).add("restore_step", double(plan.restore.step)));
+  inc->set_rebuilt_at(unix_seconds());
+  ctx.event("rebuild",
+            EventFields().add("epoch", next).add("restore_step", double(plan.restore.step)));
   inc->set_epoch(next);
   inc->set_restored_step(int(plan.restore.step));
   inc->set_action(plan.action);
-  inc->set_rung(plan.rung);
+  inc->set_rung(policy::plan_rung_name(plan.rung));
   inc->set_why(plan.why);
-  inc->set_restored_from(plan.restore.job_source == membership::persistent ? "persistent"
-                         : plan.restore.job_source == membership::scratch  ? "scratch"
-                                                                           : "memory");
+  inc->set_restored_from(restored_from_name(plan.restore.job_source));
   inc->set_why_not_memory(plan.restore.why);
-  progress.clear();
-  rounds.clear();
-  judged_round = -1;
-  warned_slow.clear();
-  slow_detector.reset();
-  slowest_rank = -1;
-  epoch_start_step = std::max<int64_t>(0, plan.restore.step);
-  last_min_step = -1;
-  last_advance = Clock::now();
-  state = "training";
+  detector.new_epoch(plan.restore.step);
+  slow.reset();
+  state = RunState::kTraining;
 }
 
 void Controller::Impl::maybe_grow() {
   // Growing back restores from the survivors' memory, never a checkpoint.
-  const policy::Options po = policy_options(/*with_checkpoint=*/false);
+  const policy::Options po = ctx.policy_options(/*with_checkpoint=*/false);
   if (!policy::can_grow(view(), po)) return;
   Detected d;
-  d.inc.set_detected_at(unix_now());
+  d.inc.set_detected_at(unix_seconds());
   d.inc.set_kind("grow");
   d.inc.set_rank(-1);
   d.inc.set_detail("grow data parallelism");
-  const int next = epoch + 1;
-  store->set(keys::abort_key(next), "grow data parallelism");
+  const int next = members.epoch() + 1;
+  store::Abort abort;
+  abort.set_reason("grow data parallelism");
+  set_message(*store, keys::abort_key(next), abort);
   std::map<int, membership::Ack> acks = collect_acks(next, &d);
   std::map<int, policy::Holdings> have;
   for (const auto& [r, a] : acks) have[r].live = a.steps_completed();
@@ -380,24 +343,24 @@ void Controller::Impl::maybe_grow() {
   if (!plan || !d.failure.dead.empty()) {
     // The ranks are aborted already: go on in the next epoch as they are.
     policy::Plan same;
-    same.rung = "reattempt";
+    same.rung = policy::PlanRung::kReattempt;
     same.action = "growing back failed: reattempt in place";
-    same.restore = policy::restore_point(have, world, -1, false);
+    same.restore = policy::restore_point(have, members.world(), -1, false);
     same.restart = d.failure.dead;
     carry_out(same, next, &d.inc);
     return;
   }
   carry_out(*plan, next, &d.inc);
-  LOG(INFO) << "data parallelism grows back to " << topo.dp() << " replicas (epoch " << epoch
-            << ", step " << plan->restore.step << ")";
+  LOG(INFO) << "data parallelism grows back to " << members.topo().dp() << " replicas (epoch "
+            << members.epoch() << ", step " << plan->restore.step << ")";
 }
 
 void Controller::Impl::forget_epoch(int e) {
   if (e < 0) return;
-  const std::string n = std::to_string(e);
   store->erase({keys::abort_key(e), keys::errors_key(e), keys::rebuild_key(e),
                 keys::sdc_verdict_key(e), keys::update_failure_key(e)},
-               {n + "/", "ack/" + n + "/", "error/" + n + "/", "backup_addr/" + n + "/"});
+               {keys::epoch_prefix(e), keys::ack_prefix(e), keys::error_prefix(e),
+                keys::backup_addr_prefix(e)});
 }
 
 }  // namespace keel

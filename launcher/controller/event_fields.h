@@ -20,7 +20,8 @@ class EventFields {
     return *this;
   }
   EventFields& add(const std::string& key, const char* v) { return add(key, std::string(v)); }
-  // The fields as a Struct, e.g. to nest them in a larger message (launcher/controller/event_log.h).
+  // The fields as a Struct, e.g. to nest them in a larger message
+  // (launcher/controller/event_log.h).
   const google::protobuf::Struct& fields() const { return s_; }
 
  private:

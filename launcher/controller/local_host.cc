@@ -16,8 +16,9 @@
 #include "ckpt/backup_placement.h"
 #include "ckpt/restore.h"
 #include "ckpt/snapshot_region.h"
-#include "launcher/stack_capture.h"
 #include "launcher/controller/stack_report.h"
+#include "launcher/job_env.h"
+#include "launcher/stack_capture.h"
 #include "runtime/check.h"
 #include "runtime/logging.h"
 
@@ -41,7 +42,7 @@ LocalHost::LocalHost(std::vector<std::string> argv, int world, std::string job)
 
 void LocalHost::spawn(int rank, const std::map<std::string, std::string>& env) {
   std::map<std::string, std::string> e = env;
-  e["KEEL_LOCAL_WORLD_SIZE"] = std::to_string(pids_.size());
+  e[env::kLocalWorldSize] = std::to_string(pids_.size());
   pids_[size_t(rank)] = spawn_child(argv_, e);
 }
 

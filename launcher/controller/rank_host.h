@@ -1,19 +1,22 @@
 // Where the controller's ranks run: forked on this machine (keel-worker --nproc,
-// launcher/controller/local_host.h) or on the slots' agents over the control plane (keel-launch,
-// launcher/controller/agent_host.h). The controller decides; a RankHost carries it out and reports what
-// happened to the ranks.
+// launcher/controller/local_host.h) or on the slots' agents over the control plane
+// (keel-launch, launcher/controller/agent_host.h). The controller decides and keeps the
+// membership (launcher/controller/membership.h); a RankHost carries its decisions out and
+// reports what happened to the ranks.
 #pragma once
 
 #include <sys/wait.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "launcher/controller/membership.h"
 #include "launcher/recovery_protocol.h"
 #include "parallel/topology.h"
 #include "proto/control.pb.h"
@@ -76,31 +79,38 @@ class RankHost {
     (void)slot;
     return 0;
   }
-  // The slots as the recovery policy sees them (states, ready and pending standbys, rank ->
-  // slot); nothing without slots.
-  virtual void fill_view(policy::ClusterView* view) const { (void)view; }
+  // The slots this host runs (none: --nproc), from which the controller builds its
+  // membership; attach() lends the host that membership, which it reads for rank -> slot and
+  // the slots' states and into which it reports its slots' news (registers, losses), and the
+  // controller's inbox for the messages that are not the host's.
+  virtual SlotLayout slot_layout() const { return {}; }
+  // A control-plane message that is not the host's own (progress, keel-ctl), met while the
+  // host waits on its agents: handed to the controller, which takes it up in its own loop.
+  using Inbox = std::function<void(const std::string& identity, const control::Envelope& msg)>;
+  virtual void attach(JobMembership* membership, Inbox inbox) {
+    (void)membership;
+    (void)inbox;
+  }
+  // Reads what the host learns lazily (standby self-checks, from the store) into the
+  // membership; the controller calls it before it reads the membership to decide.
+  virtual void refresh() {}
   // Adds the hosts' view (slots, their state and heartbeats) to a keel-ctl status reply.
   virtual void fill_status(control::StatusReply* reply) const { (void)reply; }
-  // Moves the ranks of a lost or evicted `slot` onto the ready standby slot `standby`
-  // (the policy's choice); false if it is not ready.
-  virtual bool promote(int slot, int standby) {
-    (void)slot;
-    (void)standby;
-    return false;
+  // Hands `rank` (just moved onto a standby slot by the membership) to that slot's parked
+  // worker `parked_index` when it is next spawned.
+  virtual void adopt(int rank, int parked_index) {
+    (void)rank;
+    (void)parked_index;
   }
-  // Takes `slot` out of the job: its workers are killed (their exits are not reported); it
-  // comes back as a standby once it has checked itself again.
+  // Takes `slot` out of the job (the membership has evicted it): its workers are killed
+  // (their exits are not reported); it comes back as a standby once it has checked itself.
   virtual void evict(int slot) { (void)slot; }
-  // The job's ranks got new ids (its data parallelism shrank or grew): `old_to_new` for
-  // every rank that stays; ranks not in it are retired (already killed).
+  // The job's ranks got new ids (its data parallelism shrank or grew; the membership is
+  // renumbered already): `old_to_new` for every rank that stays; ranks not in it are retired
+  // (already killed).
   virtual void renumber(const std::map<int, int>& old_to_new, int new_world) {
     (void)old_to_new;
     (void)new_world;
-  }
-  // Puts new `ranks` (a grown replica) on ready standby slots; false if there are not enough.
-  virtual bool place(const std::vector<int>& ranks) {
-    (void)ranks;
-    return false;
   }
   // The ranks a slot runs now.
   virtual std::vector<int> ranks_on(int slot) const {

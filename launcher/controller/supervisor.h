@@ -1,6 +1,6 @@
 // keel-worker --nproc N: runs the job's rendezvous store, its controller
-// (launcher/controller/controller.h) and N ranks of the same command on this machine, and keeps the job
-// alive through their failures (recovery.mode):
+// (launcher/controller/controller.h) and N ranks of the same command on this machine, and keeps the
+// job alive through their failures (recovery.mode):
 //   in_place     a rank that dies, exits with an error or hangs is restarted alone; the
 //                others abort their communicators, rebuild them for the next epoch and
 //                restore the newest step every rank can restore (launcher/recovery_protocol.h);

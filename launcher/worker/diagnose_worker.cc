@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "launcher/job_env.h"
 #include "launcher/worker/rank_backend.h"
 #include "model/plugin_loader.h"
 #include "parallel/net_address.h"
@@ -17,50 +17,55 @@
 #include "parallel/tcp_store.h"
 #include "parallel/topology.h"
 #include "proto/config_loader.h"
+#include "proto/membership.pb.h"
 #include "proto/report.pb.h"
+#include "proto/store_keys.h"
+#include "proto/store_values.pb.h"
 #include "robust/fault_injector.h"
 #include "robust/golden_check.h"
 #include "robust/self_check.h"
 #include "runtime/logging.h"
-#include "runtime/text.h"
 
 namespace keel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct DiagnoseEnv {
+// How long a stand-in waits for its task and for the layout of the task's epoch: the
+// controller wrote both before it started the stand-ins, so only a loaded store is slow.
+constexpr Millis kTaskWait(10000);
+// A diagnosis's budget when the config gives none (recovery.diagnostics_timeout_ms).
+constexpr int kDefaultBudgetMs = 30000;
+// A collective call of a group test: over a healthy link 1 MiB moves in milliseconds.
+constexpr Millis kCallTimeout(5000);
+// A group test's least share of the budget.
+constexpr Millis kLeastGroupTimeout(1000);
+
+// What this stand-in checks: the job rank it stands in for, the job's layout in the task's
+// epoch, and the suspects.
+struct DiagnoseTask {
   std::string key;
   int rank = 0;  // the job rank this process stands in for
   int epoch = 0;
+  membership::Membership layout;
   std::set<int> suspects;  // empty: every group
 };
 
-// "<key>:<job rank>:<epoch>", and KEEL_DIAGNOSE_SUSPECTS.
-DiagnoseEnv read_diagnose_env() {
-  const std::string v = std::getenv("KEEL_DIAGNOSE");
-  const std::vector<std::string> f = split(v, ':');
-  if (f.size() != 3 || f[0].empty())
-    throw InputError("KEEL_DIAGNOSE = '" + v + "': expected <key>:<job rank>:<epoch>");
-  DiagnoseEnv e;
-  e.key = f[0];
-  try {
-    e.rank = std::stoi(f[1]);
-    e.epoch = std::stoi(f[2]);
-    if (const char* s = std::getenv("KEEL_DIAGNOSE_SUSPECTS"); s && *s)
-      for (const std::string& r : split(s, ',')) e.suspects.insert(std::stoi(r));
-  } catch (const std::exception&) {
-    throw InputError("KEEL_DIAGNOSE = '" + v +
-                     "' or KEEL_DIAGNOSE_SUSPECTS: ranks and epoch must be integers");
-  }
-  if (e.rank < 0 || e.epoch < 0)
-    throw InputError("KEEL_DIAGNOSE = '" + v + "': job rank and epoch >= 0 expected");
-  return e;
-}
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
+// The task (store::DiagnoseTask at keys::diagnose_task_key(K)): stand-in `index` stands in
+// for job rank job_ranks[index]; the layout is the Membership of the epoch's Rebuild.
+DiagnoseTask read_task(Store& store, const std::string& key, int index) {
+  const auto t = get_message<store::DiagnoseTask>(store, keys::diagnose_task_key(key), kTaskWait);
+  if (index < 0 || index >= t.job_ranks_size())
+    throw InputError(detail::concat(keys::diagnose_task_key(key), " names ", t.job_ranks_size(),
+                                    " job rank(s), none for stand-in ", index));
+  DiagnoseTask d;
+  d.key = key;
+  d.rank = t.job_ranks(index);
+  d.epoch = t.epoch();
+  d.suspects.insert(t.suspects().begin(), t.suspects().end());
+  d.layout =
+      get_message<membership::Rebuild>(store, keys::rebuild_key(t.epoch()), kTaskWait).membership();
+  return d;
 }
 
 // The test buffer: member m holds (m + 1)·(i mod 13 + 1) at i, small integers whose sums are
@@ -80,6 +85,8 @@ struct GroupSpec {
 };
 
 // One group test: meet the peers' stand-ins, all-reduce the buffer a few times and check it.
+// One function from meeting to parting: every step uses the one communicator and fills the
+// one result, and each early return is a verdict.
 report::DiagnosticGroup test_group(const std::shared_ptr<Store>& store, const std::string& key,
                                    const GroupSpec& g, int job_rank, bool broken_links,
                                    const std::string& host, Millis timeout) {
@@ -98,7 +105,7 @@ report::DiagnosticGroup test_group(const std::shared_ptr<Store>& store, const st
     so.host = host;
     auto comm = make_socket_communicator(store, so);
     // Calls get a few seconds at most: over a healthy link 1 MiB moves in milliseconds.
-    const Millis call = std::min(timeout, Millis(5000));
+    const Millis call = std::min(timeout, kCallTimeout);
     // Every member is connected once the barrier is through, so a peer's failure is seen as
     // that peer's (a PeerFailure naming it), not as a rendezvous that went wrong.
     comm->barrier(call);
@@ -164,18 +171,22 @@ report::DiagnosticGroup test_group(const std::shared_ptr<Store>& store, const st
 }
 
 // The checks; throws what keeps them from running (the caller publishes it).
-void diagnose(const WorkerOptions& o, const DiagnoseEnv& de, const std::shared_ptr<Store>& store,
+void diagnose(const WorkerOptions& o, const DiagnoseTask& de, const std::shared_ptr<Store>& store,
               const std::string& store_host, report::Diagnostic* d) {
   const auto start = Clock::now();
-  config::JobConfig cfg = load_config(o.config_path, o.overrides);
-  if (const int dp = env_int("KEEL_DP", 0); dp > 0) cfg.mutable_parallel()->set_dp(dp);
-  const Topology topo(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
-  if (de.rank >= topo.world_size())
-    throw InputError(detail::concat("KEEL_DIAGNOSE names job rank ", de.rank, ", but the job (tp",
-                                    topo.tp(), " pp", topo.pp(), " dp", topo.dp(), ") has ",
-                                    topo.world_size(), " ranks"));
-  const int budget_ms =
-      cfg.recovery().diagnostics_timeout_ms() > 0 ? cfg.recovery().diagnostics_timeout_ms() : 30000;
+  const config::JobConfig cfg = load_config(o.config_path, o.overrides);
+  const membership::Membership& m = de.layout;
+  if (m.tp() < 1 || m.pp() < 1 || m.dp() < 1)
+    throw Error(detail::concat(keys::rebuild_key(de.epoch), ": a layout of tp", m.tp(), " pp",
+                               m.pp(), " dp", m.dp()));
+  const Topology topo(m.tp(), m.pp(), m.dp());
+  if (de.rank < 0 || de.rank >= topo.world_size())
+    throw InputError(detail::concat(keys::diagnose_task_key(de.key), " names job rank ", de.rank,
+                                    ", but the job (tp", topo.tp(), " pp", topo.pp(), " dp",
+                                    topo.dp(), ") has ", topo.world_size(), " ranks"));
+  const int budget_ms = cfg.recovery().diagnostics_timeout_ms() > 0
+                            ? cfg.recovery().diagnostics_timeout_ms()
+                            : kDefaultBudgetMs;
   const auto groups_deadline = start + Millis(budget_ms * 3 / 4);
 
   const Precision precision = config_precision(cfg);
@@ -189,7 +200,7 @@ void diagnose(const WorkerOptions& o, const DiagnoseEnv& de, const std::shared_p
   // The machine's recorded defect is armed, so a machine that computes wrong fails here as
   // it would in training; on CPU with one thread, as the golden digests were recorded.
   FaultInjector defect(faults::FaultSchedule{}, de.rank, store);
-  const int slot = env_int("KEEL_SLOT", -1);
+  const int slot = JobEnv::get().slot;
   TrainerHooks hooks;
   if (slot >= 0 && defect.arm_machine_defects(slot))
     hooks.computed = [&defect](int64_t s, TensorClass c, float* p, size_t n, bool again) {
@@ -225,7 +236,7 @@ void diagnose(const WorkerOptions& o, const DiagnoseEnv& de, const std::shared_p
   for (size_t i = 0; i < specs.size(); ++i) {
     // Its share of what is left, so that a peer that never comes costs one group's time.
     const auto left = std::chrono::duration_cast<Millis>(groups_deadline - Clock::now());
-    const Millis timeout = std::max(Millis(1000), left / int(specs.size() - i));
+    const Millis timeout = std::max(kLeastGroupTimeout, left / int(specs.size() - i));
     *d->add_groups() = test_group(store, de.key, specs[i], de.rank, broken_links, host, timeout);
     const report::DiagnosticGroup& g = d->groups(int(i));
     char rate[32];
@@ -239,12 +250,16 @@ void diagnose(const WorkerOptions& o, const DiagnoseEnv& de, const std::shared_p
 }  // namespace
 
 int run_diagnose_worker(const WorkerOptions& o) {
-  const DiagnoseEnv de = read_diagnose_env();
+  const std::string key = JobEnv::get().diagnose_key;
+  KEEL_CHECK(!key.empty(), env::kDiagnose, " is not set");
   auto [host, port] = parse_host_port(o.store_addr);
   auto store = std::make_shared<TcpStore>(host, port);
+  // Without its task the stand-in does not know whom it answers for: main() reports that and
+  // exits non-zero, and the controller counts this process as silent.
+  const DiagnoseTask de = read_task(*store, key, o.rank);
   report::Diagnostic d;
   d.set_rank(de.rank);
-  d.set_slot(env_int("KEEL_SLOT", -1));
+  d.set_slot(JobEnv::get().slot);
   d.set_answered(true);
   int code = 0;
   try {
@@ -257,7 +272,7 @@ int run_diagnose_worker(const WorkerOptions& o) {
             << (d.error().empty() ? d.message() : "could not run its checks: " + d.error());
   // Without the store the answer cannot be given: main() reports that and exits non-zero,
   // and the controller counts this process as silent.
-  store->set(detail::concat(de.key, "/result/", de.rank), d.SerializeAsString());
+  set_message(*store, keys::diagnose_result_key(de.key, de.rank), d);
   return code;
 }
 

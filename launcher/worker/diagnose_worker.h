@@ -7,17 +7,18 @@
 // measuring its own send rate. robust/diagnostics.h judges the answers.
 //
 // Started by the agent like a training worker (the same argv) with, in the environment,
-//   KEEL_DIAGNOSE=<key>:<job rank it stands for>:<job epoch>   (`key` has no ':')
-//   KEEL_DIAGNOSE_SUSPECTS=<job rank>,...  the suspect ranks: only the rank's groups that hold
-//                          one are tested (their members all have stand-ins); unset or
-//                          empty: every group of size > 1
-//   KEEL_RANK, KEEL_WORLD_SIZE (its index and the number of stand-ins; for messages only),
+//   KEEL_DIAGNOSE=<key>  the diagnosis's store key K (keys::diagnose_key); its task at
+//                        keys::diagnose_task_key(K), a store::DiagnoseTask: the job's epoch,
+//                        the job rank each stand-in stands for (job_ranks[KEEL_RANK]) and the
+//                        suspects (only the rank's groups that hold one are tested: their
+//                        members all have stand-ins; none: every group of size > 1)
+//   KEEL_RANK, KEEL_WORLD_SIZE (its index among the stand-ins and their number),
 //   KEEL_STORE_ADDR, KEEL_SLOT (the machine: its recorded sdc defect is armed, and a recorded
-//   link defect, robust/fault_injector.h, makes it break its own links), KEEL_LOCAL_WORLD_SIZE,
-//   KEEL_DP (the job's data parallelism when it differs from the config's).
-// The group of kind K (tp, pp, dp) whose topology name is N meets under "<key>/K/N/" in the
-// job's store. The answer, a serialized report::Diagnostic, goes to
-//   <key>/result/<job rank>
+//   link defect, robust/fault_injector.h, makes it break its own links), KEEL_LOCAL_WORLD_SIZE.
+// The job's layout is the Membership of the task epoch's Rebuild (rebuild/<E>), never the
+// environment. The group of kind K (tp, pp, dp) whose topology name is N meets under
+// "<key>/K/N/" in the job's store. The answer, a report::Diagnostic, goes to
+// keys::diagnose_result_key(K, job rank).
 // A group test fails with the job rank whose connection broke as blamed_rank; a stand-in
 // that broke its own links names itself. Each group test has a few seconds (its share of
 // three quarters of recovery.diagnostics_timeout_ms, at least one second), so the answer is
@@ -28,8 +29,8 @@
 
 namespace keel {
 
-// Runs this diagnostic process (KEEL_DIAGNOSE must be set). Returns the exit code: 0 with its
-// answer published, 1 when it could not run its checks (the answer then carries the error).
+// Runs this diagnostic process (JobEnv's diagnose_key must be set). Returns the exit code: 0 with
+// its answer published, 1 when it could not run its checks (the answer then carries the error).
 int run_diagnose_worker(const WorkerOptions& o);
 
 }  // namespace keel

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
+#include <cstdlib>  // std::system
 #include <vector>
 
 #include "runtime/check.h"
@@ -29,30 +29,26 @@ FaultInjector::SnapshotActions snapshot_fault_actions(Snapshotter* snapshotter,
   return act;
 }
 
-FaultInjector::SlotActions slot_fault_actions(const std::string& job) {
+FaultInjector::SlotActions slot_fault_actions(const std::string& job,
+                                              std::function<std::vector<int>()> slot_ranks,
+                                              const std::string& ifname) {
   FaultInjector::SlotActions act;
-  act.kill_slot = [job] {
+  act.kill_slot = [job, slot_ranks = std::move(slot_ranks)] {
     // The machine is gone with everything on it: the shared memory of the slot's ranks
     // (their snapshots and the backups they held), its launcher, its workers.
-    const char* env = std::getenv("KEEL_SLOT_RANKS");
-    const std::string ranks = env ? env : "";
-    for (size_t at = 0; at < ranks.size();) {
-      const size_t comma = ranks.find(',', at);
-      const int r = std::stoi(ranks.substr(at, comma - at));
+    for (const int r : slot_ranks()) {
       shm_unlink(snapshot_segment_name(job, r).c_str());
       shm_unlink(backup_segment_name(job, r).c_str());
-      at = comma == std::string::npos ? ranks.size() : comma + 1;
     }
     std::fflush(nullptr);
     ::kill(getppid(), SIGKILL);  // the slot's keel-launch; its workers die with it
     raise(SIGKILL);
   };
-  act.cut_network = [] {
-    const char* ifname = std::getenv("KEEL_IFNAME");
-    if (!ifname || !*ifname)
+  act.cut_network = [ifname] {
+    if (ifname.empty())
       throw InputError(
           "a partition fault needs the slot on its own network interface (KEEL_IFNAME)");
-    const std::string cmd = std::string("ip link set dev ") + ifname + " down";
+    const std::string cmd = "ip link set dev " + ifname + " down";
     KEEL_CHECK(std::system(cmd.c_str()) == 0, "partition: '", cmd, "' failed");
   };
   return act;

@@ -3,7 +3,9 @@
 // (robust/fault_injector.h) decides when; these say how, with the worker's own objects.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "ckpt/snapshot_region.h"
 #include "ckpt/snapshotter.h"
@@ -15,7 +17,12 @@ namespace keel {
 FaultInjector::SnapshotActions snapshot_fault_actions(Snapshotter* snapshotter,
                                                       SnapshotRegion* region);
 
-// keel-launch only (KEEL_SLOT, KEEL_SLOT_RANKS, KEEL_IFNAME in the environment).
-FaultInjector::SlotActions slot_fault_actions(const std::string& job);
+// keel-launch only (the rank runs on a slot). `slot_ranks` says which ranks of `job` the slot
+// holds when the fault fires (the worker's applied Membership: it changes with the job's
+// layout); `ifname` is the slot's own network interface ("" : none, and a partition fault
+// cannot cut it).
+FaultInjector::SlotActions slot_fault_actions(const std::string& job,
+                                              std::function<std::vector<int>()> slot_ranks,
+                                              const std::string& ifname);
 
 }  // namespace keel

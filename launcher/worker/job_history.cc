@@ -5,16 +5,23 @@
 #include <vector>
 
 #include "launcher/recovery_protocol.h"
+#include "proto/store_values.pb.h"
 #include "robust/fault_injector.h"
 
 namespace keel {
+namespace {
 
-JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int world, bool has_val,
-                            report::RunReport* rep) {
-  using Millis = std::chrono::milliseconds;
+// The incident's rank_sources name of where a rank's state came from.
+std::string source_name(membership::Source s) {
+  return membership::Source_Name(s);
+}
+
+// The steps' records from the start step on, and the validation losses.
+JobHistory read_steps(Store& store, const config::JobConfig& cfg, bool has_val,
+                      report::RunReport* rep) {
   const int64_t steps = cfg.train().steps();
   JobHistory h;
-  const int64_t first = std::stoll(store.get("start_step", Millis(10000)));
+  const int64_t first = get_message<store::Step>(store, keys::kStartStep, kRecordWait).step();
   rep->set_first_step(int(first));
   report::StepRecord r;
   for (int64_t s = first; s < steps; ++s) {
@@ -22,7 +29,8 @@ JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int worl
     // and the record (a hang found there) is restored past the step, and the record is lost
     // for good: the curve keeps the step before's values there, and the report says which.
     try {
-      r.ParseFromString(store.get(keys::step_key(s), Millis(s == first ? 10000 : 200)));
+      r = get_message<report::StepRecord>(store, keys::step_key(s),
+                                          s == first ? kRecordWait : kStepRecordWait);
     } catch (const CommTimeout&) {
       if (s == first) throw;
       rep->add_steps_without_record(int(s));
@@ -56,33 +64,40 @@ JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int worl
       // An evaluation cut short by a failure is not run again (the job goes on from the
       // step it followed): that point of the curve is missing, not the report.
       try {
-        const double loss = std::stod(store.get(keys::eval_key(s + 1), Millis(100)));
+        const store::Eval e = get_message<store::Eval>(store, keys::eval_key(s + 1), kEvalWait);
         rep->add_val_steps(double(s + 1));
-        rep->add_val_losses(loss);
+        rep->add_val_losses(e.loss());
       } catch (const CommTimeout&) {
       }
     }
   }
+  return h;
+}
+
+// The processes that served each rank.
+void read_ranks(Store& store, int world, report::RunReport* rep) {
   for (int r = 0; r < world; ++r) {
     report::RankProcesses* rp = rep->add_ranks();
     rp->set_rank(r);
-    const std::string pids = "pids/" + std::to_string(r) + "/";
-    const int64_t n = store.add(pids + "count", 0);
+    const int64_t n = store.add(keys::pid_count_key(r), 0);
     for (int64_t i = 0; i < n; ++i) {
       // A rank whose id did not change when the job's layout did registers again: once each.
-      const int pid = std::stoi(store.get(pids + std::to_string(i), Millis(10000)));
-      if (std::find(rp->pids().begin(), rp->pids().end(), pid) == rp->pids().end())
-        rp->add_pids(pid);
+      const auto one = get_message<report::RankProcesses>(store, keys::pid_key(r, i), kRecordWait);
+      for (const int pid : one.pids())
+        if (std::find(rp->pids().begin(), rp->pids().end(), pid) == rp->pids().end())
+          rp->add_pids(pid);
     }
   }
-  // Incidents: the supervisor's (and rank 0's own), joined with the injection records and
-  // the ranks' restore times.
+}
+
+// Incidents: the supervisor's (and rank 0's own), joined with the injection records and the
+// ranks' restore times.
+void read_incidents(Store& store, int world, report::RunReport* rep) {
   std::vector<InjectionRecord> injections = FaultInjector::read_injections(store);
   std::vector<bool> used(injections.size(), false);
   const int64_t n = store.add(keys::kIncidentCount, 0);
   for (int64_t i = 0; i < n; ++i) {
-    report::Incident inc;
-    inc.ParseFromString(store.get(keys::incident_key(i), Millis(10000)));
+    report::Incident inc = get_message<report::Incident>(store, keys::incident_key(i), kRecordWait);
     // A rank's own report of a checkpoint it could not write: no fault caused it, no epoch
     // recovered from it.
     if (inc.kind() == "checkpoint_write_failed") {
@@ -112,27 +127,28 @@ JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int worl
     if (inc.kind() != "nan") {
       double restored = 0;
       for (int r = 0; r < world; ++r) {
-        try {
-          restored = std::max(
-              restored, std::stod(store.get(keys::restored_key(inc.epoch(), r), Millis(1))));
-        } catch (const CommTimeout&) {
-        }
-        try {
-          (*inc.mutable_rank_sources())[r] =
-              store.get(keys::restored_from_key(inc.epoch(), r), Millis(1));
-        } catch (const CommTimeout&) {
-        }
+        if (auto t = try_get_message<store::Time>(store, keys::restored_key(inc.epoch(), r)))
+          restored = std::max(restored, t->at());
+        if (auto from =
+                try_get_message<store::Restored>(store, keys::restored_from_key(inc.epoch(), r)))
+          (*inc.mutable_rank_sources())[r] = source_name(from->source());
       }
       inc.set_recovered_at(restored);
       inc.set_restored_at(restored);
-      try {
-        inc.set_first_step_at(
-            std::stod(store.get(keys::first_step_key(inc.epoch()), Millis(1))));
-      } catch (const CommTimeout&) {
-      }
+      if (auto t = try_get_message<store::Time>(store, keys::first_step_key(inc.epoch())))
+        inc.set_first_step_at(t->at());
     }
     *rep->add_incidents() = inc;
   }
+}
+
+}  // namespace
+
+JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int world, bool has_val,
+                            report::RunReport* rep) {
+  const JobHistory h = read_steps(store, cfg, has_val, rep);
+  read_ranks(store, world, rep);
+  read_incidents(store, world, rep);
   return h;
 }
 

@@ -1,13 +1,30 @@
 // What a job did, as its store remembers it: the store outlives every rank, so rank 0 can
 // report steps run by an earlier rank 0 (before a crash or a restart_all), the incidents the
-// controller recorded, the injections and the processes that served each rank.
+// controller recorded, the injections and the processes that served each rank. The writers
+// are job_record.h (rank 0's steps and figures), the ranks (restored/<E>/<rank>,
+// restored_from/<E>/<rank>) and the controller (incidents).
 #pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
 
 #include "parallel/store.h"
 #include "proto/config.pb.h"
 #include "proto/report.pb.h"
 
+#include "proto/store_keys.h"
+
 namespace keel {
+
+// How long the report waits for a value that must be there (the start step, a record of the
+// first step, a PID, an incident): the writer set it before it went on, so only a loaded
+// store is slow.
+inline constexpr std::chrono::milliseconds kRecordWait{10000};
+// How long it waits for a later step's record or an evaluation, which a failure may have
+// lost for good (the point is then missing, not the report).
+inline constexpr std::chrono::milliseconds kStepRecordWait{200};
+inline constexpr std::chrono::milliseconds kEvalWait{100};
 
 struct JobHistory {
   double kept_s = 0;        // wall time in the steps whose results were kept

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "runtime/logging.h"
+
 namespace keel {
 
 Peak device_peak(Backend& backend, Precision precision, int threads) {
@@ -53,6 +55,16 @@ Mfu honest_mfu(double model_flops_per_s, const Peak& peak) {
 
 void forget_peak(const Peak& peak) {
   forget_sgemm_peak(peak);
+}
+
+Mfu MfuGauge::measure(double model_flops_per_s) {
+  const Mfu m = honest_mfu(model_flops_per_s, peak_);
+  if (!m.valid && peak_.flops_per_s > 0 && model_flops_per_s > 0 && !refused_) {
+    refused_ = true;  // once: name the stale peak and make the next start measure
+    LOG(WARNING) << m.why_not << "; its cache is dropped";
+    forget_peak(peak_);
+  }
+  return m;
 }
 
 }  // namespace keel

@@ -32,4 +32,21 @@ Mfu honest_mfu(double model_flops_per_s, const Peak& peak);
 // Removes a stale peak's cache (the next start measures again); no-op without one.
 void forget_peak(const Peak& peak);
 
+// A rank's peak and its MFU against it: the first figure refused while there is a peak means
+// the peak is stale, so it is named (logged) and its cache dropped, once.
+class MfuGauge {
+ public:
+  MfuGauge() = default;
+  explicit MfuGauge(Peak peak) : peak_(std::move(peak)) {}
+  const Peak& peak() const { return peak_; }
+  // honest_mfu() of `model_flops_per_s`.
+  Mfu measure(double model_flops_per_s);
+  // Whether the peak was found stale (and its cache dropped).
+  bool refused() const { return refused_; }
+
+ private:
+  Peak peak_;
+  bool refused_ = false;
+};
+
 }  // namespace keel

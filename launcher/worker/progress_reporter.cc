@@ -9,6 +9,11 @@
 namespace keel {
 namespace {
 
+// The longest a report waits for news: the controller reads a silent rank as hung or lost
+// after detect.* timeouts of seconds, so a report five times a second keeps it alive with
+// room to spare, while a step that ends sends at once.
+constexpr std::chrono::milliseconds kReportEvery{200};
+
 double unix_now() {
   using namespace std::chrono;
   return duration<double>(system_clock::now().time_since_epoch()).count();
@@ -80,7 +85,7 @@ void ProgressReporter::loop() {
                        "worker/" + std::to_string(p_.rank()) + "/" + std::to_string(getpid()));
   std::unique_lock<std::mutex> l(mu_);
   while (!stop_) {
-    cv_.wait_for(l, std::chrono::milliseconds(200), [this] { return stop_ || dirty_; });
+    cv_.wait_for(l, kReportEvery, [this] { return stop_ || dirty_; });
     if (stop_) break;
     dirty_ = false;
     control::Envelope e = make_envelope(epoch_);

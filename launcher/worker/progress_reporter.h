@@ -39,6 +39,9 @@ class ProgressReporter {
   void set_round(const control::RoundStats& round);
   // An SDC check passed in step `step` (1-based): the progress line says so.
   void sdc_passed(int64_t step);
+  // What the rank's communicators are doing, which every report carries (the traced
+  // communicators and the fault injector's wrappers record into it).
+  const std::shared_ptr<CommActivity>& activity() const { return activity_; }
 
  private:
   void loop();

@@ -1,9 +1,9 @@
 #include "launcher/worker/recovery_client.h"
 
 #include <chrono>
-#include <cstdio>
 
 #include "launcher/recovery_protocol.h"
+#include "proto/store_values.pb.h"
 #include "runtime/check.h"
 #include "runtime/logging.h"
 
@@ -18,11 +18,6 @@ constexpr std::chrono::minutes kDecisionWait{30};
 constexpr std::chrono::milliseconds kWatchPoll{200};
 
 }  // namespace
-
-double recovery::unix_now() {
-  using namespace std::chrono;
-  return duration<double>(system_clock::now().time_since_epoch()).count();
-}
 
 RecoveryClient::RecoveryClient(std::function<std::shared_ptr<Store>()> connect, int rank)
     : connect_(std::move(connect)), rank_(rank), store_(connect_()) {}
@@ -63,28 +58,33 @@ void RecoveryClient::stop_watch() {
 membership::Rebuild RecoveryClient::fail_and_wait(int epoch, int64_t steps_completed,
                                                   int64_t step_in_flight, const std::string& what) {
   if (aborted_epoch_ != epoch + 1) {
-    store_->set(keys::error_key(epoch, rank_), what);
+    store::RankError error;
+    error.set_what(what);
+    set_message(*store_, keys::error_key(epoch, rank_), error);
     store_->add(keys::errors_key(epoch), 1);
   }
   store_->get(keys::abort_key(epoch + 1), kDecisionWait);
   membership::Ack ack;
   ack.set_steps_completed(steps_completed);
   ack.set_step_in_flight(step_in_flight);
-  store_->set(keys::ack_key(epoch + 1, rank_), ack.SerializeAsString());
+  set_message(*store_, keys::ack_key(epoch + 1, rank_), ack);
   return wait_rebuild(epoch + 1);
 }
 
 membership::Rebuild RecoveryClient::wait_rebuild(int epoch) {
-  membership::Rebuild rb;
-  const std::string v = store_->get(keys::rebuild_key(epoch), kDecisionWait);
-  KEEL_CHECK(rb.ParseFromString(v), "rebuild/", epoch, ": not a keel.membership.Rebuild message");
-  return rb;
+  return get_message<membership::Rebuild>(*store_, keys::rebuild_key(epoch), kDecisionWait);
 }
 
 void RecoveryClient::mark_restored(int epoch) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.6f", recovery::unix_now());
-  store_->set(keys::restored_key(epoch, rank_), buf);
+  store::Time t;
+  t.set_at(recovery::unix_now());
+  set_message(*store_, keys::restored_key(epoch, rank_), t);
+}
+
+void RecoveryClient::restored_from(int epoch, membership::Source source) {
+  store::Restored r;
+  r.set_source(source);
+  set_message(*store_, keys::restored_from_key(epoch, rank_), r);
 }
 
 }  // namespace keel

@@ -1,6 +1,9 @@
 // A rank's side of the recovery protocol (launcher/recovery_protocol.h): a watcher thread
-// that aborts the rank's communicators the moment the supervisor starts a new epoch, and the
-// calls a rank makes after a failure to be told which step to restore.
+// that aborts the rank's communicators the moment the supervisor starts a new epoch
+// (abort/<E>), and the calls a rank makes after a failure to be told which step to restore:
+// error/<E>/<rank> (store::RankError) and errors/<E>, ack/<E>/<rank> (membership::Ack), the
+// decision rebuild/<E> (membership::Rebuild), restored/<E>/<rank> (store::Time) and
+// restored_from/<E>/<rank> (store::Restored).
 #pragma once
 
 #include <atomic>
@@ -36,12 +39,16 @@ class RecoveryClient {
                                     const std::string& what);
   // A restarted rank: waits for the decision of `epoch`.
   membership::Rebuild wait_rebuild(int epoch);
-  // This rank restored its state in `epoch`.
+  // This rank restored its state in `epoch` (restored/<E>/<rank>: store::Time, now).
   void mark_restored(int epoch);
+  // Where this rank's state of `epoch` came from (restored_from/<E>/<rank>, for the
+  // incident's rank_sources).
+  void restored_from(int epoch, membership::Source source);
 
   Store& store() { return *store_; }
   // The rank's id changed (the job shrank or grew its data parallelism).
   void set_rank(int rank) { rank_ = rank; }
+  int rank() const { return rank_; }
 
  private:
   std::function<std::shared_ptr<Store>()> connect_;

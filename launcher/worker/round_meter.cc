@@ -64,6 +64,8 @@ void RoundMeter::new_epoch() {
   started_ = false;
 }
 
+// The step's figures, then at a round's end the round's; kept together because the round is
+// made of the very sums the step adds to.
 std::optional<control::RoundStats> RoundMeter::end_step(int64_t steps_completed,
                                                         const StepStats& st,
                                                         const ProcessGroups& groups,

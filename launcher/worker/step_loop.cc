@@ -1,6 +1,13 @@
 #include "launcher/worker/step_loop.h"
 
+#include "parallel/comm_error.h"
+
 namespace keel {
+
+bool ends_epoch(const std::exception& e) {
+  return dynamic_cast<const CommError*>(&e) != nullptr ||
+         dynamic_cast<const RecoverableFailure*>(&e) != nullptr;
+}
 
 void run_step_loop(const std::function<Trainer&()>& trainer, int64_t steps,
                    const StepHooks& hooks) {

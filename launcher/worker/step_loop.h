@@ -10,8 +10,22 @@
 #include <vector>
 
 #include "model/trainer.h"
+#include "runtime/check.h"
 
 namespace keel {
+
+// A failure that ends the epoch on every rank though no communicator broke: an SDC check
+// found corruption, new code on probation made the loss jump. The recovery protocol (abort,
+// ack, rebuild) carries it as it carries a CommError, which means "this communicator is
+// broken" and is not one of these.
+class RecoverableFailure : public Error {
+ public:
+  using Error::Error;
+};
+
+// Whether `e` ends the epoch and is answered by the recovery protocol: a CommError (a peer or
+// a link failed) or a RecoverableFailure.
+bool ends_epoch(const std::exception& e);
 
 struct StepHooks {
   std::vector<std::function<void(int64_t step)>> before_step;

@@ -1,64 +1,52 @@
-// One rank's process (launcher/worker/worker.h), shared by worker.cc (setup, epochs, the step
-// loop's hooks, the report) and worker_state.cc (loading, restoring, re-laying and
-// snapshotting the TrainState). Private to launcher/.
+// One rank's process (launcher/worker/worker.h): the Worker composes the parts that do the
+// work, each in a file of its own, and holds what they share (the config, the layout, the
+// TrainState, the Trainer, the store):
+//   applied_membership.h  the layout from the epoch's Rebuild, the worker's only copy of it
+//   epoch_runner.h        joining an epoch and moving to the next when it fails
+//   snapshot_set.h        snapshots, backups and persistent checkpoints
+//   sdc_checker.h         silent data corruption checks
+//   update_watcher.h      hot updates of the plugin, and their probation
+//   job_record.h          rank 0's record of the job in the store
+// Its methods: worker.cc (setup, the step loop's hooks), worker_epoch.cc (joining an epoch,
+// restoring, re-laying out), worker_update.cc (switching plugins), worker_report.cc (the
+// job's end and its report). Private to launcher/worker/.
 #pragma once
 
 #include "launcher/worker/worker.h"
 
-#include <signal.h>
-#include <sys/mman.h>
-#include <unistd.h>
-#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <deque>
+#include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <thread>
-#include <utility>
-#include "ckpt/backup_placement.h"
-#include "ckpt/backup_service.h"
-#include "ckpt/persistent_checkpoint.h"
-#include "ckpt/restore.h"
-#include "ckpt/snapshot_region.h"
-#include "ckpt/snapshotter.h"
-#include "launcher/worker/fault_actions.h"
-#include "launcher/worker/input_checks.h"
-#include "launcher/worker/job_history.h"
+#include <string>
+
+#include "launcher/job_env.h"
+#include "launcher/recovery_protocol.h"
+#include "launcher/worker/applied_membership.h"
+#include "launcher/worker/epoch_runner.h"
+#include "launcher/worker/job_record.h"
 #include "launcher/worker/mfu.h"
 #include "launcher/worker/progress_reporter.h"
-#include "launcher/worker/rank_backend.h"
 #include "launcher/worker/recovery_client.h"
-#include "launcher/recovery_protocol.h"
 #include "launcher/worker/round_meter.h"
 #include "launcher/worker/run_report.h"
-#include "launcher/worker/standby.h"
+#include "launcher/worker/sdc_checker.h"
+#include "launcher/worker/snapshot_set.h"
 #include "launcher/worker/step_loop.h"
-#include "launcher/job_env.h"
+#include "launcher/worker/update_watcher.h"
 #include "model/data_loader.h"
-#include "model/job_layout.h"
-#include "model/llmc_checkpoint.h"
 #include "model/plugin_loader.h"
 #include "model/trainer.h"
-#include "parallel/hash_store.h"
-#include "parallel/net_address.h"
-#include "parallel/process_groups.h"
-#include "parallel/tcp_store.h"
+#include "parallel/store.h"
 #include "parallel/traced_communicator.h"
-#include "proto/config_loader.h"
+#include "proto/config.pb.h"
+#include "proto/membership.pb.h"
 #include "robust/fault_injector.h"
 #include "robust/fault_spec.h"
-#include "robust/sdc_check.h"
-#include "runtime/cpu/blas_core.h"
-#include "runtime/cpu/cpu_features.h"
 
 namespace keel::worker_detail {
 
-using Clock = std::chrono::steady_clock;
 using recovery::unix_now;
 
 // What the controller tells a rank at its start (launcher/job_env.h), with a lone rank's
@@ -71,36 +59,22 @@ struct RankEnv {
   double job_start = 0;
   std::string resume_latest;
   std::string lineage;
+  int slot = -1;           // the slot it runs on (-1: none)
+  std::string controller;  // the control plane's endpoint ("" : none)
+  std::string ifname;      // the slot's own network interface ("" : none)
+  bool standby = false;    // a parked standby until the controller promotes it
 
-  static RankEnv read() {
-    const JobEnv& j = JobEnv::get();
-    RankEnv e;
-    e.job = j.job.empty() ? make_job_id() : j.job;  // its own job: removed at its end
-    e.supervised = j.supervised;
-    e.epoch = j.epoch;
-    e.restarted = j.restarted;
-    e.job_start = j.job_start > 0 ? j.job_start : unix_now();
-    e.resume_latest = j.resume_latest;
-    e.lineage = j.lineage.value_or(e.job);
-    return e;
-  }
+  static RankEnv read();
 };
 
 inline std::string layout_name(const Topology& t) {
   return detail::concat("tp", t.tp(), " pp", t.pp(), " dp", t.dp());
 }
 
-inline std::string time_str(double t) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.6f", t);
-  return buf;
-}
-
-// A plugin on probation broke the training (a loss jump): the recovery rolls it back. A
-// CommError, so that the step loop's failure path (abort, ack, rebuild) carries it.
-class UpdateProbationFailed : public CommError {
+// A plugin on probation broke the training (a loss jump): the recovery rolls it back.
+class UpdateProbationFailed : public RecoverableFailure {
  public:
-  explicit UpdateProbationFailed(const std::string& what) : CommError(what) {}
+  using RecoverableFailure::RecoverableFailure;
 };
 
 // Exits the process with a code the supervisor does not answer with a restart.
@@ -115,183 +89,116 @@ class FatalStop : public Error {
 
 class Worker {
  public:
-  explicit Worker(const WorkerOptions& o) : o_(o), env_(RankEnv::read()) {}
+  explicit Worker(const WorkerOptions& o);
   // A rank without a supervisor owns its job's shared memory: removed however it ends
   // (short of SIGKILL; a later supervisor removes that of a dead PID).
-  ~Worker() {
-    stop_update_watch();
-    if (snapshotter_) snapshotter_->stop();
-    if (!env_.supervised) {
-      region_.reset();
-      unlink_job_segments(env_.job);
-    }
-  }
+  ~Worker();
 
   int run();
 
  private:
-  void setup();
+  // --- worker.cc: setup ---
+  // Returns the Rebuild of the epoch the rank starts in (none without a controller).
+  std::optional<membership::Rebuild> setup();
+  // The job's store: a TcpStore per caller across processes, or one in-memory store.
+  void connect_store();
+  // A warm standby checks itself and waits for a rank (launcher/worker/standby.h); returns
+  // the Rebuild of the epoch it joins (none without a controller).
+  std::optional<membership::Rebuild> park_as_standby();
+  // Rank 0 measures (or reads) the device's peak before any rank computes.
+  void measure_peak();
+  // The fault injector and the progress reporter.
+  void attach_supervision(const FaultPlan& plan);
+  // The SDC checker, the update watcher and its probation, the job record.
+  void make_parts(const FaultPlan& plan);
+  // Takes `m` as the job's layout from now on (the one place that changes it).
+  void apply_membership(const membership::Membership& m);
+  // The objects a step check works with, now.
+  SdcRank sdc_rank();
 
-  // The rank's snapshot region, the backup server for the rank it holds a backup of, and the
-  // snapshotter, under the rank's id (again after the id changed).
-  void open_snapshots();
+  // --- worker.cc: the step loop's hooks ---
+  bool on_error(int64_t s, const std::exception& e);
+  void after_step(const StepStats& st);
+  void print_step(const StepStats& st, double tok_s);
+  void settle_checkpoint();
 
-  void open_checkpointer();
-
-  // The job's data parallelism shrank or grew: this surviving rank becomes `rank` of a layout
-  // with `dp` replicas. Its state is the same (replicas are equal without ZeRO-1), laid out
-  // again (the flat buffers are padded to a multiple of dp); its snapshot names move to the
-  // new id after the next rendezvous, when every rank has let go of its old ones.
-  void relayout(int rank, int dp, const membership::Rebuild& rb);
-
-  void register_pid();
-
-  CheckpointLayout checkpoint_layout() const {
-    CheckpointLayout l;
-    l.tp = topo_.tp();
-    l.pp = topo_.pp();
-    l.dp = topo_.dp();
-    l.zero1 = cfg_.parallel().zero1();
-    l.plugin_name = plugin_->name();
-    l.plugin_version = plugin_->version();
-    l.lineage = env_.lineage;
-    l.model = describe_model(cfg_);
-    return l;
-  }
-
-  int worker_threads() const { return rank_threads(cfg_, o_.local_world_size); }
-
-  // The state the job starts from: --resume (or, after restart_all, the newest checkpoint),
-  // model.init_checkpoint, or a fresh init.
-  void load_start_state();
-
-  // The step the job's report starts at: where its first process started (a --resume
-  // point or 0), kept once for the whole job.
-  void record_start_step();
-
-  void start_state();
-
-  // Joins `epoch`: builds its communicators (a rendezvous the supervisor can abort), the
-  // Trainer the first time or rebinds it, and loads step S (-2: the job's start state, -1:
-  // the start state after a failure, else a snapshot). If the epoch fails while it is being
-  // built (a peer died in the rendezvous), the supervisor starts the next one: go on there.
-  void build_epoch(int epoch, const membership::Rebuild* rb);
-
+  // --- worker_epoch.cc ---
+  // Joins the epoch the rank starts in; `rb`: its Rebuild.
+  void start_state(const std::optional<membership::Rebuild>& rb);
+  // The EpochRunner's steps (epoch_runner.h): the Rebuild taken before the communicators
+  // (a new id, the Membership, the plugin), and once they stand, the Trainer made or
+  // rebound and the controller's restore step loaded (`rb` null: the job's start state).
+  EpochRunner::Steps epoch_steps();
+  void take_rebuild(const membership::Rebuild& rb);
+  void load_epoch(const membership::Rebuild* rb);
+  ProcessGroups make_groups(int epoch, const std::atomic<bool>* cancel);
+  void make_trainer();
   // A grown replica's ranks get the state (and its step) from their DP group's first rank,
   // which every survivor of the group holds equally.
   void receive_state_from_replica();
-
-  void make_trainer();
-
-  ProcessGroups make_groups(int epoch);
-
-  std::string holder_address();
-
+  // The state the job starts from: --resume (or, after restart_all, the newest checkpoint),
+  // model.init_checkpoint, or a fresh init.
+  void load_start_state();
   // Loads the controller's restore step into the state, from where the Rebuild says (the
   // persistent checkpoint, the start state) or else from the rank's own copies: its live
   // state, its snapshot, its backup holder's. Records the source for the incident.
   void restore(const membership::Rebuild& rb);
+  // The job's data parallelism shrank or grew: this surviving rank becomes `rank` of the
+  // Rebuild's layout. Its state is the same (replicas are equal without ZeRO-1), laid out
+  // again (the flat buffers are padded to a multiple of dp); its snapshot names move to the
+  // new id after the next rendezvous, when every rank has let go of its old ones.
+  void relayout(int rank, const membership::Rebuild& rb);
+  CheckpointLayout checkpoint_layout() const;
+  Millis comm_timeout() const { return Millis(cfg_.parallel().comm_timeout_ms()); }
+  int epoch() const { return epochs_.epoch(); }
+  ProcessGroups& groups() { return *epochs_.groups(); }
 
-  bool on_error(int64_t s, const std::exception& e);
-
-  // Survivor: new communicators for `epoch`, the same state, plugin and memory.
-  void after_step(const StepStats& st);
-
-  // Rank 0 keeps each step's numbers in the job's store, so they survive its own restart.
-  void record_step(const StepStats& st);
-
-  void finish();
-  void fill_report(RunReport* rep);
-
-  // Hot updates of the plugin (worker_update.cc; the controller's part is
-  // controller_update.cc). A thread checks each plan against the state and waits for the
-  // step to switch at; the step loop switches.
-  void update_watch();
-  void stop_update_watch();
+  // --- worker_update.cc ---
+  UpdateWatcher::Check update_check();
   void update_before_step(int64_t s);
-  // On probation after an update: a loss jump fails every rank (UpdateProbationFailed).
   void update_after_step(const StepStats& st);
-  bool on_probation(int64_t step) const;  // new code on probation at this step
   // This process runs `path` (build `hash`) from now on, unless it already does.
   void adopt_plugin(const std::string& path, const std::string& hash);
   // A process started after an update runs the job's current plugin.
   void adopt_current_plugin();
 
-  // Silent data corruption checks (worker_sdc.cc; the decisions are robust/sdc_check.h's).
-  // At a check step: before it, this replica recomputes another's first micro-batch; before
-  // its update (the state still the step's start), every rank's digests are gathered and
-  // judged, third opinions asked for, and either the state is kept as verified or every rank
-  // throws SdcFound with the verdict in the store.
-  void sdc_before_step(int64_t s);
-  void sdc_before_update(int64_t s);
-  // The job's start state is its first verified one.
-  void sdc_start();
-  // One line: what the checks compare on this layout and what they cannot see.
-  std::string sdc_coverage() const;
-  // The verdict left for the controller; then SdcFound.
-  [[noreturn]] void sdc_found(int64_t s, const sdc::Verdict& v);
-  // Injected sdc faults no check caught, and why (the report's sdc_missed).
-  std::vector<std::string> sdc_missed(const RunReport& rep) const;
+  // --- worker_report.cc ---
+  void finish();
+  void fill_report(RunReport* rep);
+  // The MFU for `tokens_per_s`; a stale peak is named (and its cache dropped) once.
+  Mfu mfu(double tokens_per_s) {
+    return mfu_.measure(trainer_->model_flops_per_token() * tokens_per_s);
+  }
+  // The traced communicators' activity (null without a controller to report to).
+  std::shared_ptr<CommActivity> activity() const {
+    return reporter_ ? reporter_->activity() : nullptr;
+  }
 
   WorkerOptions o_;
   RankEnv env_;
   config::JobConfig cfg_;
-  Topology topo_{1, 1, 1};
+  AppliedMembership members_;  // the layout in force
   bool leader_ = false;
-  int epoch_ = 0;
-  Peak peak_;
-  bool mfu_refused_ = false;  // the stale peak was named (and its cache dropped) once
+  MfuGauge mfu_;  // rank 0's peak
   std::unique_ptr<Backend> backend_;
   std::shared_ptr<Plugin> plugin_;
   std::unique_ptr<DataLoader> data_, val_;
   std::function<std::shared_ptr<Store>()> connect_;
   std::shared_ptr<Store> store_;
+  std::string listen_host_ = "127.0.0.1";  // where this rank's sockets listen
   std::unique_ptr<TrainState> state_;
-  std::unique_ptr<ProcessGroups> groups_;
-  std::mutex groups_mu_;  // the recovery watcher aborts groups_ from its thread
-  std::atomic<bool> rendezvous_cancel_{false};
-  bool relaid_out_ = false;  // the rank's id changed: snapshots reopen after the rendezvous
+  EpochRunner epochs_;  // the epoch, its communicators, the move to the next
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<FaultInjector> injector_;
   std::unique_ptr<RecoveryClient> recovery_;
-  std::shared_ptr<CommActivity> activity_;
   std::unique_ptr<ProgressReporter> reporter_;
   RoundMeter round_meter_{0};  // sized in setup() from detect.slow_round_steps
-  std::unique_ptr<SnapshotRegion> region_;
-  std::unique_ptr<BackupServer> backup_server_;
-  std::string listen_host_ = "127.0.0.1";  // where this rank's sockets listen
-  std::unique_ptr<Snapshotter> snapshotter_;
-  std::unique_ptr<PersistentCheckpointer> checkpointer_;
-  // checkpoint.on_write_error: stop: a save failed on some rank, and every rank stops after
-  // the same step (settle_checkpoint in worker.cc).
-  bool checkpoint_stop_ = false;
-  void settle_checkpoint();
+  std::unique_ptr<SnapshotSet> snapshots_;
+  std::unique_ptr<SdcChecker> sdc_;
+  std::unique_ptr<UpdateWatcher> updates_;
+  std::unique_ptr<Probation> probation_;
+  std::unique_ptr<JobRecord> record_;
   int exit_code_ = 0;  // once the job is done: kExitWriteFailed if a file could not be written
-  int holder_ = -1;
-  bool replica_holder_ = false;  // holder_ is a DP replica: its own snapshot is the backup
-  int64_t nonfinite_retried_ = -1;
-  report::Incident nan_incident_;
-  bool first_step_in_epoch_ = true;
-  double live_step_s_ = 0;        // rank 0: time in steps so far (for keel-ctl status)
-  double live_published_at_ = 0;  // when it last published them (unix seconds)
-  int sdc_every_ = 0;             // sdc.check_every_steps
-  bool sdc_injected_ = false;     // the fault plan holds an sdc fault (the computed hook)
-  bool sdc_armed_ = false;        // this step is a check step and its recompute is done
-  MicroBatchDigest sdc_recomputed_;
-  int64_t sdc_last_passed_ = -1;  // the step of the newest check this rank saw pass
-  double sdc_seconds_ = 0;        // this rank's time in checks
-  double steps_wall_s_ = 0;       // this rank's time in steps (for the checks' share)
-  double sdc_before_step_s_ = 0;  // this step's recomputation, before the Trainer's clock
-  std::unique_ptr<Backend> golden_backend_;  // one thread: a golden digest is reproducible
-  std::thread update_thread_;
-  std::atomic<bool> update_stop_{false};
-  std::mutex update_mu_;
-  std::shared_ptr<Plugin> update_next_;    // checked, waiting for its step (update_mu_)
-  int64_t update_id_ = -1;                 // (update_mu_)
-  std::atomic<int64_t> update_step_{-1};   // switch before this step
-  int64_t probation_from_ = -1;            // the step new code took over at (-1: none)
-  std::optional<double> probation_limit_;  // the loss the new code may show on probation
-  std::deque<double> recent_losses_;       // the newest 10 global losses
 };
 
 }  // namespace keel::worker_detail

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""keel-bench's TensorBoard event files read back with the `tensorboard` package's reader.
+"""keel-bench's TensorBoard event files: their framing, and read back with TensorBoard's reader.
 
 The fixture (tests/bench/fixture/report_fixture.cc) writes one event file per run with
 bench/tfevents.h's EventWriter, as keel-bench does, and lists every scalar it wrote in
-scalars.tsv. This test checks, per run, that TensorBoard's EventAccumulator finds exactly the
-tags loss, mfu, tokens_per_s and ettr with the written steps, wall times and values (as
-float32), that the file starts with the brain.Event:2 version record, and that every record's
-CRC-32C framing is right: checked here independently, and by TensorBoard's record reader, which
-must refuse a copy with one flipped byte. Exits 77 (ctest: skipped) without the package.
+scalars.tsv. Two parts, two CTest tests:
 
-  tfevents_read_test.py --fixture BIN
+  --part framing: needs nothing but python3. Per run: one event file whose every record's
+    CRC-32C framing is right (checked here independently), one record per scalar plus the
+    brain.Event:2 version record first; a copy with one flipped byte is refused.
+  --part tensorboard: TensorBoard's EventAccumulator finds exactly the tags loss, mfu,
+    tokens_per_s and ettr with the written steps, wall times and values (as float32), its
+    loader sees the version record, and its record reader refuses the damaged copy. Exits 77
+    (ctest: skipped) without the `tensorboard` package, before it checks anything.
+
+  tfevents_read_test.py --fixture BIN --part framing|tensorboard
 """
 import argparse
 import collections
@@ -62,16 +66,142 @@ def check_framing(path):
     return n
 
 
+def first_file_version(path):
+    """The file_version (Event field 3, a string) of the file's first record, or None."""
+    with open(path, "rb") as f:
+        b = f.read()
+    if len(b) < 12:
+        return None
+    (length,) = struct.unpack_from("<Q", b, 0)
+    data = b[12:12 + length]
+    at = 0
+    while at < len(data):
+        key, at = varint(data, at)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            _, at = varint(data, at)
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            n, at = varint(data, at)
+            if field == 3:
+                return data[at:at + n].decode("utf-8", "replace")
+            at += n
+        else:
+            return None
+    return None
+
+
+def varint(b, at):
+    v, shift = 0, 0
+    while True:
+        c = b[at]
+        at += 1
+        v |= (c & 0x7F) << shift
+        shift += 7
+        if not c & 0x80:
+            return v, at
+
+
+def damaged_copy(src, work):
+    """A copy of src with one byte flipped inside its second record's data."""
+    with open(src, "rb") as f:
+        b = bytearray(f.read())
+    (first_len,) = struct.unpack_from("<Q", b, 0)
+    b[16 + first_len + 12 + 3] ^= 0x20
+    bad = work + "/bad/events.out.tfevents.0.damaged"
+    os.makedirs(os.path.dirname(bad), exist_ok=True)
+    with open(bad, "wb") as f:
+        f.write(b)
+    return bad
+
+
+def check_framing_part(out, want, work):
+    failures = []
+    for run in sorted(want):
+        files = glob.glob(os.path.join(out, "tb", run, "events.out.tfevents.*"))
+        if len(files) != 1:
+            failures.append("%s: %d event files" % (run, len(files)))
+            continue
+        framing = check_framing(files[0])
+        n = sum(len(v) for v in want[run].values())
+        print("%-12s framing: %s" % (run, framing if isinstance(framing, str)
+                                     else "%d records, CRCs right" % framing))
+        if isinstance(framing, str):
+            failures.append("%s: %s" % (run, framing))
+        elif framing != n + 1:
+            failures.append("%s: %d records, want %d" % (run, framing, n + 1))
+        version = first_file_version(files[0])
+        if version != "brain.Event:2":
+            failures.append("%s: the first record's file_version is %r, not brain.Event:2"
+                            % (run, version))
+    src = glob.glob(os.path.join(out, "tb", sorted(want)[0], "events.out.tfevents.*"))[0]
+    if not isinstance(check_framing(damaged_copy(src, work)), str):
+        failures.append("the framing check took a record with a wrong CRC")
+    return failures
+
+
+def check_tensorboard_part(out, want, work, event_accumulator, event_file_loader):
+    failures = []
+    for run in sorted(want):
+        files = glob.glob(os.path.join(out, "tb", run, "events.out.tfevents.*"))
+        if len(files) != 1:
+            failures.append("%s: %d event files" % (run, len(files)))
+            continue
+        first = next(iter(event_file_loader.EventFileLoader(files[0]).Load()), None)
+        if first is None or first.file_version != "brain.Event:2":
+            failures.append("%s: the first record is not the brain.Event:2 version" % run)
+
+        acc = event_accumulator.EventAccumulator(
+            os.path.join(out, "tb", run), size_guidance={event_accumulator.SCALARS: 0})
+        acc.Reload()
+        tags = set(acc.Tags()["scalars"])
+        if tags != TAGS:
+            failures.append("%s: tags %s, want %s" % (run, sorted(tags), sorted(TAGS)))
+        for tag in sorted(TAGS & tags):
+            got = [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
+            exp = want[run][tag]
+            if [g[0] for g in got] != [w[0] for w in exp]:
+                failures.append("%s/%s: steps %s, want %s"
+                                % (run, tag, [g[0] for g in got], [w[0] for w in exp]))
+                continue
+            for (step, wall, value), (_, wwall, wvalue) in zip(got, exp):
+                as_f32 = struct.unpack("<f", struct.pack("<f", wvalue))[0]
+                if wall != wwall or value != as_f32:
+                    failures.append("%s/%s step %d: (%r, %r), want (%r, %r)"
+                                    % (run, tag, step, wall, value, wwall, as_f32))
+                    break
+        print("%-12s %4d scalars read back" % (run, sum(len(acc.Scalars(t)) for t in TAGS & tags)))
+
+    # TensorBoard's reader checks the CRCs: one flipped byte in a record's data is refused.
+    src = glob.glob(os.path.join(out, "tb", sorted(want)[0], "events.out.tfevents.*"))[0]
+    bad = damaged_copy(src, work)
+    # It stops at a record whose CRC is wrong (as if cut short): it reads the first only.
+    whole = len(list(event_file_loader.RawEventFileLoader(src).Load()))
+    read = len(list(event_file_loader.RawEventFileLoader(bad).Load()))
+    print("damaged copy: TensorBoard read %d of its %d records (want 1)" % (read, whole))
+    if read != 1 or whole < 3:
+        failures.append("TensorBoard's reader took %d records of a file whose second has a "
+                        "wrong CRC (want 1)" % read)
+    return failures
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fixture", required=True, help="keel-bench-report-fixture")
+    ap.add_argument("--part", choices=["framing", "tensorboard"], required=True)
     args = ap.parse_args()
-    try:
-        from tensorboard.backend.event_processing import event_accumulator
-        from tensorboard.backend.event_processing import event_file_loader
-    except ImportError as e:
-        print("SKIPPED: python3 has no tensorboard package (%s); pip install tensorboard" % e)
-        return SKIP
+    if args.part == "tensorboard":
+        # The only skip, and before any check: the framing part runs everywhere.
+        try:
+            from tensorboard.backend.event_processing import event_accumulator
+            from tensorboard.backend.event_processing import event_file_loader
+        except ImportError as e:
+            print("SKIPPED: python3 has no tensorboard package (%s); pip install tensorboard"
+                  % e)
+            return SKIP
 
     work = tempfile.mkdtemp(prefix="keel-tfevents-read-")
     try:
@@ -82,71 +212,20 @@ def main():
             for line in f:
                 run, tag, step, wall, value = line.rstrip("\n").split("\t")
                 want[run][tag].append((int(step), float(wall), float(value)))
-        failures = []
         if len(want) < 2:
-            failures.append("the fixture wrote scalars of %d runs" % len(want))
-        for run in sorted(want):
-            files = glob.glob(os.path.join(out, "tb", run, "events.out.tfevents.*"))
-            if len(files) != 1:
-                failures.append("%s: %d event files" % (run, len(files)))
-                continue
-            framing = check_framing(files[0])
-            if isinstance(framing, str):
-                failures.append("%s: %s" % (run, framing))
-            first = next(iter(event_file_loader.EventFileLoader(files[0]).Load()), None)
-            if first is None or first.file_version != "brain.Event:2":
-                failures.append("%s: the first record is not the brain.Event:2 version" % run)
-
-            acc = event_accumulator.EventAccumulator(
-                os.path.join(out, "tb", run), size_guidance={event_accumulator.SCALARS: 0})
-            acc.Reload()
-            tags = set(acc.Tags()["scalars"])
-            if tags != TAGS:
-                failures.append("%s: tags %s, want %s" % (run, sorted(tags), sorted(TAGS)))
-            for tag in sorted(TAGS & tags):
-                got = [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
-                exp = want[run][tag]
-                if [g[0] for g in got] != [w[0] for w in exp]:
-                    failures.append("%s/%s: steps %s, want %s"
-                                    % (run, tag, [g[0] for g in got], [w[0] for w in exp]))
-                    continue
-                for (step, wall, value), (_, wwall, wvalue) in zip(got, exp):
-                    as_f32 = struct.unpack("<f", struct.pack("<f", wvalue))[0]
-                    if wall != wwall or value != as_f32:
-                        failures.append("%s/%s step %d: (%r, %r), want (%r, %r)"
-                                        % (run, tag, step, wall, value, wwall, as_f32))
-                        break
-            n = sum(len(v) for v in want[run].values())
-            print("%-12s %4d scalars read back; framing: %s"
-                  % (run, sum(len(acc.Scalars(t)) for t in TAGS & tags),
-                     framing if isinstance(framing, str) else "%d records, CRCs right" % framing))
-            if isinstance(framing, int) and framing != n + 1:
-                failures.append("%s: %d records, want %d" % (run, framing, n + 1))
-
-        # TensorBoard's reader checks the CRCs: one flipped byte in a record's data is refused.
-        src = glob.glob(os.path.join(out, "tb", sorted(want)[0], "events.out.tfevents.*"))[0]
-        with open(src, "rb") as f:
-            b = bytearray(f.read())
-        (first_len,) = struct.unpack_from("<Q", b, 0)
-        b[16 + first_len + 12 + 3] ^= 0x20  # inside the second record's data
-        bad = work + "/bad/events.out.tfevents.0.damaged"
-        os.makedirs(os.path.dirname(bad))
-        with open(bad, "wb") as f:
-            f.write(b)
-        # It stops at a record whose CRC is wrong (as if cut short): it reads the first only.
-        whole = len(list(event_file_loader.RawEventFileLoader(src).Load()))
-        read = len(list(event_file_loader.RawEventFileLoader(bad).Load()))
-        print("damaged copy: TensorBoard read %d of its %d records (want 1)" % (read, whole))
-        if read != 1 or whole < 3:
-            failures.append("TensorBoard's reader took %d records of a file whose second has a "
-                            "wrong CRC (want 1)" % read)
-        if not isinstance(check_framing(bad), str):
-            failures.append("the framing check took a record with a wrong CRC")
-
+            print("FAILED: the fixture wrote scalars of %d runs" % len(want))
+            return 1
+        if args.part == "framing":
+            failures = check_framing_part(out, want, work)
+        else:
+            failures = check_tensorboard_part(out, want, work, event_accumulator,
+                                              event_file_loader)
         if failures:
             print("FAILED:\n  " + "\n  ".join(failures))
             return 1
-        print("OK: TensorBoard reads every scalar back as written")
+        print("OK: " + ("every record framed right, the version record first"
+                        if args.part == "framing"
+                        else "TensorBoard reads every scalar back as written"))
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -301,10 +301,11 @@ TEST_F(BackupServiceTest, StalledAndDyingPeersDoNotHangTheServer) {
   }  // closed here
 
   snapshot(4);
-  auto t0 = std::chrono::steady_clock::now();
+  // The stalled peer is still connected: the server answers another client all the same
+  // (a server that waited on the stalled peer would leave this push to its typed timeout).
+  ASSERT_TRUE(stalled.valid());
   BackupClient client(server.address(), 5s);
-  client.push(*own, 4);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  ASSERT_NO_THROW(client.push(*own, 4));
   auto b = make_state(backend.get());
   std::string why;
   EXPECT_TRUE(client.fetch(0, 4, *b, &why)) << why;
@@ -321,9 +322,14 @@ TEST_F(BackupServiceTest, UnreachableHolderIsATypedError) {
   }  // closed: nobody listens there now
   BackupClient client("127.0.0.1:" + std::to_string(port), 300ms);
   snapshot(1);
-  auto t0 = std::chrono::steady_clock::now();
-  EXPECT_THROW(client.push(*own, 1), BackupError);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  // A typed error that says why: the connection was given up on (a client that retried
+  // forever would never come back, and the suite's deadline fails it).
+  try {
+    client.push(*own, 1);
+    ADD_FAILURE() << "no BackupError";
+  } catch (const BackupError& e) {
+    EXPECT_HAS(e.what(), "timed out connecting to backup holder");
+  }
   EXPECT_THROW(client.push(*own, 99), BackupError);  // no slot holds it
 }
 

@@ -23,9 +23,14 @@
 #include <vector>
 
 #include "parallel/tcp_store.h"
+#include "proto/config_loader.h"
+#include "proto/membership.pb.h"
 #include "proto/report.pb.h"
+#include "proto/store_keys.h"
+#include "proto/store_values.pb.h"
 #include "robust/diagnostics.h"
 #include "robust/fault_injector.h"
+#include "robust/fault_spec.h"
 #include "test_paths.h"
 #include "worker_harness.h"
 
@@ -37,6 +42,7 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr int kSlotBase = 10;  // rank r runs on slot 10 + r
+constexpr int kEpoch = 3;      // the job's epoch the stand-ins diagnose
 
 class DiagnoseTest : public testing::Test {
  protected:
@@ -45,13 +51,30 @@ class DiagnoseTest : public testing::Test {
     for (pid_t p : pids) ::waitpid(p, nullptr, 0);
   }
 
-  // Starts the stand-in of job rank `rank` (index `index` of `n`) as the agent would.
-  void start(const std::string& key, int rank, int index, int n, const std::string& suspects,
+  // Starts the stand-in of job rank `rank` (index `index` of `n`) as the controller and the
+  // agent would: the task (and the job's layout in its epoch, the Rebuild's Membership) in
+  // the store, the task's key in the stand-in's environment.
+  void start(const std::string& key, int rank, int index, int n, const std::vector<int>& suspects,
              int budget_ms, const std::string& config = "") {
+    const config::JobConfig cfg = load_config(config.empty() ? cfg_path : config, {});
+    membership::Rebuild rb;
+    rb.mutable_membership()->set_epoch(kEpoch);
+    rb.mutable_membership()->set_tp(cfg.parallel().tp());
+    rb.mutable_membership()->set_pp(cfg.parallel().pp());
+    rb.mutable_membership()->set_dp(cfg.parallel().dp());
+    set_message(*store, keys::rebuild_key(kEpoch), rb);
+    store::DiagnoseTask task =
+        try_get_message<store::DiagnoseTask>(*store, keys::diagnose_task_key(key))
+            .value_or(store::DiagnoseTask{});
+    task.set_epoch(kEpoch);
+    while (task.job_ranks_size() <= index) task.add_job_ranks(-1);
+    task.set_job_ranks(index, rank);
+    task.clear_suspects();
+    for (int r : suspects) task.add_suspects(r);
+    set_message(*store, keys::diagnose_task_key(key), task);
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) env.push_back(*e);
-    env.push_back(detail::concat("KEEL_DIAGNOSE=", key, ":", rank, ":3"));
-    env.push_back("KEEL_DIAGNOSE_SUSPECTS=" + suspects);
+    env.push_back("KEEL_DIAGNOSE=" + key);
     env.push_back(detail::concat("KEEL_RANK=", index));
     env.push_back(detail::concat("KEEL_WORLD_SIZE=", n));
     env.push_back("KEEL_LOCAL_WORLD_SIZE=1");
@@ -110,11 +133,9 @@ class DiagnoseTest : public testing::Test {
     report::Diagnostic d;
     d.set_rank(r);
     d.set_slot(kSlotBase + r);
-    try {
-      EXPECT_TRUE(d.ParseFromString(store->get(detail::concat(key, "/result/", r), 1ms)));
-    } catch (const CommTimeout&) {
-      d.set_answered(false);
-    }
+    if (auto a = try_get_message<report::Diagnostic>(*store, keys::diagnose_result_key(key, r)))
+      return *a;
+    d.set_answered(false);
     return d;
   }
 
@@ -135,12 +156,12 @@ class DiagnoseTest : public testing::Test {
 // Rank 1's machine has a defective network, rank 3's a persistent gradient flip. Every rank is
 // a suspect: TP groups {0,1} {2,3}, DP groups {0,2} {1,3}, all tested.
 TEST_F(DiagnoseTest, BrokenLinksAndSdcDefectFailTheirMachinesOnly) {
-  FaultInjector::record_machine(*store, FaultInjector::machine_link_defect_key(kSlotBase + 1),
-                                "link_error@step=5,rank=1");
-  FaultInjector::record_machine(*store, FaultInjector::machine_defect_key(kSlotBase + 3),
-                                "sdc@step=1,rank=3,target=grad");
+  FaultInjector::record_machine(*store, keys::machine_link_defect_key(kSlotBase + 1),
+                                parse_fault_flag("link_error@step=5,rank=1"));
+  FaultInjector::record_machine(*store, keys::machine_defect_key(kSlotBase + 3),
+                                parse_fault_flag("sdc@step=1,rank=3,target=grad"));
   const std::string key = "diag/1/3";
-  for (int r = 0; r < 4; ++r) start(key, r, r, 4, "0,1,2,3", 30000);
+  for (int r = 0; r < 4; ++r) start(key, r, r, 4, {0, 1, 2, 3}, 30000);
   const std::vector<int> codes = wait_all(120s);
   for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[size_t(r)], 0) << "rank " << r << "\n" << logs();
 
@@ -197,7 +218,7 @@ TEST_F(DiagnoseTest, AMissingStandInFailsItsSlotAndTimeoutsBlameNobody) {
   const std::string key = "diag/2/3";
   const auto t0 = std::chrono::steady_clock::now();
   constexpr int kBudgetMs = 8000;
-  for (int r : {0, 1, 3}) start(key, r, r, 4, "2", kBudgetMs);
+  for (int r : {0, 1, 3}) start(key, r, r, 4, {2}, kBudgetMs);
   const std::vector<int> codes = wait_all(120s);
   for (size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(codes[i], 0) << i << "\n" << logs();
   // The stand-ins spend at most three quarters of the budget on their groups; the rest of
@@ -232,7 +253,7 @@ TEST_F(DiagnoseTest, AMissingStandInFailsItsSlotAndTimeoutsBlameNobody) {
 TEST_F(DiagnoseTest, HealthyLinksFlagNobody) {
   for (int round = 0; round < 3; ++round) {
     const std::string key = detail::concat("diag/", 10 + round, "/0");
-    for (int r = 0; r < 4; ++r) start(key, r, r, 4, "0,1,2,3", 30000, dp4_path);
+    for (int r = 0; r < 4; ++r) start(key, r, r, 4, {0, 1, 2, 3}, 30000, dp4_path);
     const std::vector<int> codes = wait_all(120s);
     for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[size_t(r)], 0) << "rank " << r << "\n" << logs();
     std::vector<report::Diagnostic> rows;

@@ -145,8 +145,9 @@ TEST(JoinErrors, RefusedJoinsExitTwoWithTheReasonAndTheJobTrainsOn) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const Bounded& j = joins[i];
     SCOPED_TRACE(cases[i].name + ": " + cases[i].args);
+    // Refused by itself: a join still running at run_bounded's deadline is killed, with no
+    // exit code (-1).
     EXPECT_EQ(j.exit_code, 2) << j.output;
-    EXPECT_LT(j.seconds, 8) << j.output;
     EXPECT_TRUE(contains(j.output, "refused slot")) << j.output;
     EXPECT_TRUE(contains(j.output, cases[i].want)) << j.output;
     EXPECT_EQ(count_of(j.output, "keel-launch: error: "), 1) << j.output;

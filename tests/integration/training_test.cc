@@ -81,6 +81,11 @@ struct Layout {
   int tp, pp, dp;
 };
 
+// GoogleTest shows a layout as "tp2 pp1 dp1", not its raw bytes: stable CTest names.
+void PrintTo(const Layout& l, std::ostream* os) {
+  *os << "tp" << l.tp << " pp" << l.pp << " dp" << l.dp;
+}
+
 class LayoutTest : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(LayoutTest, MatchesSingleRankAndIsBitwiseRepeatable) {

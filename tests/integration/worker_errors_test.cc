@@ -80,8 +80,10 @@ TEST(WorkerErrors, RankKilledMidTrainingFailsItsPeerWithTypedError) {
       setenv("KEEL_LOCAL_WORLD_SIZE", "2", 1);
       setenv("KEEL_STORE_ADDR", ("127.0.0.1:" + std::to_string(store.port())).c_str(), 1);
       std::string bin = bin_dir() + "/keel-worker";
+      // A communicator timeout of an hour: only noticing the dead peer can end rank 0 before
+      // the test's deadline.
       execl(bin.c_str(), bin.c_str(), "--config", cfg.c_str(), "--set", "train.steps=1000000",
-            static_cast<char*>(nullptr));
+            "--set", "parallel.comm_timeout_ms=3600000", static_cast<char*>(nullptr));
       _exit(127);
     }
   }
@@ -98,7 +100,7 @@ TEST(WorkerErrors, RankKilledMidTrainingFailsItsPeerWithTypedError) {
   auto t0 = std::chrono::steady_clock::now();
   int status = 0;
   waitpid(pids[1], &status, 0);
-  // Rank 0 must notice on its own, with the typed error, well within its timeout.
+  // Rank 0 must notice on its own, with the typed error, long before its timeout.
   fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
   pid_t done = 0;
   while ((done = waitpid(pids[0], &status, WNOHANG)) == 0 &&
@@ -118,7 +120,6 @@ TEST(WorkerErrors, RankKilledMidTrainingFailsItsPeerWithTypedError) {
   EXPECT_TRUE(WIFEXITED(status)) << out;
   EXPECT_EQ(WEXITSTATUS(status), 3) << out;
   EXPECT_TRUE(contains(out, "communication failed")) << out;
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15)) << out;
 }
 
 }  // namespace

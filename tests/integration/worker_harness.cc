@@ -1,5 +1,7 @@
 #include "worker_harness.h"
 
+#include <gtest/gtest.h>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -173,10 +175,10 @@ JobRun run_program(const std::string& dir, const std::string& command,
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  // A rank that outlived its supervisor would still be in the session; give PDEATHSIG a
-  // moment to act first.
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  std::vector<pid_t> left = session_processes(pid);
+  // A rank that outlived its supervisor would still be in the session. PDEATHSIG may still
+  // be on its way to the ranks of a supervisor that just ended: wait for the session to
+  // empty, with a deadline, and count what is left then (normally nothing, at once).
+  std::vector<pid_t> left = wait_for_empty_session(pid);
   r.leftover_processes = int(left.size());
   for (pid_t p : left) kill(p, SIGKILL);
   // The supervisor names its job's segments after its PID (the session's leader, as `exec`
@@ -252,6 +254,82 @@ std::vector<float> read_llmc_floats(const std::string& path) {
   std::vector<float> out(bytes.size() / 4);
   std::memcpy(out.data(), bytes.data(), out.size() * 4);
   return out;
+}
+
+std::map<int, std::string> rank_sources(const std::string& incident) {
+  std::map<int, std::string> out;
+  const size_t k = incident.find("\"rank_sources\":");
+  if (k == std::string::npos) return out;
+  const size_t open = incident.find('{', k), close = incident.find('}', open);
+  if (open == std::string::npos || close == std::string::npos) return out;
+  // {"0": "memory", "1": "backup"}: quoted keys and values in turn.
+  std::vector<std::string> quoted;
+  for (size_t a = incident.find('"', open); a < close; a = incident.find('"', a + 1)) {
+    const size_t b = incident.find('"', a + 1);
+    quoted.push_back(incident.substr(a + 1, b - a - 1));
+    a = b;
+  }
+  for (size_t i = 0; i + 1 < quoted.size(); i += 2) out[std::stoi(quoted[i])] = quoted[i + 1];
+  return out;
+}
+
+namespace {
+bool one_of(const std::string& got, const std::string& alternatives) {
+  std::stringstream ss(alternatives);
+  for (std::string a; std::getline(ss, a, '|');)
+    if (got == a) return true;
+  return false;
+}
+}  // namespace
+
+void expect_restored(const std::string& incident, const RestorePoint& want) {
+  SCOPED_TRACE("incident: " + incident);
+  ASSERT_TRUE(contains(incident, "\"restored_step\":")) << "no restored_step";
+  const int step = int(json_number_field(incident, "restored_step"));
+  if (want.step >= 0) {
+    EXPECT_EQ(step, want.step) << "restored_step";
+  } else {
+    EXPECT_GE(step, want.min_step) << "restored_step";
+    if (want.max_step >= 0) {
+      EXPECT_LE(step, want.max_step) << "restored_step";
+    }
+  }
+  EXPECT_FALSE(want.from.empty()) << "the test must say where the state came from";
+  EXPECT_EQ(json_string_field(incident, "restored_from"), want.from) << "restored_from";
+  EXPECT_GT(want.world, 0) << "the test must say how many ranks restored";
+  const std::map<int, std::string> got = rank_sources(incident);
+  for (int r = 0; r < want.world; ++r) {
+    auto named = want.ranks.find(r);
+    const std::string& expected = named != want.ranks.end() ? named->second : want.others;
+    EXPECT_FALSE(expected.empty()) << "no source expected for rank " << r;
+    auto g = got.find(r);
+    if (g == got.end()) {
+      ADD_FAILURE() << "rank " << r << " reported no source (want " << expected << ")";
+      continue;
+    }
+    EXPECT_TRUE(one_of(g->second, expected))
+        << "rank " << r << " restored from " << g->second << ", want " << expected;
+  }
+  for (const auto& [r, source] : got)
+    EXPECT_LT(r, want.world) << "a source for rank " << r << " of " << want.world;
+}
+
+void expect_resumed(const std::string& report, int first_step, int steps) {
+  SCOPED_TRACE("report: " + report);
+  EXPECT_EQ(json_number_field(report, "first_step"), first_step) << "first_step";
+  EXPECT_EQ(json_number_field(report, "steps_completed"), steps) << "steps_completed";
+  EXPECT_EQ(json_array_field(report, "losses").size(), size_t(steps - first_step))
+      << "losses: one per step run, from first_step on";
+}
+
+std::vector<pid_t> wait_for_empty_session(pid_t sid, std::chrono::milliseconds deadline) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  std::vector<pid_t> left = session_processes(sid);
+  while (!left.empty() && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    left = session_processes(sid);
+  }
+  return left;
 }
 
 bool rank_source_is(const std::string& incident, int rank, const std::string& source) {

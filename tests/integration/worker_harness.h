@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <string>
@@ -65,10 +66,36 @@ int launched_job_step(const std::string& job_dir);
 
 // Processes whose session id is `sid` (field 6 of /proc/PID/stat), zombies aside.
 std::vector<pid_t> session_processes(pid_t sid);
+// Waits until the session `sid` has no process left or `deadline` passes; returns those left
+// (what outlived its job by the deadline).
+std::vector<pid_t> wait_for_empty_session(
+    pid_t sid, std::chrono::milliseconds deadline = std::chrono::seconds(10));
 
 // Whether an incident (JSON) says rank `rank` restored from `source` (its rank_sources:
 // "memory", "own_snapshot", "backup", "persistent", "scratch").
 bool rank_source_is(const std::string& incident, int rank, const std::string& source);
+// An incident's rank_sources, rank to source (empty if it has none).
+std::map<int, std::string> rank_sources(const std::string& incident);
+
+// Where a recovery's state came from, as every recovery test asserts it. A deterministic
+// restart from scratch also ends bitwise equal to the fault-free run, so "bitwise equal"
+// alone proves nothing about the recovery: the test says the step every rank restored, where
+// from, and each rank's own source.
+struct RestorePoint {
+  int step = -1;  // restored_step, exactly; -1: in [min_step, max_step] instead
+  int min_step = -1, max_step = -1;
+  std::string from;  // restored_from: "memory", "persistent", "scratch"
+  int world = 0;     // the ranks 0..world-1, each of which must report its source
+  // Each rank's source (rank_sources): `ranks` names some; `others` is every other rank's.
+  // A source may list alternatives: "memory|own_snapshot".
+  std::map<int, std::string> ranks = {};
+  std::string others = "";
+};
+// Asserts (EXPECT) that `incident` (JSON) restored what `want` says.
+void expect_restored(const std::string& incident, const RestorePoint& want);
+// Asserts that a resumed run (--resume) started at `first_step` and ran the steps after it
+// only: its report's first_step, and one loss per step from there to `steps`.
+void expect_resumed(const std::string& report, int first_step, int steps);
 
 // Fields of a report.
 std::string json_string_field(const std::string& json, const std::string& key);

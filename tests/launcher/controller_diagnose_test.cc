@@ -1,5 +1,6 @@
-// The controller's side of stop-time diagnostics (launcher/controller/controller_diagnose.cc) against a
-// RankHost that starts its "extra" processes as real keel-worker processes on this machine:
+// The controller's side of stop-time diagnostics (launcher/controller/diagnose_coordinator.h),
+// through its public interface, against a RankHost that starts its "extra" processes as real
+// keel-worker processes on this machine:
 // which stand-ins it starts (the suspects' ranks and their groups' peers, nobody else), what
 // it does without slots or budget, and how the incident and the event log carry the verdict.
 #include <fcntl.h>
@@ -18,10 +19,14 @@
 #include <string>
 #include <vector>
 
-#include "launcher/controller/controller_impl.h"
+#include "launcher/controller/context.h"
+#include "launcher/controller/diagnose_coordinator.h"
+#include "launcher/controller/membership.h"
 #include "parallel/tcp_store.h"
 #include "proto/config_loader.h"
+#include "proto/store_keys.h"
 #include "robust/fault_injector.h"
+#include "robust/fault_spec.h"
 #include "test_paths.h"
 
 extern char** environ;
@@ -96,8 +101,9 @@ class LocalSlots : public RankHost {
 
 class ControllerDiagnoseTest : public testing::Test {
  protected:
-  // A TP2×PP1×DP2 job of the test GPT: TP groups {0,1} {2,3}, DP groups {0,2} {1,3}.
-  std::unique_ptr<Controller::Impl> controller(int budget_ms) {
+  // A TP2×PP1×DP2 job of the test GPT: TP groups {0,1} {2,3}, DP groups {0,2} {1,3}. The
+  // coordinator runs for incident 0 in epoch 0.
+  std::unique_ptr<DiagnoseCoordinator> controller(int budget_ms) {
     const std::string cfg = dir + "/job.pbtxt";
     std::ofstream(cfg) << "model { plugin: \"" << test::bin_dir()
                        << "/libkeel_gpt.so\" num_layers: 2 hidden_size: 32 num_heads: 4 "
@@ -108,16 +114,27 @@ class ControllerDiagnoseTest : public testing::Test {
                        << "runtime { threads: 1 }\n"
                        << "recovery { diagnostics_timeout_ms: " << budget_ms << " }\n";
     host = std::make_unique<LocalSlots>(cfg, dir);
-    ControllerOptions o;
-    o.cfg = load_config(cfg, {});
-    o.job = detail::concat("diagctl", ::getpid());
-    o.store_addr = detail::concat("127.0.0.1:", server.port());
-    o.on_event = [this](const std::string& kind, const EventFields& fields) {
+    options = std::make_unique<ControllerOptions>();
+    options->cfg = load_config(cfg, {});
+    options->job = detail::concat("diagctl", ::getpid());
+    options->store_addr = detail::concat("127.0.0.1:", server.port());
+    options->on_event = [this](const std::string& kind, const EventFields& fields) {
       std::string json;
       (void)google::protobuf::util::MessageToJsonString(fields.fields(), &json);
       events.emplace_back(kind, json);
     };
-    return std::make_unique<Controller::Impl>(o, host.get(), store, nullptr);
+    members = std::make_unique<JobMembership>(Topology(2, 1, 2), 2, SlotLayout{});
+    // What the controller writes when the job starts: the stand-ins read their layout there.
+    membership::Rebuild rb;
+    *rb.mutable_membership() = members->to_proto();
+    rb.set_restore_step(-2);
+    set_message(*store, keys::rebuild_key(0), rb);
+    ctx = std::make_unique<ControllerContext>();
+    ctx->o = options.get();
+    ctx->host = host.get();
+    ctx->store = store;
+    ctx->members = members.get();
+    return std::make_unique<DiagnoseCoordinator>(*ctx);
   }
 
   std::string event(const std::string& kind) const {
@@ -130,6 +147,9 @@ class ControllerDiagnoseTest : public testing::Test {
   TcpStoreServer server{"127.0.0.1", 0};
   std::shared_ptr<TcpStore> store = std::make_shared<TcpStore>("127.0.0.1", server.port());
   std::unique_ptr<LocalSlots> host;
+  std::unique_ptr<ControllerOptions> options;
+  std::unique_ptr<JobMembership> members;
+  std::unique_ptr<ControllerContext> ctx;
   std::vector<std::pair<std::string, std::string>> events;
 };
 
@@ -140,12 +160,12 @@ bool has(const std::string& s, const std::string& part) {
 // Slot 1's network is recorded defective. Its rank 1 and the peers of its groups (0 in TP,
 // 3 in DP) are checked, rank 2 is not; slot 1 fails, slots 0 and 3 are only peers.
 TEST_F(ControllerDiagnoseTest, StartsTheSuspectsAndTheirPeersAndFailsTheBrokenSlot) {
-  FaultInjector::record_machine(*store, FaultInjector::machine_link_defect_key(1),
-                                "link_error@step=5,rank=1");
+  FaultInjector::record_machine(*store, keys::machine_link_defect_key(1),
+                                parse_fault_flag("link_error@step=5,rank=1"));
   auto c = controller(30000);
   report::Incident inc;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<int> failed = c->diagnose({1}, &inc);
+  const std::vector<int> failed = c->run({1}, 0, &inc);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
   EXPECT_EQ(failed, std::vector<int>{1}) << inc.diagnostics_summary();
   std::set<int> slots;
@@ -174,7 +194,7 @@ TEST_F(ControllerDiagnoseTest, ASilentPeerFailsNoSuspectAndTheBudgetHolds) {
   host->lost_slots = {1};
   report::Incident inc;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<int> failed = c->diagnose({0}, &inc);
+  const std::vector<int> failed = c->run({0}, 0, &inc);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(6000 + 2000));
   EXPECT_TRUE(failed.empty()) << inc.diagnostics_summary();
   const std::string s = inc.diagnostics_summary();
@@ -186,7 +206,7 @@ TEST_F(ControllerDiagnoseTest, ASilentPeerFailsNoSuspectAndTheBudgetHolds) {
 TEST_F(ControllerDiagnoseTest, NoBudgetOrNoSlotsRunsNothingAndSaysWhy) {
   auto c = controller(0);
   report::Incident inc;
-  EXPECT_TRUE(c->diagnose({1}, &inc).empty());
+  EXPECT_TRUE(c->run({1}, 0, &inc).empty());
   EXPECT_EQ(inc.diagnostics_summary(), "no diagnostics: recovery.diagnostics_timeout_ms is 0");
   EXPECT_TRUE(host->started.empty());
   EXPECT_EQ(inc.diagnosed_at(), 0);
@@ -194,7 +214,7 @@ TEST_F(ControllerDiagnoseTest, NoBudgetOrNoSlotsRunsNothingAndSaysWhy) {
   c = controller(5000);
   host->no_slots = true;
   report::Incident inc2;
-  EXPECT_TRUE(c->diagnose({1}, &inc2).empty());
+  EXPECT_TRUE(c->run({1}, 0, &inc2).empty());
   EXPECT_EQ(inc2.diagnostics_summary(),
             "no diagnostics: this host cannot start processes on slots");
   EXPECT_EQ(inc2.diagnostics_size(), 0);

@@ -64,5 +64,29 @@ TEST(ForgetPeak, RemovesTheCachedRate) {
   forget_peak(cpu_peak(1e9, "no cache"));  // harmless
 }
 
+// A rank's gauge: a figure above the peak names the stale peak and drops its cache once;
+// figures it can vouch for pass, and without a peak nothing is dropped.
+TEST(MfuGauge, AStalePeakIsDroppedOnce) {
+  const std::string dir = test::temp_dir("mfu_gauge");
+  Peak p = cpu_peak(100e9, "measured SGEMM 2048^3, 2 threads, X (cached)");
+  p.cache_file = dir + "/sgemm_peak_2t_fedcba9876543210.txt";
+  std::ofstream(p.cache_file) << "key\n1e11\n";
+  MfuGauge g(p);
+  EXPECT_TRUE(g.measure(50e9).valid);
+  EXPECT_FALSE(g.refused());
+  EXPECT_TRUE(std::filesystem::exists(p.cache_file));
+  EXPECT_FALSE(g.measure(150e9).valid);
+  EXPECT_TRUE(g.refused());
+  EXPECT_FALSE(std::filesystem::exists(p.cache_file));
+  std::ofstream(p.cache_file) << "key\n1e11\n";  // measured again meanwhile: kept
+  EXPECT_FALSE(g.measure(150e9).valid);
+  EXPECT_TRUE(std::filesystem::exists(p.cache_file));
+  EXPECT_EQ(g.peak().flops_per_s, 100e9);
+
+  MfuGauge none;
+  EXPECT_FALSE(none.measure(1e9).valid);
+  EXPECT_FALSE(none.refused());
+}
+
 }  // namespace
 }  // namespace keel

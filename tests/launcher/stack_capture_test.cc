@@ -213,9 +213,9 @@ TEST(StackCapture, StoppedChildStaysStoppedAndCanBeContinued) {
     if (write(out.w, &c, 1) != 1) _exit(4);
   });
   ASSERT_GT(child.pid(), 0);
-  ASSERT_TRUE(wait_for_state(child.pid(), 'S', std::chrono::seconds(5)));
+  ASSERT_TRUE(wait_for_state(child.pid(), 'S', std::chrono::seconds(30)));
   ASSERT_EQ(::kill(child.pid(), SIGSTOP), 0);
-  ASSERT_TRUE(wait_for_state(child.pid(), 'T', std::chrono::seconds(5)));
+  ASSERT_TRUE(wait_for_state(child.pid(), 'T', std::chrono::seconds(30)));
 
   const ProcessStacks s = capture_stacks(child.pid(), std::chrono::seconds(2));
   ASSERT_EQ(s.error, "");
@@ -223,12 +223,12 @@ TEST(StackCapture, StoppedChildStaysStoppedAndCanBeContinued) {
   EXPECT_TRUE(has_frame(s.threads[0], "keel_test::blocked_in_read(int)+0x")) << dump(s);
 
   // Stopped it stays: the byte we send is not read until SIGCONT.
-  ASSERT_TRUE(wait_for_state(child.pid(), 'T', std::chrono::seconds(2)));
+  ASSERT_TRUE(wait_for_state(child.pid(), 'T', std::chrono::seconds(30)));
   ASSERT_EQ(write(in.w, "z", 1), 1);
   EXPECT_FALSE(readable_within(out.r, 200));
   EXPECT_EQ(process_state(child.pid()), 'T');
   ASSERT_EQ(::kill(child.pid(), SIGCONT), 0);
-  ASSERT_TRUE(readable_within(out.r, 5000));
+  ASSERT_TRUE(readable_within(out.r, 30000));
   char c = 0;
   ASSERT_EQ(read(out.r, &c, 1), 1);
   EXPECT_EQ(c, 'z');
@@ -237,7 +237,7 @@ TEST(StackCapture, StoppedChildStaysStoppedAndCanBeContinued) {
 TEST(StackCapture, ExitedChildIsAnErrorAndItsStatusStaysWithTheParent) {
   Child child([] { _exit(7); });
   ASSERT_GT(child.pid(), 0);
-  ASSERT_TRUE(wait_for_state(child.pid(), 'Z', std::chrono::seconds(5)));
+  ASSERT_TRUE(wait_for_state(child.pid(), 'Z', std::chrono::seconds(30)));
   const ProcessStacks s = capture_stacks(child.pid(), std::chrono::milliseconds(500));
   EXPECT_TRUE(s.threads.empty() || !s.error.empty() || !s.threads[0].error.empty()) << dump(s);
   int st = 0;

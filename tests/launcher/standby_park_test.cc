@@ -1,11 +1,13 @@
 // park_as_standby: a standby runs its self-checks, the golden mini-GPT among them, publishes
-// the result under its ready key, and returns the promotion it finds in the store.
+// the result under its ready key (store::StandbyCheck), and returns the promotion it finds in
+// the store (store::StandbyAssign, with the Membership of the epoch it joins).
 #include <gtest/gtest.h>
 
 #include <cstring>
 
 #include "launcher/worker/standby.h"
 #include "parallel/hash_store.h"
+#include "proto/store_values.pb.h"
 #include "robust/golden_check.h"
 #include "tests/test_paths.h"
 
@@ -20,18 +22,27 @@ TEST(StandbyPark, PublishesGemmGoldenAndAllReduceResultsThenTakesItsPromotion) {
   id.index = 1;
   id.gen = 2;
   // Promoted before it parks: it must still check itself first, then find the assignment.
-  store->set(keys::standby_assign_key(id.slot, id.index, id.gen), "7 3 8");
+  store::StandbyAssign assign;
+  assign.set_rank(7);
+  assign.set_epoch(3);
+  assign.mutable_membership()->set_epoch(3);
+  assign.mutable_membership()->set_tp(2);
+  assign.mutable_membership()->set_pp(1);
+  assign.mutable_membership()->set_dp(4);
+  set_message(*store, keys::standby_assign_key(id.slot, id.index, id.gen), assign);
   auto backend = make_cpu_backend(2);
   auto plugin = Plugin::load(test::bin_dir() + "/libkeel_gpt.so");
 
   const StandbyAssignment a = park_as_standby(*backend, plugin, Precision::kFp32, connect, id);
   EXPECT_EQ(a.rank, 7);
   EXPECT_EQ(a.epoch, 3);
-  EXPECT_EQ(a.world, 8);
+  EXPECT_EQ(a.world(), 8);
+  EXPECT_EQ(a.membership.dp(), 4);
 
-  const std::string ready =
-      store->get(keys::standby_ready_key(id.slot, id.index, id.gen), std::chrono::seconds(1));
-  EXPECT_EQ(ready.rfind("ok ", 0), 0u) << ready;
+  const auto check = get_message<store::StandbyCheck>(
+      *store, keys::standby_ready_key(id.slot, id.index, id.gen), std::chrono::seconds(1));
+  const std::string& ready = check.checks();
+  EXPECT_TRUE(check.ok()) << ready;
   EXPECT_NE(ready.find("GEMM"), std::string::npos) << ready;
   EXPECT_NE(ready.find("all-reduce"), std::string::npos) << ready;
   // The golden run is on one thread whatever the worker's backend has, so its digest is the
@@ -63,9 +74,10 @@ TEST(StandbyPark, ADefectiveMachineFailsTheGoldenCheckAndStaysOut) {
     std::memcpy(d, &bits, sizeof(bits));
   };
   EXPECT_THROW(park_as_standby(*backend, plugin, Precision::kFp32, connect, id, defect), Error);
-  const std::string ready =
-      store->get(keys::standby_ready_key(id.slot, id.index, id.gen), std::chrono::seconds(1));
-  EXPECT_EQ(ready.rfind("failed ", 0), 0u) << ready;
+  const auto check = get_message<store::StandbyCheck>(
+      *store, keys::standby_ready_key(id.slot, id.index, id.gen), std::chrono::seconds(1));
+  const std::string& ready = check.checks();
+  EXPECT_FALSE(check.ok()) << ready;
   if (golden_reference(golden_key(*backend))) {
     EXPECT_NE(ready.find("this device computes wrong"), std::string::npos) << ready;
   }

@@ -8,9 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/syscall.h>
+
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -27,6 +31,37 @@ inline constexpr int kExitAborted = 12;
 inline constexpr int kExitCommError = 13;  // a CommError that is none of the above
 inline constexpr int kExitOtherError = 14;
 inline constexpr int kExitNotFinished = 99;  // still running when the test gave up on it
+
+// Whether thread `tid` of this process sleeps in a system call (a recv or poll waiting for a
+// peer), read from /proc: "S" in its stat and a syscall number in its syscall file. A test
+// that acts on a thread "once it is blocked" waits for this instead of sleeping.
+inline bool thread_blocked_in_syscall(pid_t tid) {
+  const std::string dir = "/proc/self/task/" + std::to_string(tid);
+  std::ifstream stat(dir + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'S')
+    return false;
+  std::ifstream sc(dir + "/syscall");
+  std::string first;
+  return static_cast<bool>(sc >> first) && first != "running" && first != "-1";
+}
+
+inline pid_t this_thread_id() {
+  return static_cast<pid_t>(::syscall(SYS_gettid));
+}
+
+// Polls until thread `tid` is blocked in a system call or `deadline` passes.
+inline bool wait_until_blocked(pid_t tid,
+                               std::chrono::milliseconds deadline = std::chrono::seconds(30)) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  while (!thread_blocked_in_syscall(tid)) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 // The exit code for the exception in flight; call inside a catch block.
 inline int exit_code_of_current_exception() {

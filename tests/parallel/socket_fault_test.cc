@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <thread>
 
@@ -34,9 +35,12 @@ std::unique_ptr<Communicator> join(int store_port, const std::string& name, int 
 // Loops all-reduces until one throws. Like a worker, a rank that catches a CommError
 // aborts its communicator (closing its sockets, so its peers learn at once) and reports the
 // error's kind; the second call checks the communicator stays broken.
+// Collectives this process completed (a child's own copy): the main thread is busy.
+std::atomic<int> g_reduces{0};
+
 int all_reduce_until_error(Communicator& comm, Millis timeout) {
   std::vector<float> buf(1 << 18, 1.0f);
-  for (int i = 0; i < 100000; ++i) {
+  for (int i = 0; i < 100000; ++i, ++g_reduces) {
     try {
       comm.all_reduce(buf.data(), buf.size(), ReduceOp::kSum, timeout);
     } catch (const CommError&) {
@@ -54,10 +58,13 @@ int all_reduce_until_error(Communicator& comm, Millis timeout) {
   return kWrong;
 }
 
-// Ends the calling process with `sig` from another thread once the main thread is busy.
+// Ends the calling process with `sig` from another thread once the main thread is busy: it
+// has completed a collective with its peers and goes on with the next ones.
 void raise_soon(int sig) {
   std::thread([sig] {
-    std::this_thread::sleep_for(100ms);
+    const auto end = std::chrono::steady_clock::now() + 30s;
+    while (g_reduces.load() < 1 && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(1ms);
     ::raise(sig);
   }).detach();
 }
@@ -97,8 +104,12 @@ TEST(SocketFault, AbortFromAnotherThreadUnblocksRecv) {
       comm->recv(buf.data(), buf.size(), 0, 1);
       return kWrong;
     }
+    // Abort once the main thread is blocked in its recv (nothing else on it sleeps in a
+    // system call here); an abort before the recv would test another path.
+    const pid_t main_tid = test::this_thread_id();
+    std::atomic<bool> was_blocked{false};
     std::thread aborter([&] {
-      std::this_thread::sleep_for(100ms);
+      was_blocked = test::wait_until_blocked(main_tid);
       comm->abort();
     });
     int code = kWrong;
@@ -108,7 +119,7 @@ TEST(SocketFault, AbortFromAnotherThreadUnblocksRecv) {
       code = exit_code_of_current_exception();
     }
     aborter.join();
-    if (!comm->aborted()) return kWrong;
+    if (!was_blocked || !comm->aborted()) return kWrong;
     comm->abort();  // idempotent
     try {
       comm->barrier();

@@ -7,10 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include "parallel/hash_store.h"
 #include "runtime/check.h"
+#include "tests/parallel/rank_procs.h"
 
 namespace keel {
 namespace {
@@ -75,6 +77,37 @@ TEST(HashStore, EraseRemovesKeysAndPrefixes) {
   expect_erase_by_key_and_prefix(store);
 }
 
+// try_get answers at once: the value, or nothing for a key that is not there (also an empty
+// value is a value), through a PrefixStore with its prefix, and it never waits for a set.
+void expect_try_get(Store& store) {
+  EXPECT_EQ(store.try_get("absent"), std::nullopt);
+  store.set("k", "v");
+  EXPECT_EQ(store.try_get("k"), std::optional<std::string>("v"));
+  store.set("empty", "");
+  EXPECT_EQ(store.try_get("empty"), std::optional<std::string>(""));
+  store.add("count", 3);
+  EXPECT_EQ(store.try_get("count"), std::optional<std::string>("3"));
+  store.erase({"k"}, {});
+  EXPECT_EQ(store.try_get("k"), std::nullopt);
+}
+
+TEST(TcpStore, TryGetTellsWhetherAKeyIsThere) {
+  TcpStoreServer server;
+  auto store = std::make_shared<TcpStore>(kHost, server.port());
+  expect_try_get(*store);
+  PrefixStore scoped("job/", store);
+  expect_try_get(scoped);
+  EXPECT_EQ(store->try_get("job/empty"), std::optional<std::string>(""));
+  // The connection is still good for a blocking call after many answers at once.
+  store->set("later", "x");
+  EXPECT_EQ(store->get("later", 1s), "x");
+}
+
+TEST(HashStore, TryGetTellsWhetherAKeyIsThere) {
+  HashStore store;
+  expect_try_get(store);
+}
+
 TEST(TcpStore, AddToNonIntegerFailsAndKeepsTheConnection) {
   TcpStoreServer server;
   TcpStore store(kHost, server.port());
@@ -86,14 +119,19 @@ TEST(TcpStore, AddToNonIntegerFailsAndKeepsTheConnection) {
 TEST(TcpStore, GetAndWaitAreAnsweredWhenAnotherClientSets) {
   TcpStoreServer server;
   TcpStore waiter(kHost, server.port());
+  // Each key is set once the waiter is blocked in the call that waits for it.
+  const pid_t waiter_tid = test::this_thread_id();
+  std::atomic<bool> got_late{false};
   std::thread setter([&] {
     TcpStore other(kHost, server.port());
-    std::this_thread::sleep_for(50ms);
+    EXPECT_TRUE(test::wait_until_blocked(waiter_tid)) << "get never blocked";
     other.set("late", "v");
-    std::this_thread::sleep_for(50ms);
+    while (!got_late) std::this_thread::sleep_for(1ms);
+    EXPECT_TRUE(test::wait_until_blocked(waiter_tid)) << "wait never blocked";
     other.add("late2", 3);
   });
   EXPECT_EQ(waiter.get("late", 20s), "v");
+  got_late = true;
   waiter.wait({"late", "late2"}, 20s);
   EXPECT_EQ(waiter.get("late2", 1s), "3");
   setter.join();
@@ -143,8 +181,10 @@ TEST(TcpStore, ConcurrentAddsFromManyClientsAndThreads) {
 TEST(TcpStore, ClientWaitsForAServerThatStartsLater) {
   int port = free_port();
   std::unique_ptr<TcpStoreServer> server;
+  // The server starts once the client is retrying (asleep between refused connects).
+  const pid_t client_tid = test::this_thread_id();
   std::thread starter([&] {
-    std::this_thread::sleep_for(200ms);
+    EXPECT_TRUE(test::wait_until_blocked(client_tid)) << "the client never waited";
     server = std::make_unique<TcpStoreServer>(kHost, port);
   });
   TcpStore store(kHost, port, 20s);
@@ -161,8 +201,10 @@ TEST(TcpStore, ConnectTimesOutWithoutAServer) {
 TEST(TcpStore, StoppedServerFailsABlockedGetWithCommError) {
   TcpStoreServer server;
   TcpStore store(kHost, server.port());
+  // Stops the server once the get is blocked waiting for its answer.
+  const pid_t getter_tid = test::this_thread_id();
   std::thread stopper([&] {
-    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(test::wait_until_blocked(getter_tid)) << "the get never blocked";
     server.stop();
   });
   try {

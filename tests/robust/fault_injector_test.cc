@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -22,6 +23,8 @@
 
 #include "parallel/hash_store.h"
 #include "parallel/tcp_store.h"
+#include "proto/store_keys.h"
+#include "proto/store_values.pb.h"
 #include "robust/fault_spec.h"
 #include "tests/parallel/rank_procs.h"
 #include "tests/test_expect.h"
@@ -117,15 +120,30 @@ double millis_of(F&& fn) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Times the calling thread gave up the CPU of its own accord while fn ran (getrusage's
+// voluntary context switches): a slow fault sleeps, so a step that is not slowed makes none.
+// A count of events, not a time, so a loaded machine cannot change it (preemption counts as
+// involuntary).
+template <typename F>
+long voluntary_switches_of(F&& fn) {
+  rusage before{}, after{};
+  ::getrusage(RUSAGE_THREAD, &before);
+  fn();
+  ::getrusage(RUSAGE_THREAD, &after);
+  return after.ru_nvcsw - before.ru_nvcsw;
+}
+
 TEST(FaultInjector, SlowAndNanFireOncePerJobAcrossARestart) {
   auto store = std::make_shared<HashStore>();
   auto schedule =
       schedule_of({"slow@step=2,rank=1,delay_ms=100", "nan@step=3,rank=1", "nan@step=3,rank=0"});
   double t0 = unix_now();
   FaultInjector first(schedule, 1, store);
-  EXPECT_LT(millis_of([&] { first.before_step(1); }), 50);   // before S: not slow
-  EXPECT_GE(millis_of([&] { first.before_step(2); }), 100);  // fires at S
-  EXPECT_GE(millis_of([&] { first.before_step(3); }), 100);  // and stays slow after
+  EXPECT_EQ(voluntary_switches_of([&] { first.before_step(1); }), 0);  // before S: not slow
+  // Fires at S, and stays slow after: the step sleeps, at least the delay (sleep_for never
+  // ends early, so this lower bound holds however loaded the machine is).
+  EXPECT_GE(millis_of([&] { first.before_step(2); }), 100);
+  EXPECT_GE(millis_of([&] { first.before_step(3); }), 100);
 
   float metrics[2] = {2.5f, 1.0f};
   first.on_local_metrics(2, metrics);  // not the nan's step
@@ -136,8 +154,8 @@ TEST(FaultInjector, SlowAndNanFireOncePerJobAcrossARestart) {
 
   // The rank is restarted and replays steps 2 and 3: nothing fires again.
   FaultInjector restarted(schedule, 1, store);
-  EXPECT_LT(millis_of([&] { restarted.before_step(2); }), 50);
-  EXPECT_LT(millis_of([&] { restarted.before_step(3); }), 50);
+  EXPECT_EQ(voluntary_switches_of([&] { restarted.before_step(2); }), 0);
+  EXPECT_EQ(voluntary_switches_of([&] { restarted.before_step(3); }), 0);
   metrics[0] = 2.5f;
   restarted.on_local_metrics(3, metrics);
   EXPECT_EQ(metrics[0], 2.5f);
@@ -163,7 +181,10 @@ TEST(FaultInjector, SlowAndNanFireOncePerJobAcrossARestart) {
     EXPECT_GE(r.time, t0 - 1);
     EXPECT_LE(r.time, unix_now() + 1);
   }
-  EXPECT_EQ(store->get("inject/0", 1s).rfind("slow 1 2 ", 0), 0u);
+  const auto recorded = get_message<store::Injection>(*store, keys::injection_key(0), 1s);
+  EXPECT_EQ(recorded.kind(), "slow");
+  EXPECT_EQ(recorded.rank(), 1);
+  EXPECT_EQ(recorded.step(), 2);
 }
 
 // An sdc flip lands on a value something computed. A gradient shard of an embedding is mostly

@@ -131,7 +131,7 @@ TEST(Ladder, SlotsThatFailedTheDiagnosticsAreEvicted) {
   f.failed_slots = {2};
   const Plan p = decide(f, view_3d(1), holdings(50), opts());
   ASSERT_EQ(p.kind, Plan::Kind::kRecover) << p.why;
-  EXPECT_EQ(p.rung, "evict");
+  EXPECT_EQ(p.rung, PlanRung::kEvict);
   EXPECT_EQ(p.evict, std::vector<int>({2}));
   EXPECT_EQ(p.promote.at(2), 4);
   EXPECT_EQ(p.kill, std::set<int>({4, 5}));  // alive, parked: stopped first
@@ -142,7 +142,7 @@ TEST(Ladder, PassedDiagnosticsReattempt) {
   Failure f = no_culprit();
   f.diagnosed = true;
   const Plan p = decide(f, view_3d(1), holdings(50), opts());
-  EXPECT_EQ(p.rung, "reattempt");
+  EXPECT_EQ(p.rung, PlanRung::kReattempt);
   EXPECT_NE(p.why.find("diagnostics passed"), std::string::npos) << p.why;
   EXPECT_TRUE(p.restart.empty());
 }
@@ -153,7 +153,7 @@ TEST(Ladder, RollbackRestoresThePersistentCheckpointInPlace) {
   f.ladder_why = "the same failure again";
   const Plan p = decide(f, view_3d(1), holdings(50), opts(/*persistent_step=*/40));
   ASSERT_EQ(p.kind, Plan::Kind::kRecover) << p.why;
-  EXPECT_EQ(p.rung, "rollback");
+  EXPECT_EQ(p.rung, PlanRung::kRollback);
   EXPECT_EQ(p.restore.step, 40);
   EXPECT_EQ(p.restore.job_source, membership::persistent);
   EXPECT_TRUE(p.restart.empty());
@@ -165,7 +165,7 @@ TEST(FailSlow, ADegraderIsEvictedToAReadyStandby) {
   f.culprit = 5;
   const Plan p = decide(f, view_3d(1), holdings(120), opts());
   ASSERT_EQ(p.kind, Plan::Kind::kRecover) << p.why;
-  EXPECT_EQ(p.rung, "evict");
+  EXPECT_EQ(p.rung, PlanRung::kEvict);
   EXPECT_EQ(p.promote.at(2), 4);
   EXPECT_EQ(p.kill, std::set<int>({4, 5}));
   EXPECT_EQ(p.restore.step, 120);

@@ -65,7 +65,7 @@ TEST(RecoveryPolicy, CrashOnALiveSlotRestartsTheRankInPlace) {
   ClusterView v = view_3d(1);
   Plan p = decide(crash(3), v, holdings(8, 30, {3}), opts());
   ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
-  EXPECT_EQ(p.rung, "restart");
+  EXPECT_EQ(p.rung, PlanRung::kRestart);
   EXPECT_EQ(p.restart, std::set<int>{3});
   EXPECT_TRUE(p.evict.empty());
   EXPECT_EQ(p.restore.step, 30);
@@ -90,7 +90,7 @@ TEST(RecoveryPolicy, SlotLossSwapsInAStandbyAndRestoresFromBackups) {
   v.slots[1] = SlotInfo::lost;
   Plan p = decide(slot_loss(v, {1}), v, holdings(8, 30, {2, 3}), opts());
   ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
-  EXPECT_EQ(p.rung, "evict");
+  EXPECT_EQ(p.rung, PlanRung::kEvict);
   EXPECT_EQ(p.evict, std::vector<int>{1});
   EXPECT_EQ(p.promote.at(1), 4);
   EXPECT_EQ(p.restart, (std::set<int>{2, 3}));
@@ -156,7 +156,7 @@ TEST(RecoveryPolicy, SdcEvictsTheCulpritsSlotAndRollsBackToTheVerifiedStep) {
   o.persistent_step = 25;  // newer than the verified step: may be corrupt too
   Plan p = decide(f, v, h, o);
   ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
-  EXPECT_EQ(p.rung, "evict");
+  EXPECT_EQ(p.rung, PlanRung::kEvict);
   EXPECT_EQ(p.evict, std::vector<int>{2});
   EXPECT_EQ(p.promote.at(2), 4);
   EXPECT_EQ(p.kill, (std::set<int>{4, 5}));
@@ -170,7 +170,7 @@ TEST(RecoveryPolicy, SdcEvictsTheCulpritsSlotAndRollsBackToTheVerifiedStep) {
   f.culprit = -1;
   p = decide(f, v, h, o);
   ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
-  EXPECT_EQ(p.rung, "rollback");
+  EXPECT_EQ(p.rung, PlanRung::kRollback);
   EXPECT_TRUE(p.evict.empty());
   EXPECT_TRUE(p.kill.empty());
   EXPECT_EQ(p.restore.step, 20);
@@ -258,7 +258,7 @@ TEST(RecoveryPolicy, NoStandbyShrinksDataParallelism) {
   o.recovery.set_on_no_standby(config::RecoveryConfig::shrink_dp);
   Plan p = decide(slot_loss(v, {1}), v, holdings(8, 30, {2, 3}), o);
   ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
-  EXPECT_EQ(p.rung, "shrink");
+  EXPECT_EQ(p.rung, PlanRung::kShrink);
   ASSERT_TRUE(p.next_topo);
   EXPECT_EQ(p.next_topo->dp(), 1);
   // Replica d1 (ranks 2, 3, 6, 7) is dropped; 6, 7 are alive and stopped; slot 3 retires.
@@ -405,7 +405,7 @@ TEST(RecoveryPolicy, CommErrorWithoutCulpritReattemptsInPlace) {
   Failure f;
   Plan p = decide(f, v, holdings(8, 7), opts());
   ASSERT_EQ(p.kind, Kind::kRecover);
-  EXPECT_EQ(p.rung, "reattempt");
+  EXPECT_EQ(p.rung, PlanRung::kReattempt);
   EXPECT_TRUE(p.restart.empty());
   EXPECT_EQ(p.restore.step, 7);
 }

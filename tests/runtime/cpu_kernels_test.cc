@@ -45,6 +45,15 @@ struct MatmulShape {
   int N, C, OC, threads;
 };
 
+// How GoogleTest (and so CTest's test names) shows a shape: readable, the same every build.
+std::string shape_name(const MatmulShape& s) {
+  return "N" + std::to_string(s.N) + "_C" + std::to_string(s.C) + "_OC" + std::to_string(s.OC) +
+         "_threads" + std::to_string(s.threads);
+}
+void PrintTo(const MatmulShape& s, std::ostream* os) {
+  *os << shape_name(s);
+}
+
 class Matmul : public ::testing::TestWithParam<MatmulShape> {};
 
 TEST_P(Matmul, ForwardMatchesReference) {
@@ -100,7 +109,8 @@ TEST_P(Matmul, BackwardAccumulatesTheAnalyticGradient) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Matmul,
                          ::testing::Values(MatmulShape{7, 5, 3, 2}, MatmulShape{130, 96, 100, 2},
                                            MatmulShape{130, 96, 100, 1},
-                                           MatmulShape{50, 200, 131, 2}));
+                                           MatmulShape{50, 200, 131, 2}),
+                         [](const auto& info) { return shape_name(info.param); });
 
 // ---- LayerNorm ------------------------------------------------------------------------------
 

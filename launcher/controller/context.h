@@ -1,0 +1,64 @@
+// What the controller's parts share (launcher/controller/controller.h composes them): its
+// options, the RankHost its ranks run on, the job's store, the one JobMembership, the way to
+// handle the control plane's pending messages while a part waits, and the event log. Also
+// the environment a rank (or a stand-in) starts with, and a failure as detection hands it
+// to the epoch transition.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "launcher/controller/controller.h"
+#include "launcher/controller/event_fields.h"
+#include "launcher/controller/membership.h"
+#include "launcher/controller/rank_host.h"
+#include "parallel/store.h"
+#include "proto/report.pb.h"
+#include "robust/recovery_policy.h"
+
+namespace keel {
+
+using Clock = std::chrono::steady_clock;
+
+struct ControllerContext {
+  const ControllerOptions* o = nullptr;
+  RankHost* host = nullptr;
+  std::shared_ptr<Store> store;
+  JobMembership* members = nullptr;
+  // Handles the control plane's pending messages (progress, keel-ctl): called by a part that
+  // waits on the ranks or its stand-ins. Empty: nothing to handle.
+  std::function<void()> pump;
+
+  void event(const std::string& kind, const EventFields& fields) const {
+    if (o->on_event) o->on_event(kind, fields);
+  }
+  void pump_once() const {
+    if (pump) pump();
+  }
+  const config::JobConfig& cfg() const { return o->cfg; }
+  // The policy's options; `with_checkpoint` also finds the newest complete persistent
+  // checkpoint (reads and verifies it: only when a failure is decided, not on every poll).
+  policy::Options policy_options(bool with_checkpoint) const;
+  // Captures every worker's stacks into <run_dir>/stacks/<name>/ and groups them
+  // (launcher/controller/stack_report.h).
+  control::StacksReply capture_stacks(const std::string& name) const;
+  // The environment of `rank` of the current epoch (restarted: it replaces a dead one).
+  // Start-up facts only: the layout comes with the Membership in rebuild/<E>.
+  std::map<std::string, std::string> rank_env(int rank, bool restarted) const;
+  // The environment of a stand-in (diagnostics, replay): `index` of `count`, no control plane.
+  std::map<std::string, std::string> stand_in_env(int index, int count) const;
+};
+
+// A failure seen now: the incident for the report and the policy's input.
+struct Detected {
+  report::Incident inc;
+  policy::Failure failure;
+};
+
+// Stores `inc` as the job's next incident (incident/<n>); returns n.
+int64_t store_incident(Store& store, const report::Incident& inc);
+
+}  // namespace keel

@@ -1,0 +1,98 @@
+#include "launcher/controller/slow_watcher.h"
+
+#include "launcher/controller/wall_clock.h"
+#include "robust/fault_injector.h"
+#include "runtime/check.h"
+#include "runtime/logging.h"
+
+namespace keel {
+
+void SlowWatcher::on_round(int rank, const control::RoundStats& round) {
+  // A report carries its rank's newest round until the next one: each is judged once.
+  if (ctx_.cfg().detect().slow_round_steps() <= 0 || round.steps() <= 0 ||
+      round.round() <= judged_round_)
+    return;
+  rounds_[round.round()][rank] = round;
+}
+
+void SlowWatcher::reset() {
+  rounds_.clear();
+  judged_round_ = -1;
+  warned_.clear();
+  detector_.reset();
+  slowest_rank_ = -1;
+}
+
+void SlowWatcher::record(const report::Incident& inc) {
+  store_incident(*ctx_.store, inc);
+  ctx_.event("incident", EventFields()
+                             .add("kind", inc.kind())
+                             .add("rank", inc.rank())
+                             .add("action", inc.action())
+                             .add("detail", inc.detail()));
+}
+
+std::optional<Detected> SlowWatcher::judge() {
+  // The oldest round every rank has sent; older partial ones will never complete (a rank's
+  // report carries only its newest round).
+  const int world = ctx_.members->world();
+  auto full = rounds_.end();
+  for (auto it = rounds_.begin(); it != rounds_.end(); ++it)
+    if (int(it->second.size()) == world) full = it;
+  if (full == rounds_.end()) return std::nullopt;
+  const int64_t round = full->first;
+  judged_round_ = round;
+  const SlowVerdict v = detector_.observe(ctx_.members->topo(), full->second);
+  rounds_.erase(rounds_.begin(), std::next(full));
+  slowest_rank_ = v.slowest;
+  slowest_factor_ = v.slowest_factor;
+  if (v.kind == SlowVerdict::Kind::kNone) return std::nullopt;
+
+  const int64_t step = round * ctx_.cfg().detect().slow_round_steps();
+  Detected d;
+  report::Incident& inc = d.inc;
+  inc.set_kind(slow_kind_name(v.kind));
+  inc.set_rank(v.rank);
+  inc.set_slot(v.rank >= 0 ? ctx_.host->slot_of(v.rank) : -1);
+  inc.set_step(int(step));
+  inc.set_detected_at(unix_seconds());
+  inc.set_rule("fail_slow");
+  inc.set_detail(v.detail);
+  inc.set_slow_factor(v.factor);
+  inc.set_slow_figures(v.figures);
+  inc.set_epoch(ctx_.members->epoch());
+  for (const InjectionRecord& in : FaultInjector::read_injections(*ctx_.store))
+    if ((in.kind == "slow" || in.kind == "slow_link") && in.rank == v.rank)
+      inc.set_injected_at(in.time);
+  LOG(WARNING) << "fail-slow: " << v.detail << " (" << v.figures << ")";
+
+  if (v.kind == SlowVerdict::Kind::kMfuDecline) {
+    inc.set_action("warn: the whole job slowed down; no rank or link explains it");
+    inc.set_rung("warn");
+    inc.set_why("a decline with no degrader: nothing to evict");
+    record(inc);
+    return std::nullopt;
+  }
+  ctx_.host->refresh();
+  const policy::SlowAction a =
+      decide_slow(v.rank, ctx_.members->view(), ctx_.policy_options(/*with_checkpoint=*/false));
+  if (!a.evict) {
+    detector_.forget(v.rank);
+    // Named once per epoch: a warning every few rounds would bury the incident log. It is
+    // still judged: once a standby is ready, it is swapped.
+    if (!warned_.insert(v.rank).second) return std::nullopt;
+    inc.set_action(detail::concat("warn: rank ", v.rank, " is slow; training goes on"));
+    inc.set_rung("warn");
+    inc.set_ladder_rung(1);
+    inc.set_why(a.why);
+    LOG(WARNING) << "rank " << v.rank << " stays: " << a.why;
+    record(inc);
+    return std::nullopt;
+  }
+  d.failure.kind = policy::FailureKind::kSlow;
+  d.failure.culprit = v.rank;
+  d.failure.rule = "fail_slow";
+  return d;
+}
+
+}  // namespace keel

@@ -1,0 +1,59 @@
+// What rank 0 writes down about the job while it runs, in the job's store so that it
+// outlives the rank (a crash, a restart_all): each step's numbers (step/<S>), the steps done
+// (progress), the figures for keel-ctl status (live), when each epoch's first step ended
+// (first_step/<E>), validation losses (eval/<S>), the step the report starts at
+// (start_step), the NaN incidents it handled alone, and every rank's PIDs. job_history.h
+// reads it back for the report.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "launcher/worker/mfu.h"
+#include "model/trainer.h"
+#include "parallel/store.h"
+#include "proto/report.pb.h"
+
+namespace keel {
+
+class JobRecord {
+ public:
+  // keel-ctl status reads the live figures; twice a second is enough for a person, and each
+  // is a round trip to the store on the step's path.
+  static constexpr double kLiveEverySeconds = 0.5;
+
+  // `supervised`: a controller runs the job (and shows the live figures); `job_start`: unix
+  // seconds the job started (for the ETTR so far).
+  JobRecord(bool supervised, double job_start) : supervised_(supervised), job_start_(job_start) {}
+
+  // A process of rank `rank` runs: its PID joins the rank's list (pids/<rank>/...).
+  static void register_pid(Store& store, int rank, int pid);
+  // The step the job's report starts at: where its first process started, kept once.
+  static void claim_start_step(Store& store, int64_t step);
+  // The validation loss after `steps` steps.
+  static void eval(Store& store, int64_t steps, double loss);
+
+  // The rank is in `epoch` now: its next step is the epoch's first.
+  void new_epoch(int epoch);
+  // Rank 0's step `st` is done: its record, the progress, the live figures now and then
+  // (MFU from `model_flops_per_token` and `peak`), the epoch's first step, and the NaN
+  // incident of a retried step once the retry is through.
+  void step(Store& store, const StepStats& st, double model_flops_per_token, const Peak& peak);
+
+  // A step's loss or norm was not finite. Returns false when step `s` was retried already
+  // (every rank sees the same global numbers, so every rank then stops alike); otherwise
+  // remembers the retry, and on rank 0 (`leader`) the incident it becomes once it succeeds.
+  bool retry_nonfinite(int64_t s, bool leader, const std::string& what);
+
+ private:
+  bool supervised_;
+  double job_start_;
+  int epoch_ = 0;
+  bool first_step_in_epoch_ = true;
+  double live_step_s_ = 0;        // time in steps so far
+  double live_published_at_ = 0;  // when the live figures were last published (unix seconds)
+  int64_t nonfinite_retried_ = -1;
+  report::Incident nan_incident_;
+};
+
+}  // namespace keel

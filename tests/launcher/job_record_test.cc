@@ -1,0 +1,106 @@
+// JobRecord (launcher/worker/job_record.h) against an in-memory store: what rank 0 writes
+// about each step (typed values under proto/store_keys.h's keys), the start step claimed once,
+// the NaN retry's incident, and every rank's PIDs, as job_history.h reads them back.
+#include "launcher/worker/job_record.h"
+
+#include <gtest/gtest.h>
+
+#include "launcher/worker/job_history.h"
+#include "parallel/hash_store.h"
+#include "proto/store_keys.h"
+#include "proto/store_values.pb.h"
+
+namespace keel {
+namespace {
+
+StepStats stats(int64_t step, double loss) {
+  StepStats st;
+  st.step = step;
+  st.loss = loss;
+  st.wall_s = 0.25;
+  st.tokens = 1000;
+  return st;
+}
+
+TEST(JobRecord, EachStepLeavesItsRecordTheProgressAndTheEpochsFirstStep) {
+  HashStore store;
+  JobRecord rec(/*supervised=*/true, /*job_start=*/1.0);
+  rec.new_epoch(2);
+  Peak peak;
+  peak.flops_per_s = 1e12;
+  rec.step(store, stats(4, 3.5), 1e6, peak);
+  EXPECT_EQ(
+      get_message<report::StepRecord>(store, keys::step_key(4), std::chrono::seconds(1)).loss(),
+      3.5);
+  EXPECT_EQ(try_get_message<store::Step>(store, keys::kProgress)->step(), 5);
+  const auto live = try_get_message<store::Live>(store, keys::kLive);
+  ASSERT_TRUE(live.has_value());
+  EXPECT_EQ(live->tokens_per_s(), 4000);
+  EXPECT_GT(live->mfu(), 0);
+  const auto first = try_get_message<store::Time>(store, keys::first_step_key(2));
+  ASSERT_TRUE(first.has_value());
+  // Only the epoch's first step is its first.
+  rec.step(store, stats(5, 3.4), 1e6, peak);
+  EXPECT_EQ(try_get_message<store::Time>(store, keys::first_step_key(2))->at(), first->at());
+  EXPECT_EQ(try_get_message<store::Step>(store, keys::kProgress)->step(), 6);
+}
+
+TEST(JobRecord, WithoutAControllerNoLiveFigures) {
+  HashStore store;
+  JobRecord rec(false, 1.0);
+  rec.step(store, stats(0, 1.0), 1e6, Peak{});
+  EXPECT_FALSE(store.try_get(keys::kLive).has_value());
+}
+
+TEST(JobRecord, TheStartStepIsClaimedOnce) {
+  HashStore store;
+  JobRecord::claim_start_step(store, 7);
+  JobRecord::claim_start_step(store, 9);  // a later rank 0 (restart_all)
+  EXPECT_EQ(try_get_message<store::Step>(store, keys::kStartStep)->step(), 7);
+}
+
+TEST(JobRecord, ANonFiniteStepIsRetriedOnceAndItsIncidentFollowsTheRetry) {
+  HashStore store;
+  JobRecord rec(true, 1.0);
+  rec.new_epoch(1);
+  EXPECT_TRUE(rec.retry_nonfinite(3, /*leader=*/true, "loss is NaN"));
+  EXPECT_FALSE(rec.retry_nonfinite(3, true, "loss is NaN"));  // the retry failed too: stop
+  EXPECT_EQ(store.add(keys::kIncidentCount, 0), 0);           // not before the retry is through
+  rec.step(store, stats(3, 2.0), 1e6, Peak{});
+  ASSERT_EQ(store.add(keys::kIncidentCount, 0), 1);
+  const auto inc =
+      get_message<report::Incident>(store, keys::incident_key(0), std::chrono::seconds(1));
+  EXPECT_EQ(inc.kind(), "nan");
+  EXPECT_EQ(inc.step(), 3);
+  EXPECT_EQ(inc.epoch(), 1);
+  EXPECT_EQ(inc.detail(), "loss is NaN");
+  EXPECT_EQ(inc.action(), "update skipped; step retried");
+  rec.step(store, stats(4, 2.0), 1e6, Peak{});
+  EXPECT_EQ(store.add(keys::kIncidentCount, 0), 1);  // once
+}
+
+TEST(JobRecord, PidsAndEvalsReadBackIntoTheReport) {
+  HashStore store;
+  JobRecord::register_pid(store, 0, 100);
+  JobRecord::register_pid(store, 1, 200);
+  JobRecord::register_pid(store, 1, 201);  // restarted
+  JobRecord::register_pid(store, 1, 201);  // re-laid out under the same id
+  JobRecord::claim_start_step(store, 0);
+  JobRecord rec(false, 1.0);
+  rec.step(store, stats(0, 2.0), 1e6, Peak{});
+  JobRecord::eval(store, 1, 1.75);
+  config::JobConfig cfg;
+  cfg.mutable_train()->set_steps(1);
+  cfg.mutable_train()->set_eval_every(1);
+  report::RunReport rep;
+  read_job_history(store, cfg, /*world=*/2, /*has_val=*/true, &rep);
+  ASSERT_EQ(rep.ranks_size(), 2);
+  EXPECT_EQ(rep.ranks(0).pids_size(), 1);
+  ASSERT_EQ(rep.ranks(1).pids_size(), 2);
+  EXPECT_EQ(rep.ranks(1).pids(1), 201);
+  ASSERT_EQ(rep.val_losses_size(), 1);
+  EXPECT_EQ(rep.val_losses(0), 1.75);
+}
+
+}  // namespace
+}  // namespace keel
