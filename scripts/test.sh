@@ -23,8 +23,10 @@ junit_args=()
 if ctest --help 2>/dev/null | grep -- --output-junit >/dev/null; then
   junit_args=(--output-junit "$junit")
 fi
-status=0
-ctest --output-on-failure --timeout 900 -j "$(nproc)" "${junit_args[@]}" "$@" || status=$?
+set +e
+ctest --output-on-failure --timeout 900 -j "$(nproc)" "${junit_args[@]}" "$@" | tee "$build/ctest.log"
+status=${PIPESTATUS[0]}
+set -e
 
 # Skipped tests, with the reason each gave: a skip is for what this machine cannot run (no GPU,
 # no root, no mpirun, no tensorboard), and a CI log must show how much of the suite did not
@@ -63,4 +65,6 @@ PY
 else
   echo "test.sh: no skip summary (no JUnit file from ctest, or no python3)"
 fi
+# CTest's verdict last, where a reader of the log looks for it.
+grep -E '^[0-9]+% tests passed' "$build/ctest.log" | tail -1 || true
 exit "$status"

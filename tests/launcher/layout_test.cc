@@ -70,8 +70,7 @@ TEST(LauncherLayout, OnlyJobEnvReadsKeelVariables) {
   // (runtime/) and the interface the data plane binds to (parallel/).
   const std::vector<std::string> allowed = {"launcher/job_env.cc", "runtime/cpu/sgemm_peak.cc",
                                             "parallel/net_address.cc"};
-  for (const std::string& dir :
-       {"launcher", "robust", "ckpt", "model", "parallel", "runtime", "bench"}) {
+  for (const char* dir : {"launcher", "robust", "ckpt", "model", "parallel", "runtime", "bench"}) {
     for (const fs::path& f : sources(dir)) {
       const std::string rel = fs::relative(f, test::source_dir()).string();
       if (std::find(allowed.begin(), allowed.end(), rel) != allowed.end()) continue;
@@ -84,7 +83,7 @@ TEST(LauncherLayout, OnlyJobEnvReadsKeelVariables) {
 TEST(LauncherLayout, NoProtocolValueIsParsedFromAString) {
   // sscanf and istringstream parse text; the store and the control plane carry protobuf
   // messages. Reading /proc is the one place text is the interface.
-  for (const std::string& dir : {"launcher", "robust", "ckpt"}) {
+  for (const char* dir : {"launcher", "robust", "ckpt"}) {
     for (const fs::path& f : sources(dir)) {
       const std::string rel = fs::relative(f, test::source_dir()).string();
       if (rel == "launcher/stack_unwinder.cc") continue;  // /proc/PID/maps

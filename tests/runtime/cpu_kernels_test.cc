@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <memory>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "runtime/backend.h"
@@ -47,8 +49,9 @@ struct MatmulShape {
 
 // How GoogleTest (and so CTest's test names) shows a shape: readable, the same every build.
 std::string shape_name(const MatmulShape& s) {
-  return "N" + std::to_string(s.N) + "_C" + std::to_string(s.C) + "_OC" + std::to_string(s.OC) +
-         "_threads" + std::to_string(s.threads);
+  std::ostringstream o;  // (not operator+: GCC 12 warns falsely on it, -Wrestrict)
+  o << "N" << s.N << "_C" << s.C << "_OC" << s.OC << "_threads" << s.threads;
+  return o.str();
 }
 void PrintTo(const MatmulShape& s, std::ostream* os) {
   *os << shape_name(s);
