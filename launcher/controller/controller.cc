@@ -2,7 +2,7 @@
 // keel-ctl, the agents' messages), and watches for failures cheapest first, handing each to
 // the epoch transition (controller_recovery.cc).
 #include "launcher/controller/controller.h"
-#include "launcher/controller/wall_clock.h"
+#include "launcher/recovery_protocol.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -297,7 +297,7 @@ void Controller::Impl::serve_stacks_requests() {
       r.mutable_stacks_reply()->set_message("stacks --name " + name +
                                             ": a name, not a path (no '/' or '..')");
     } else {
-      if (name.empty()) name = detail::concat("ctl-", int64_t(unix_seconds() * 1000));
+      if (name.empty()) name = detail::concat("ctl-", int64_t(recovery::unix_now() * 1000));
       *r.mutable_stacks_reply() = ctx.capture_stacks(name);
       ctx.event("stacks", EventFields().add("name", name).add("dir", r.stacks_reply().dir()));
     }

@@ -8,7 +8,7 @@
 
 #include "ckpt/backup_placement.h"
 #include "launcher/controller/controller_impl.h"
-#include "launcher/controller/wall_clock.h"
+#include "launcher/recovery_protocol.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
 #include "runtime/check.h"
@@ -251,7 +251,7 @@ void Controller::Impl::apply_membership(const policy::Plan& plan, report::Incide
       host->evict(s);
     }
   }
-  if (!plan.evict.empty()) inc->set_evicted_at(unix_seconds());
+  if (!plan.evict.empty()) inc->set_evicted_at(recovery::unix_now());
   host->refresh();
   for (const auto& [s, sb] : plan.promote) {
     const std::vector<int> moved = members.promote(s, sb);
@@ -308,7 +308,7 @@ void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Inc
   // Three epochs back: a rank restarted for epoch next-1 may still be starting and read its
   // rebuild; none is left in next-3, whose ranks all acked a later epoch.
   forget_epoch(next - 3);
-  inc->set_rebuilt_at(unix_seconds());
+  inc->set_rebuilt_at(recovery::unix_now());
   ctx.event("rebuild",
             EventFields().add("epoch", next).add("restore_step", double(plan.restore.step)));
   inc->set_epoch(next);
@@ -328,7 +328,7 @@ void Controller::Impl::maybe_grow() {
   const policy::Options po = ctx.policy_options(/*with_checkpoint=*/false);
   if (!policy::can_grow(view(), po)) return;
   Detected d;
-  d.inc.set_detected_at(unix_seconds());
+  d.inc.set_detected_at(recovery::unix_now());
   d.inc.set_kind("grow");
   d.inc.set_rank(-1);
   d.inc.set_detail("grow data parallelism");

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "launcher/controller/wall_clock.h"
+#include "launcher/recovery_protocol.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
 #include "robust/fault_injector.h"
@@ -44,7 +44,7 @@ double Detector::median_step_s() const {
 
 Detected Detector::from_exit(const RankExit& ex) {
   Detected d;
-  d.inc.set_detected_at(unix_seconds());
+  d.inc.set_detected_at(recovery::unix_now());
   d.inc.set_rank(ex.rank);
   d.inc.set_slot(ctx_.host->slot_of(ex.rank));
   d.inc.set_kind(ex.slot_lost ? "slot_loss" : WIFSIGNALED(ex.status) ? "crash" : "exit");
@@ -69,7 +69,7 @@ std::optional<Detected> Detector::comm_error() {
   if (ctx_.store->add(keys::errors_key(epoch), 0) <= 0) return std::nullopt;
   if (auto d = sdc()) return d;
   Detected d;
-  d.inc.set_detected_at(unix_seconds());
+  d.inc.set_detected_at(recovery::unix_now());
   d.inc.set_rank(-1);
   d.inc.set_slot(-1);
   d.failure.kind = policy::FailureKind::kCommError;
@@ -94,7 +94,7 @@ std::optional<Detected> Detector::sdc() {
   if (!verdict) return std::nullopt;  // the ranks' error is not an SDC verdict
   Detected d;
   if (!d.inc.ParseFromString(*verdict)) return std::nullopt;
-  d.inc.set_detected_at(unix_seconds());
+  d.inc.set_detected_at(recovery::unix_now());
   d.inc.set_slot(d.inc.rank() >= 0 ? ctx_.host->slot_of(d.inc.rank()) : -1);
   d.failure.kind = policy::FailureKind::kSdc;
   d.failure.culprit = d.inc.rank();
@@ -119,13 +119,13 @@ void Detector::label_slot_loss(Detected* d, int slot) {
   d->failure.kind = policy::FailureKind::kSlotLoss;
   for (const InjectionRecord& in : FaultInjector::read_injections(*ctx_.store))
     if ((in.kind == "partition" || in.kind == "slot_loss") && ctx_.host->slot_of(in.rank) == slot &&
-        in.time <= unix_seconds()) {
+        in.time <= recovery::unix_now()) {
       inc->set_kind(in.kind);
       inc->set_rank(in.rank);
       inc->set_injected_at(in.time);
       if (in.kind == "partition") d->failure.kind = policy::FailureKind::kPartition;
     }
-  const double now = unix_seconds();
+  const double now = recovery::unix_now();
   LOG(WARNING) << "slot " << slot << " lost (" << inc->kind() << ")"
                << (inc->injected_at() > 0
                        ? detail::concat(" ", now - inc->injected_at(), " s after the injection")
@@ -216,7 +216,7 @@ std::optional<Detected> Detector::hang(int incident) {
   }
   if (v.culprits.empty()) return std::nullopt;
   Detected d;
-  d.inc.set_detected_at(unix_seconds());
+  d.inc.set_detected_at(recovery::unix_now());
   d.inc.set_rank(v.culprits.front());
   d.inc.set_slot(ctx_.host->slot_of(v.culprits.front()));
   d.inc.set_kind("hang");

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <thread>
 
-#include "launcher/controller/wall_clock.h"
 #include "launcher/job_env.h"
+#include "launcher/recovery_protocol.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
 #include "robust/diagnostics.h"
@@ -124,7 +124,7 @@ std::vector<int> DiagnoseCoordinator::run(const std::set<int>& suspect_slots, in
                                       ctx_.cfg().detect().slow_factor() * diag::kOneShotSlowMargin);
   for (const report::Diagnostic& d : rows) *inc->add_diagnostics() = d;
   inc->set_diagnostics_summary(v.summary);
-  inc->set_diagnosed_at(unix_seconds());
+  inc->set_diagnosed_at(recovery::unix_now());
   LOG(WARNING) << "diagnostics: " << v.summary;
   ctx_.event("diagnostics", EventFields()
                                 .add("summary", v.summary)

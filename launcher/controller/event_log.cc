@@ -6,7 +6,6 @@
 #include <cstring>
 #include <utility>
 
-#include "launcher/controller/wall_clock.h"
 #include "launcher/recovery_protocol.h"
 #include "proto/events.pb.h"
 #include "runtime/logging.h"
@@ -17,7 +16,7 @@ EventLog::EventLog(std::string path) : path_(std::move(path)), out_(path_, std::
 
 void EventLog::write(const std::string& kind, const EventFields& data) {
   events::Event e;
-  e.set_t(unix_seconds());
+  e.set_t(recovery::unix_now());
   e.set_kind(kind);
   *e.mutable_data() = data.fields();  // set even when empty: "data":{} on every line
   std::string line;

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <thread>
 
-#include "launcher/controller/wall_clock.h"
 #include "launcher/job_env.h"
+#include "launcher/recovery_protocol.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
 #include "robust/sdc_replay.h"
@@ -138,7 +138,7 @@ std::vector<int> ReplayCoordinator::replay(int64_t step, int incident, std::stri
 
 Detected ReplayCoordinator::requested() const {
   Detected d;
-  d.inc.set_detected_at(unix_seconds());
+  d.inc.set_detected_at(recovery::unix_now());
   d.inc.set_kind("sdc");
   d.inc.set_rank(-1);
   d.inc.set_slot(-1);

@@ -1,6 +1,6 @@
 #include "launcher/controller/slow_watcher.h"
 
-#include "launcher/controller/wall_clock.h"
+#include "launcher/recovery_protocol.h"
 #include "robust/fault_injector.h"
 #include "runtime/check.h"
 #include "runtime/logging.h"
@@ -55,7 +55,7 @@ std::optional<Detected> SlowWatcher::judge() {
   inc.set_rank(v.rank);
   inc.set_slot(v.rank >= 0 ? ctx_.host->slot_of(v.rank) : -1);
   inc.set_step(int(step));
-  inc.set_detected_at(unix_seconds());
+  inc.set_detected_at(recovery::unix_now());
   inc.set_rule("fail_slow");
   inc.set_detail(v.detail);
   inc.set_slow_factor(v.factor);

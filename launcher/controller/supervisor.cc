@@ -11,7 +11,6 @@
 #include "launcher/control_plane.h"
 #include "launcher/controller/controller.h"
 #include "launcher/controller/local_host.h"
-#include "launcher/controller/wall_clock.h"
 #include "launcher/job_env.h"
 #include "launcher/recovery_protocol.h"
 #include "parallel/tcp_store.h"
@@ -52,7 +51,7 @@ int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv)
     }
   }
   co.lineage = checkpoint_lineage(co.job, resumed ? &*resumed : nullptr);
-  co.job_start = unix_seconds();
+  co.job_start = recovery::unix_now();
   co.stop_signal = &g_signal;
   TcpStoreServer store_server("127.0.0.1", 0);
   co.store_addr = "127.0.0.1:" + std::to_string(store_server.port());

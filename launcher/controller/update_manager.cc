@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "launcher/controller/wall_clock.h"
+#include "launcher/recovery_protocol.h"
 #include "model/plugin_loader.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
@@ -64,7 +64,7 @@ void UpdateManager::set_current_plugin(const std::string& path, const std::strin
 void UpdateManager::request(const control::UpdateRequest& rq, control::UpdateReply* r) {
   report::Update u;
   u.set_plugin(rq.plugin());
-  u.set_requested_at(unix_seconds());
+  u.set_requested_at(recovery::unix_now());
   u.set_applied_step(-1);
   u.set_at_step(rq.at_step());
   u.set_mode(rq.lazy() ? "lazy" : rq.at_step() > 0 ? "at_step" : "urgent");
@@ -189,7 +189,7 @@ void UpdateManager::applied(int64_t step) {
   report::Update& u = plan_;
   set_outcome(Outcome::kApplied);
   u.set_applied_step(step);
-  u.set_applied_at(unix_seconds());
+  u.set_applied_at(recovery::unix_now());
   last_applied_step_ = step;
   record(u);
   previous_version_ = plugin_version_;

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "launcher/control_plane.h"
+#include "launcher/recovery_protocol.h"
 
 namespace keel {
 namespace {
@@ -14,12 +15,9 @@ namespace {
 // room to spare, while a step that ends sends at once.
 constexpr std::chrono::milliseconds kReportEvery{200};
 
-double unix_now() {
-  using namespace std::chrono;
-  return duration<double>(system_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
+
+using recovery::unix_now;
 
 ProgressReporter::ProgressReporter(const std::string& endpoint, int rank, int slot,
                                    std::shared_ptr<CommActivity> activity)
