@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cerrno>
+#include <cstring>
 #include <iterator>
 #include <utility>
 #include <vector>
@@ -147,8 +148,44 @@ ControlServer::ControlServer(const std::string& bind_host, int port) try
   }
   endpoint_ = sock_.get(zmq::sockopt::last_endpoint);
   port_ = std::stoi(endpoint_.substr(endpoint_.rfind(':') + 1));
+  // Closed connections, for the controller to see a dead agent at once instead of at its
+  // heartbeat timeout. A ROUTER does not say which peer a connection was (ZMQ_ROUTER_NOTIFY
+  // is draft API, absent from Debian's libzmq); the file descriptor ties the two: every
+  // message carries its connection's (ZMQ_SRCFD), and the monitor's event names it.
+  const std::string monitor_addr =
+      "inproc://keel-control-monitor-" + std::to_string(reinterpret_cast<uintptr_t>(this));
+  if (zmq_socket_monitor(sock_.handle(), monitor_addr.c_str(), ZMQ_EVENT_DISCONNECTED) != 0)
+    throw_zmq("ControlServer: socket monitor", zmq::error_t());
+  monitor_ = zmq::socket_t(ctx_, zmq::socket_type::pair);
+  monitor_.set(zmq::sockopt::linger, 0);
+  monitor_.connect(monitor_addr);
 } catch (const zmq::error_t& e) {
   throw_zmq("ControlServer on " + bind_host + ":" + std::to_string(port), e);
+}
+
+void ControlServer::drain_monitor() {
+  // Each event is two frames: 2 bytes of event and 4 of value (the fd), then the endpoint.
+  for (std::vector<zmq::message_t> ev = recv_now(monitor_, "ControlServer monitor"); !ev.empty();
+       ev = recv_now(monitor_, "ControlServer monitor")) {
+    if (ev[0].size() < 6) continue;
+    uint16_t event = 0;
+    int32_t fd = -1;
+    std::memcpy(&event, ev[0].data(), sizeof(event));
+    std::memcpy(&fd, static_cast<const char*>(ev[0].data()) + 2, sizeof(fd));
+    if (event != ZMQ_EVENT_DISCONNECTED) continue;
+    auto it = fd_identity_.find(fd);
+    if (it == fd_identity_.end()) continue;
+    if (identity_fd_[it->second] == fd) {
+      closed_.push_back(it->second);
+      identity_fd_.erase(it->second);
+    }
+    fd_identity_.erase(it);
+  }
+}
+
+std::vector<std::string> ControlServer::take_closed() {
+  drain_monitor();
+  return std::exchange(closed_, {});
 }
 
 std::optional<ControlServer::Incoming> ControlServer::poll(std::chrono::milliseconds timeout) {
@@ -164,6 +201,17 @@ std::optional<ControlServer::Incoming> ControlServer::poll(std::chrono::millisec
     return std::nullopt;
   }
   in.identity = parts[0].to_string();
+  // The connection it came on (deprecated in favour of draft API only; see the constructor).
+  const int fd = zmq_msg_get(parts.back().handle(), ZMQ_SRCFD);
+  if (fd >= 0) {
+    drain_monitor();  // a closed connection's fd may be reused by this one
+    // A connection's messages come in order; its close event comes after them all. A
+    // message of a newer connection makes it the identity's.
+    if (auto old = identity_fd_.find(in.identity); old != identity_fd_.end() && old->second != fd)
+      fd_identity_.erase(old->second);
+    identity_fd_[in.identity] = fd;
+    fd_identity_[fd] = in.identity;
+  }
   return in;
 }
 
@@ -221,6 +269,10 @@ std::optional<control::Envelope> ControlClient::poll(std::chrono::milliseconds t
     return std::nullopt;
   }
   return msg;
+}
+
+bool ControlClient::queued() {
+  return (sock_.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
 }
 
 std::optional<control::Envelope> ControlClient::request(const control::Envelope& msg,

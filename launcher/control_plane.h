@@ -11,8 +11,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <zmq.hpp>
 
@@ -77,12 +79,26 @@ class ControlServer {
   // Messages poll() dropped because they were not a well-formed Envelope.
   int64_t malformed() const { return malformed_; }
 
+  // The identities whose connection closed since the last call, each once, oldest first:
+  // a client whose process died (its kernel closes the socket at once), one that reset its
+  // connection, and one silent past the ZMTP heartbeat timeout. A client known only by
+  // messages from an earlier connection is named once its newest connection closes.
+  std::vector<std::string> take_closed();
+
  private:
+  void drain_monitor();
+
   zmq::context_t ctx_{1};
   zmq::socket_t sock_;
+  zmq::socket_t monitor_;  // the ROUTER's socket monitor: connection closed events
   std::string endpoint_;
   int port_ = 0;
   int64_t malformed_ = 0;
+  // Each identity's newest connection (its file descriptor, ZMQ_SRCFD of its messages), and
+  // back: a closed connection names the identity only while it is the identity's newest.
+  std::map<std::string, int> identity_fd_;
+  std::map<int, std::string> fd_identity_;
+  std::vector<std::string> closed_;
 };
 
 // An agent's, worker's or keel-ctl's end: a DEALER connected to the controller. Connecting
@@ -116,6 +132,9 @@ class ControlClient {
                                            std::chrono::milliseconds timeout);
 
   int64_t malformed() const { return malformed_; }
+
+  // Whether a message from the server is waiting to be read, without reading it.
+  bool queued();
 
  private:
   zmq::context_t ctx_{1};

@@ -68,10 +68,11 @@ const char* failure_kind_name(FailureKind k);
 // What went wrong, as detection saw it.
 struct Failure {
   FailureKind kind = FailureKind::kCommError;
-  int culprit = -1;          // the rank detection named (-1: none)
-  std::set<int> dead;        // ranks whose processes are gone or must be killed
-  std::set<int> lost_slots;  // slots that went silent (their ranks are in `dead`)
-  std::string rule;          // how it was found ("exit", "heartbeat", "liveness", ...)
+  int culprit = -1;                 // the rank detection named (-1: none)
+  bool culprit_is_machine = false;  // the replay named a machine: culprit is any rank of it
+  std::set<int> dead;               // ranks whose processes are gone or must be killed
+  std::set<int> lost_slots;         // slots that went silent (their ranks are in `dead`)
+  std::string rule;                 // how it was found ("exit", "heartbeat", "liveness", ...)
   // kSdc: the newest step the SDC checks verified. Every state after it may be corrupt, so
   // the restore goes no further than this (memory or a persistent checkpoint); -1 with no
   // verified step, unbounded for other failures.

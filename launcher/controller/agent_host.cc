@@ -34,6 +34,14 @@ constexpr std::chrono::seconds kEvictRegisterWait{2};
 constexpr std::chrono::seconds kStacksTrip{1};
 // Between polls of the control plane while waiting on an agent.
 constexpr std::chrono::milliseconds kPollPause{2};
+// A slot whose agent's connection closed is lost once it has not reconnected for this long:
+// a live agent whose connection merely reset reconnects within 100 ms (the client's
+// reconnect interval, launcher/control_plane.cc) and heartbeats within 200 ms more
+// (launcher/agent/agent.h); a dead one never does.
+constexpr std::chrono::milliseconds kReopenGrace{400};
+// A close that follows this much silence is the ZMTP heartbeat timeout's (1.5 s), not the
+// agent's own: a silent slot is judged by detect.slot_timeout_ms alone.
+constexpr std::chrono::milliseconds kSilentBeforeClose{1000};
 
 // A wait status as waitpid() would give it, from what the agent saw.
 int wait_status(int exit_code, int signal) {
@@ -109,6 +117,7 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     a.host = reg.host();
     a.pid = reg.pid();
     a.last_heartbeat = Clock::now();
+    a.closed_at.reset();
     const bool first_standby_check = members_->initial_standby(k) && members_->standby_gen(k) == 0;
     const JobMembership::Registered r = members_->register_slot(k);
     control::Envelope w = make_envelope(0);
@@ -133,6 +142,7 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
       return;
     }
     a.last_heartbeat = Clock::now();
+    a.closed_at.reset();  // it reconnected
     // The agent's proof that the controller lives: without it for
     // detect.controller_timeout_ms the agent stops its workers and exits (launcher/agent/agent.h).
     server_->send(identity, command(control::Command::keepalive));
@@ -340,11 +350,20 @@ void AgentHost::kill(int rank) {
 
 void AgentHost::check_heartbeats() {
   const auto now = Clock::now();
+  // A dead agent's kernel closed its connection: the slot is lost at once (after a grace
+  // to reconnect), not at the heartbeat timeout, which stays for slots gone silent.
+  for (const std::string& id : server_->take_closed())
+    for (Agent& a : agents_)
+      if (a.identity == id && now - a.last_heartbeat < kSilentBeforeClose) a.closed_at = now;
   for (int k = 0; k < int(agents_.size()); ++k) {
-    const Agent& a = agents_[size_t(k)];
-    if (!up(k) || now - a.last_heartbeat < slot_timeout_) continue;
+    Agent& a = agents_[size_t(k)];
+    const bool closed = a.closed_at && now - *a.closed_at >= kReopenGrace;
+    if (!up(k) || (now - a.last_heartbeat < slot_timeout_ && !closed)) continue;
     members_->heartbeat_lost(k);
     const double silent = std::chrono::duration<double>(now - a.last_heartbeat).count();
+    const double since_close =
+        closed ? std::chrono::duration<double>(now - *a.closed_at).count() : 0;
+    a.closed_at.reset();
     for (int r : ranks_on(k)) {
       if (!alive_[size_t(r)] && !killing_.count(r)) continue;
       alive_[size_t(r)] = false;
@@ -353,9 +372,11 @@ void AgentHost::check_heartbeats() {
       x.rank = r;
       x.slot = k;
       x.slot_lost = true;
-      char buf[96];
-      std::snprintf(buf, sizeof(buf), "no heartbeat from %s for %.2f s", a.host.c_str(), silent);
-      x.detail = buf;
+      x.lost_by = closed ? "connection_closed" : "heartbeat";
+      x.detail =
+          closed ? detail::concat("the connection from ", a.host, " closed ",
+                                  int(since_close * 1000), " ms ago and did not reopen")
+                 : detail::concat("no heartbeat from ", a.host, " for ", int(silent * 1000), " ms");
       exits_.push_back(x);
     }
   }

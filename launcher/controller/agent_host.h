@@ -84,6 +84,9 @@ class AgentHost : public RankHost {
   struct Agent {
     std::string identity, host;
     std::chrono::steady_clock::time_point last_heartbeat;
+    // When its connection closed with no silence before it (its process died, or it reset):
+    // reset by its next message.
+    std::optional<std::chrono::steady_clock::time_point> closed_at;
     int pid = 0;
     int registrations = 0;  // Register messages received
     // Per parked worker of the standby generation in force: its self-check (absent: not

@@ -52,9 +52,13 @@ struct ControllerContext {
   std::map<std::string, std::string> stand_in_env(int index, int count) const;
 };
 
-// A failure seen now: the incident for the report and the policy's input.
+// A failure seen now. The policy's input is `failure` (the culprit and the rule live there
+// only); `found` holds what detection and the ladder's mechanisms saw for the record: the
+// kind as the report names it, the culprit's slot, the detail, the times, the SDC verdict's
+// facts, the diagnostics. The incident is derived from both and the plan by incident_of()
+// (launcher/controller/incident.h); nothing writes an outcome into `found`.
 struct Detected {
-  report::Incident inc;
+  report::Incident found;
   policy::Failure failure;
 };
 

@@ -20,6 +20,7 @@
 #include "launcher/controller/context.h"
 #include "launcher/controller/detector.h"
 #include "launcher/controller/diagnose_coordinator.h"
+#include "launcher/controller/incident.h"
 #include "launcher/controller/membership.h"
 #include "launcher/controller/replay_coordinator.h"
 #include "launcher/controller/slow_watcher.h"
@@ -102,11 +103,11 @@ struct Controller::Impl {
   std::optional<policy::Plan> decide(Detected* d, const std::map<int, policy::Holdings>& have,
                                      const policy::Options& po);
   // Carries out `plan` (a kRecover) as epoch `next`; `plugin` (path and hash in a Rebuild)
-  // is the epoch's plugin when it changes with it.
-  void carry_out(const policy::Plan& plan, int next, report::Incident* inc,
+  // is the epoch's plugin when it changes with it. `t` gets the epoch and the times.
+  void carry_out(const policy::Plan& plan, int next, Transition* t,
                  const membership::Rebuild* plugin = nullptr);
   // The membership's changes of `plan`, with the host carrying each out.
-  void apply_membership(const policy::Plan& plan, report::Incident* inc);
+  void apply_membership(const policy::Plan& plan, Transition* t);
   // Writes rebuild/<E> for the membership's epoch.
   void write_rebuild(const policy::Plan& plan, const membership::Rebuild* plugin);
   // After a shrink: once standby slots for a whole replica are ready, the job moves to an

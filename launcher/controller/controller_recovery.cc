@@ -8,6 +8,7 @@
 
 #include "ckpt/backup_placement.h"
 #include "launcher/controller/controller_impl.h"
+#include "launcher/controller/incident.h"
 #include "launcher/recovery_protocol.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
@@ -26,12 +27,6 @@ constexpr std::chrono::milliseconds kWaitPause{10};
 // The restore step of epoch 0's rebuild record: the job's start state, no restore.
 constexpr int64_t kStartState = -2;
 
-const char* restored_from_name(membership::Source s) {
-  return s == membership::persistent ? "persistent"
-         : s == membership::scratch  ? "scratch"
-                                     : "memory";
-}
-
 }  // namespace
 
 policy::ClusterView Controller::Impl::view() {
@@ -49,9 +44,9 @@ bool Controller::Impl::must_stop(const Detected& d, int64_t progress) {
       policy::count_failure(&stops, o.cfg.recovery().max_incidents(), progress);
   if (!v.stop) return false;
   if (stops.incidents > o.cfg.recovery().max_incidents())
-    LOG(ERROR) << v.why << "; stopping the job (last: " << d.inc.detail() << ")";
+    LOG(ERROR) << v.why << "; stopping the job (last: " << d.found.detail() << ")";
   else
-    LOG(ERROR) << d.inc.detail() << "; " << v.why << ": stopping the job";
+    LOG(ERROR) << d.found.detail() << "; " << v.why << ": stopping the job";
   return true;
 }
 
@@ -89,7 +84,6 @@ policy::LadderStep Controller::Impl::climb(Detected* d, int64_t progress,
   const bool restart_all = o.cfg.recovery().mode() == config::RecoveryConfig::restart_all;
   ladder.update_applied_step = updates.last_applied_step();
   const policy::LadderStep ls = policy::climb(d->failure, progress, &ladder, po);
-  d->inc.set_ladder_rung(int(ls.rung));
   if (ls.rung != policy::Rung::kCulprit) d->failure.ladder_why = ls.why;
   if (restart_all || ls.rung == policy::Rung::kCulprit) return ls;
   LOG(WARNING) << "ladder rung " << int(ls.rung) << " (" << policy::rung_name(ls.rung)
@@ -103,7 +97,7 @@ policy::LadderStep Controller::Impl::climb(Detected* d, int64_t progress,
       const policy::ClusterView sv = view();
       for (const auto& [slot, st] : sv.slots)
         if (st == membership::SlotInfo::active && !sv.ranks_on(slot).empty()) suspects.insert(slot);
-      for (int slot : diagnostics.run(suspects, stops.incidents, &d->inc))
+      for (int slot : diagnostics.run(suspects, stops.incidents, &d->found))
         d->failure.failed_slots.insert(slot);
       d->failure.diagnosed = true;
       break;
@@ -163,12 +157,11 @@ std::optional<policy::Plan> Controller::Impl::decide(Detected* d,
 }
 
 bool Controller::Impl::recover(Detected d) {
-  report::Incident& inc = d.inc;
   ctx.event("detected", EventFields()
-                            .add("kind", inc.kind())
-                            .add("rank", inc.rank())
-                            .add("rule", inc.rule())
-                            .add("detail", inc.detail()));
+                            .add("kind", d.found.kind())
+                            .add("rank", d.failure.culprit_is_machine ? -1 : d.failure.culprit)
+                            .add("rule", d.failure.rule)
+                            .add("detail", d.found.detail()));
   const int64_t progress = progress_now();
   if (must_stop(d, progress)) return false;
   state = RunState::kRecovering;
@@ -181,7 +174,7 @@ bool Controller::Impl::recover(Detected d) {
     host->stop_all(SIGKILL, std::chrono::milliseconds(0));
   } else {
     store::Abort abort;
-    abort.set_reason(inc.detail());
+    abort.set_reason(d.found.detail());
     set_message(*store, keys::abort_key(next), abort);
     ctx.event("abort", EventFields().add("epoch", next));
     acks = collect_acks(next, &d);
@@ -205,25 +198,23 @@ bool Controller::Impl::recover(Detected d) {
   const std::optional<policy::Plan> plan = decide(&d, have, po);
   if (!plan) return false;
   if (plan->kind == policy::Plan::Kind::kStop) {
-    LOG(ERROR) << inc.detail() << "; " << plan->why << ": stopping the job";
+    LOG(ERROR) << d.found.detail() << "; " << plan->why << ": stopping the job";
     ctx.event("stop_decision", EventFields().add("why", plan->why));
     return false;
   }
 
   // 4. Rebuild: carry the plan out under the next epoch.
-  int64_t in_flight = 0, completed = 0;
+  Transition t;
+  t.ladder_rung = int(ls.rung);
+  t.ladder_ran = !restart_all;
   for (const auto& [r, a] : acks) {
-    in_flight = std::max(in_flight, a.step_in_flight());
-    completed = std::max(completed, a.steps_completed());
+    t.step_in_flight = std::max(t.step_in_flight, a.step_in_flight());
+    t.steps_completed = std::max(t.steps_completed, a.steps_completed());
   }
-  if (restart_all) in_flight = completed = std::max<int64_t>(progress, 0);
-  carry_out(*plan, next, &inc, epoch_plugin.plugin_hash().empty() ? nullptr : &epoch_plugin);
+  if (restart_all) t.step_in_flight = t.steps_completed = std::max<int64_t>(progress, 0);
+  carry_out(*plan, next, &t, epoch_plugin.plugin_hash().empty() ? nullptr : &epoch_plugin);
   if (lazy_update) updates.applied(std::max<int64_t>(plan->restore.step, 0));
-  if (ls.rung != policy::Rung::kCulprit && !restart_all && plan->why != ls.why)
-    inc.set_why(ls.why + " -> " + plan->why);
-  inc.set_step(int(in_flight));
-  inc.set_steps_lost(
-      int(std::max<int64_t>(0, completed - std::max<int64_t>(plan->restore.step, 0))));
+  const report::Incident inc = incident_of(d, *plan, t);
   const int64_t n = store_incident(*store, inc);
   LOG(WARNING) << "incident " << n + 1 << ": " << inc.detail() << " at step " << inc.step() + 1
                << "; " << inc.action() << " (epoch " << members.epoch() << ", restored step "
@@ -240,7 +231,7 @@ bool Controller::Impl::recover(Detected d) {
   return true;
 }
 
-void Controller::Impl::apply_membership(const policy::Plan& plan, report::Incident* inc) {
+void Controller::Impl::apply_membership(const policy::Plan& plan, Transition* t) {
   for (int r : plan.kill) host->kill(r);
   const policy::ClusterView before = view();
   for (int s : plan.evict) {
@@ -251,13 +242,11 @@ void Controller::Impl::apply_membership(const policy::Plan& plan, report::Incide
       host->evict(s);
     }
   }
-  if (!plan.evict.empty()) inc->set_evicted_at(recovery::unix_now());
+  if (!plan.evict.empty()) t->evicted_at = recovery::unix_now();
   host->refresh();
   for (const auto& [s, sb] : plan.promote) {
     const std::vector<int> moved = members.promote(s, sb);
     for (size_t i = 0; i < moved.size(); ++i) host->adopt(moved[i], int(i));
-    inc->add_slots_evicted(s);
-    inc->add_standbys_promoted(sb);
     LOG(WARNING) << "slot " << s << " evicted; standby slot " << sb << " takes its ranks";
     ctx.event("promote", EventFields().add("evicted", s).add("standby", sb));
   }
@@ -299,25 +288,19 @@ void Controller::Impl::write_rebuild(const policy::Plan& plan, const membership:
   set_message(*store, keys::rebuild_key(members.epoch()), rb);
 }
 
-void Controller::Impl::carry_out(const policy::Plan& plan, int next, report::Incident* inc,
+void Controller::Impl::carry_out(const policy::Plan& plan, int next, Transition* t,
                                  const membership::Rebuild* plugin) {
-  apply_membership(plan, inc);
+  apply_membership(plan, t);
   members.next_epoch(next);
   for (int r : plan.restart) spawn(r, /*restarted=*/true);
   write_rebuild(plan, plugin);
   // Three epochs back: a rank restarted for epoch next-1 may still be starting and read its
   // rebuild; none is left in next-3, whose ranks all acked a later epoch.
   forget_epoch(next - 3);
-  inc->set_rebuilt_at(recovery::unix_now());
+  t->epoch = next;
+  t->rebuilt_at = recovery::unix_now();
   ctx.event("rebuild",
             EventFields().add("epoch", next).add("restore_step", double(plan.restore.step)));
-  inc->set_epoch(next);
-  inc->set_restored_step(int(plan.restore.step));
-  inc->set_action(plan.action);
-  inc->set_rung(policy::plan_rung_name(plan.rung));
-  inc->set_why(plan.why);
-  inc->set_restored_from(restored_from_name(plan.restore.job_source));
-  inc->set_why_not_memory(plan.restore.why);
   detector.new_epoch(plan.restore.step);
   slow.reset();
   state = RunState::kTraining;
@@ -328,10 +311,9 @@ void Controller::Impl::maybe_grow() {
   const policy::Options po = ctx.policy_options(/*with_checkpoint=*/false);
   if (!policy::can_grow(view(), po)) return;
   Detected d;
-  d.inc.set_detected_at(recovery::unix_now());
-  d.inc.set_kind("grow");
-  d.inc.set_rank(-1);
-  d.inc.set_detail("grow data parallelism");
+  d.found.set_detected_at(recovery::unix_now());
+  d.found.set_kind("grow");
+  d.found.set_detail("grow data parallelism");
   const int next = members.epoch() + 1;
   store::Abort abort;
   abort.set_reason("grow data parallelism");
@@ -347,10 +329,12 @@ void Controller::Impl::maybe_grow() {
     same.action = "growing back failed: reattempt in place";
     same.restore = policy::restore_point(have, members.world(), -1, false);
     same.restart = d.failure.dead;
-    carry_out(same, next, &d.inc);
+    Transition t;
+    carry_out(same, next, &t);
     return;
   }
-  carry_out(*plan, next, &d.inc);
+  Transition t;
+  carry_out(*plan, next, &t);
   LOG(INFO) << "data parallelism grows back to " << members.topo().dp() << " replicas (epoch "
             << members.epoch() << ", step " << plan->restore.step << ")";
 }

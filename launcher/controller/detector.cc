@@ -18,6 +18,11 @@ namespace {
 // slot, and its ranks' silence is not theirs.
 constexpr double kAgentSilentS = 0.6;
 
+// How a lost slot was found: its agent's closed connection, or silence.
+std::string slot_loss_rule(const RankExit& ex) {
+  return ex.lost_by.empty() ? "heartbeat" : ex.lost_by;
+}
+
 }  // namespace
 
 void Detector::new_epoch(int64_t start_step) {
@@ -44,22 +49,20 @@ double Detector::median_step_s() const {
 
 Detected Detector::from_exit(const RankExit& ex) {
   Detected d;
-  d.inc.set_detected_at(recovery::unix_now());
-  d.inc.set_rank(ex.rank);
-  d.inc.set_slot(ctx_.host->slot_of(ex.rank));
-  d.inc.set_kind(ex.slot_lost ? "slot_loss" : WIFSIGNALED(ex.status) ? "crash" : "exit");
-  d.inc.set_detail(detail::concat("rank ", ex.rank, " ", ex.describe()));
-  d.inc.set_rule(ex.slot_lost ? "heartbeat" : "exit");
+  d.found.set_detected_at(recovery::unix_now());
+  d.found.set_slot(ctx_.host->slot_of(ex.rank));
+  d.found.set_kind(ex.slot_lost ? "slot_loss" : WIFSIGNALED(ex.status) ? "crash" : "exit");
+  d.found.set_detail(detail::concat("rank ", ex.rank, " ", ex.describe()));
   d.failure.kind = ex.slot_lost             ? policy::FailureKind::kSlotLoss
                    : WIFSIGNALED(ex.status) ? policy::FailureKind::kCrash
                                             : policy::FailureKind::kExit;
   d.failure.culprit = ex.rank;
   d.failure.dead.insert(ex.rank);
-  d.failure.rule = d.inc.rule();
+  d.failure.rule = ex.slot_lost ? slot_loss_rule(ex) : "exit";
   if (ex.slot_lost) {
     d.failure.lost_slots.insert(ex.slot);
     for (int r : ctx_.host->ranks_on(ex.slot)) d.failure.dead.insert(r);
-    label_slot_loss(&d, ex.slot);
+    label_slot_loss(&d, ex);
   }
   return d;
 }
@@ -69,22 +72,20 @@ std::optional<Detected> Detector::comm_error() {
   if (ctx_.store->add(keys::errors_key(epoch), 0) <= 0) return std::nullopt;
   if (auto d = sdc()) return d;
   Detected d;
-  d.inc.set_detected_at(recovery::unix_now());
-  d.inc.set_rank(-1);
-  d.inc.set_slot(-1);
+  d.found.set_detected_at(recovery::unix_now());
+  d.found.set_slot(-1);
   d.failure.kind = policy::FailureKind::kCommError;
   // New code on probation broke the training: the ranks said why.
   if (auto f =
           try_get_message<store::UpdateFailure>(*ctx_.store, keys::update_failure_key(epoch))) {
-    d.inc.set_kind("update_failure");
-    d.inc.set_detail(f->why());
-    d.inc.set_rule("probation");
+    d.found.set_kind("update_failure");
+    d.found.set_detail(f->why());
+    d.failure.rule = "probation";
   } else {
-    d.inc.set_kind("comm_error");
-    d.inc.set_detail("a communication error");
-    d.inc.set_rule("comm_error");
+    d.found.set_kind("comm_error");
+    d.found.set_detail("a communication error");
+    d.failure.rule = "comm_error";
   }
-  d.failure.rule = d.inc.rule();
   return d;
 }
 
@@ -93,21 +94,26 @@ std::optional<Detected> Detector::sdc() {
       ctx_.store->try_get(keys::sdc_verdict_key(ctx_.members->epoch()));
   if (!verdict) return std::nullopt;  // the ranks' error is not an SDC verdict
   Detected d;
-  if (!d.inc.ParseFromString(*verdict)) return std::nullopt;
-  d.inc.set_detected_at(recovery::unix_now());
-  d.inc.set_slot(d.inc.rank() >= 0 ? ctx_.host->slot_of(d.inc.rank()) : -1);
+  // The rank's verdict is an Incident: its culprit and rule go to the failure, the rest
+  // (what was corrupt, how it was found, the verified step) is what was found.
+  if (!d.found.ParseFromString(*verdict)) return std::nullopt;
   d.failure.kind = policy::FailureKind::kSdc;
-  d.failure.culprit = d.inc.rank();
-  d.failure.rule = d.inc.rule();
-  d.failure.restore_at_most = d.inc.verified_step();
+  d.failure.culprit = d.found.rank();
+  d.failure.rule = d.found.rule();
+  d.failure.restore_at_most = d.found.verified_step();
+  d.found.clear_rank();
+  d.found.clear_rule();
+  d.found.set_detected_at(recovery::unix_now());
+  d.found.set_slot(d.failure.culprit >= 0 ? ctx_.host->slot_of(d.failure.culprit) : -1);
   for (const InjectionRecord& in : FaultInjector::read_injections(*ctx_.store))
-    if (in.kind == "sdc" && in.rank == d.inc.rank()) d.inc.set_injected_at(in.time);
-  LOG(WARNING) << "silent data corruption: " << d.inc.detail();
+    if (in.kind == "sdc" && in.rank == d.failure.culprit) d.found.set_injected_at(in.time);
+  LOG(WARNING) << "silent data corruption: " << d.found.detail();
   return d;
 }
 
-void Detector::label_slot_loss(Detected* d, int slot) {
-  report::Incident* inc = &d->inc;
+void Detector::label_slot_loss(Detected* d, const RankExit& ex) {
+  const int slot = ex.slot;
+  report::Incident* inc = &d->found;
   d->failure.lost_slots.insert(slot);
   for (int r : ctx_.host->ranks_on(slot)) d->failure.dead.insert(r);
   if (inc->kind() != "slot_loss" && inc->kind() != "comm_error") return;
@@ -115,13 +121,15 @@ void Detector::label_slot_loss(Detected* d, int slot) {
   if (inc->kind() == "comm_error") inc->set_detail(detail::concat("slot ", slot, " lost"));
   inc->set_kind("slot_loss");
   inc->set_slot(slot);
-  inc->set_rule("heartbeat");
+  d->failure.rule = slot_loss_rule(ex);
   d->failure.kind = policy::FailureKind::kSlotLoss;
   for (const InjectionRecord& in : FaultInjector::read_injections(*ctx_.store))
     if ((in.kind == "partition" || in.kind == "slot_loss") && ctx_.host->slot_of(in.rank) == slot &&
         in.time <= recovery::unix_now()) {
+      // The injection names the rank whose machine it took: the slot's ranks are all dead,
+      // and the policy evicts the slot whichever of them it names.
       inc->set_kind(in.kind);
-      inc->set_rank(in.rank);
+      d->failure.culprit = in.rank;
       inc->set_injected_at(in.time);
       if (in.kind == "partition") d->failure.kind = policy::FailureKind::kPartition;
     }
@@ -138,31 +146,29 @@ void Detector::label_slot_loss(Detected* d, int slot) {
 }
 
 void Detector::fold_exit(Detected* d, const RankExit& ex) {
-  report::Incident* inc = &d->inc;
+  report::Incident* inc = &d->found;
   d->failure.dead.insert(ex.rank);
   // A peer's communication error was seen before this exit: the exit names the culprit.
   if (inc->kind() == "comm_error" && !ex.slot_lost && !ex.clean()) {
-    inc->set_rank(ex.rank);
     inc->set_slot(ctx_.host->slot_of(ex.rank));
     inc->set_kind(WIFSIGNALED(ex.status) ? "crash" : "exit");
-    inc->set_rule("exit");
+    d->failure.rule = "exit";
     d->failure.kind =
         WIFSIGNALED(ex.status) ? policy::FailureKind::kCrash : policy::FailureKind::kExit;
     d->failure.culprit = ex.rank;
   }
-  if (ex.slot_lost && !d->failure.lost_slots.count(ex.slot)) label_slot_loss(d, ex.slot);
+  if (ex.slot_lost && !d->failure.lost_slots.count(ex.slot)) label_slot_loss(d, ex);
   inc->set_detail(inc->detail() + detail::concat("; rank ", ex.rank, " ", ex.describe()));
 }
 
 void Detector::fold_unanswered(Detected* d, int rank, int64_t ms) {
-  report::Incident* inc = &d->inc;
+  report::Incident* inc = &d->found;
   ctx_.host->kill(rank);
   d->failure.dead.insert(rank);
-  if (inc->rank() < 0 || inc->kind() == "comm_error") {
-    inc->set_rank(rank);
+  if (d->failure.culprit < 0 || inc->kind() == "comm_error") {
     inc->set_slot(ctx_.host->slot_of(rank));
     inc->set_kind("hang");
-    inc->set_rule("abort_deadline");
+    d->failure.rule = "abort_deadline";
     d->failure.kind = policy::FailureKind::kHang;
     d->failure.culprit = rank;
   }
@@ -216,21 +222,19 @@ std::optional<Detected> Detector::hang(int incident) {
   }
   if (v.culprits.empty()) return std::nullopt;
   Detected d;
-  d.inc.set_detected_at(recovery::unix_now());
-  d.inc.set_rank(v.culprits.front());
-  d.inc.set_slot(ctx_.host->slot_of(v.culprits.front()));
-  d.inc.set_kind("hang");
-  d.inc.set_rule(v.rule == HangRule::kNone ? "stacks" : hang_rule_name(v.rule));
-  d.inc.set_detail(v.detail);
+  d.found.set_detected_at(recovery::unix_now());
+  d.found.set_slot(ctx_.host->slot_of(v.culprits.front()));
+  d.found.set_kind("hang");
+  d.found.set_detail(v.detail);
   d.failure.kind = policy::FailureKind::kHang;
   d.failure.culprit = v.culprits.front();
-  d.failure.rule = d.inc.rule();
+  d.failure.rule = v.rule == HangRule::kNone ? "stacks" : hang_rule_name(v.rule);
   // A hung worker cannot be interrupted from its own threads: it is killed now.
   for (int r : v.culprits) {
     ctx_.host->kill(r);
     d.failure.dead.insert(r);
   }
-  LOG(WARNING) << "hang found (" << d.inc.rule() << "): " << v.detail;
+  LOG(WARNING) << "hang found (" << d.failure.rule << "): " << v.detail;
   return d;
 }
 

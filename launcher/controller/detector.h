@@ -43,7 +43,7 @@ class Detector {
   std::optional<Detected> hang(int incident);
   // Silence alone cannot tell a dead machine from a cut network; an injected fault on the
   // slot can.
-  void label_slot_loss(Detected* d, int slot);
+  void label_slot_loss(Detected* d, const RankExit& ex);
   // An exit seen while the survivors answer an abort: joins `d` (and may name its culprit).
   void fold_exit(Detected* d, const RankExit& ex);
   // A survivor that did not answer the abort within `ms`: killed, and joins `d` as hung.

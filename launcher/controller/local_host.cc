@@ -23,6 +23,12 @@
 #include "runtime/logging.h"
 
 namespace keel {
+namespace {
+
+// Between looks at the children while stopping them: an exit is reaped within this of it.
+constexpr std::chrono::milliseconds kStopPollPause{5};
+
+}  // namespace
 
 std::string RankExit::describe() const {
   if (slot_lost) return detail::concat("lost with slot ", slot, " (", detail, ")");
@@ -80,7 +86,7 @@ void LocalHost::stop_all(int sig, std::chrono::milliseconds grace) {
       for (size_t r = 0; r < pids_.size(); ++r) kill(int(r));
       break;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(kStopPollPause);
   }
 }
 

@@ -30,6 +30,10 @@ struct RankExit {
   int rank = -1;
   int status = 0;          // as waitpid() gives it
   bool slot_lost = false;  // no status: the slot stopped answering
+  // slot_lost: how it was found, the incident's rule: "heartbeat" (silence past
+  // detect.slot_timeout_ms) or "connection_closed" (its agent's connection closed and did
+  // not reopen: the process died).
+  std::string lost_by;
   int slot = -1;
   std::string detail;  // the last lines of its log, or why the slot is taken as lost
 

@@ -138,21 +138,19 @@ std::vector<int> ReplayCoordinator::replay(int64_t step, int incident, std::stri
 
 Detected ReplayCoordinator::requested() const {
   Detected d;
-  d.inc.set_detected_at(recovery::unix_now());
-  d.inc.set_kind("sdc");
-  d.inc.set_rank(-1);
-  d.inc.set_slot(-1);
-  d.inc.set_rule("sdc_replay_requested");
-  d.inc.set_detail("keel-ctl replay");
+  d.found.set_detected_at(recovery::unix_now());
+  d.found.set_kind("sdc");
+  d.found.set_slot(-1);
+  d.found.set_detail("keel-ctl replay");
   d.failure.kind = policy::FailureKind::kSdc;
-  d.failure.rule = d.inc.rule();
+  d.failure.rule = "sdc_replay_requested";
   // With the checks on, nothing after the newest verified step is trusted; with them off
   // nothing is known verified, and the job goes on from its newest step.
   if (ctx_.cfg().sdc().check_every_steps() > 0) {
     if (auto v = try_get_message<store::Step>(*ctx_.store, keys::kSdcVerified)) {
       d.failure.restore_at_most = v->step();
-      d.inc.set_verified_step(int(v->step()));
-      d.inc.set_first_bad_step(int(v->step() + 1));
+      d.found.set_verified_step(int(v->step()));
+      d.found.set_first_bad_step(int(v->step() + 1));
     }
   }
   return d;
@@ -174,17 +172,17 @@ void ReplayCoordinator::pin(Detected* d, const std::map<int, policy::Holdings>& 
       step >= 0 ? replay(step, incident, &detail) : std::vector<int>{};
   if (step < 0) detail = "no replay: no snapshot every rank holds";
   LOG(WARNING) << detail;
-  d->inc.set_detail(d->inc.detail() + "; " + detail);
+  d->found.set_detail(d->found.detail() + "; " + detail);
   ctx_.event("replay", EventFields().add("detail", detail));
   for (int slot : machines) {
     const std::vector<int> ranks = ctx_.host->ranks_on(slot);
     if (ranks.empty()) continue;  // a standby: it holds no rank to move
     // The replay names a machine, not a rank: the policy evicts the slot of any of its ranks.
     d->failure.culprit = ranks.front();
-    d->inc.set_rank(-1);
-    d->inc.set_slot(slot);
-    d->inc.set_found_by("replay");
-    d->inc.set_rule("sdc_replay");
+    d->failure.culprit_is_machine = true;
+    d->failure.rule = "sdc_replay";
+    d->found.set_slot(slot);
+    d->found.set_found_by("replay");
     return;
   }
 }

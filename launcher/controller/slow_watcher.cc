@@ -49,28 +49,37 @@ std::optional<Detected> SlowWatcher::judge() {
   if (v.kind == SlowVerdict::Kind::kNone) return std::nullopt;
 
   const int64_t step = round * ctx_.cfg().detect().slow_round_steps();
+  // A warning is recorded here, whole; an eviction goes through the epoch transition, whose
+  // incident is derived from `found`, the failure and the plan.
   Detected d;
-  report::Incident& inc = d.inc;
+  report::Incident& inc = d.found;
   inc.set_kind(slow_kind_name(v.kind));
-  inc.set_rank(v.rank);
   inc.set_slot(v.rank >= 0 ? ctx_.host->slot_of(v.rank) : -1);
-  inc.set_step(int(step));
   inc.set_detected_at(recovery::unix_now());
-  inc.set_rule("fail_slow");
   inc.set_detail(v.detail);
   inc.set_slow_factor(v.factor);
   inc.set_slow_figures(v.figures);
-  inc.set_epoch(ctx_.members->epoch());
   for (const InjectionRecord& in : FaultInjector::read_injections(*ctx_.store))
     if ((in.kind == "slow" || in.kind == "slow_link") && in.rank == v.rank)
       inc.set_injected_at(in.time);
   LOG(WARNING) << "fail-slow: " << v.detail << " (" << v.figures << ")";
 
+  // A warning's own record: the failure it would have been, at the round's step.
+  auto warning = [&](const std::string& action, int ladder_rung, const std::string& why) {
+    report::Incident w = inc;
+    w.set_rank(v.rank);
+    w.set_rule("fail_slow");
+    w.set_step(int(step));
+    w.set_epoch(ctx_.members->epoch());
+    w.set_action(action);
+    w.set_rung("warn");
+    w.set_ladder_rung(ladder_rung);
+    w.set_why(why);
+    record(w);
+  };
   if (v.kind == SlowVerdict::Kind::kMfuDecline) {
-    inc.set_action("warn: the whole job slowed down; no rank or link explains it");
-    inc.set_rung("warn");
-    inc.set_why("a decline with no degrader: nothing to evict");
-    record(inc);
+    warning("warn: the whole job slowed down; no rank or link explains it", 0,
+            "a decline with no degrader: nothing to evict");
     return std::nullopt;
   }
   ctx_.host->refresh();
@@ -81,12 +90,8 @@ std::optional<Detected> SlowWatcher::judge() {
     // Named once per epoch: a warning every few rounds would bury the incident log. It is
     // still judged: once a standby is ready, it is swapped.
     if (!warned_.insert(v.rank).second) return std::nullopt;
-    inc.set_action(detail::concat("warn: rank ", v.rank, " is slow; training goes on"));
-    inc.set_rung("warn");
-    inc.set_ladder_rung(1);
-    inc.set_why(a.why);
     LOG(WARNING) << "rank " << v.rank << " stays: " << a.why;
-    record(inc);
+    warning(detail::concat("warn: rank ", v.rank, " is slow; training goes on"), 1, a.why);
     return std::nullopt;
   }
   d.failure.kind = policy::FailureKind::kSlow;

@@ -21,23 +21,8 @@ constexpr int64_t kApplyAhead = 3;
 
 }  // namespace
 
-const char* UpdateManager::outcome_name(Outcome o) {
-  switch (o) {
-    case Outcome::kPending:
-      return "pending";
-    case Outcome::kRefused:
-      return "refused";
-    case Outcome::kApplied:
-      return "applied";
-    case Outcome::kRolledBack:
-      return "rolled_back";
-  }
-  return "pending";
-}
-
-void UpdateManager::set_outcome(Outcome o) {
-  outcome_ = o;
-  plan_.set_outcome(outcome_name(o));
+void UpdateManager::set_outcome(report::UpdateOutcome o) {
+  plan_.set_outcome(o);
 }
 
 void UpdateManager::record(const report::Update& u) {
@@ -67,8 +52,8 @@ void UpdateManager::request(const control::UpdateRequest& rq, control::UpdateRep
   u.set_requested_at(recovery::unix_now());
   u.set_applied_step(-1);
   u.set_at_step(rq.at_step());
-  u.set_mode(rq.lazy() ? "lazy" : rq.at_step() > 0 ? "at_step" : "urgent");
-  u.set_outcome(outcome_name(Outcome::kPending));
+  u.set_mode(rq.lazy() ? report::lazy : rq.at_step() > 0 ? report::at_step : report::urgent);
+  u.set_outcome(report::pending);
   if (active_ >= 0) {
     r->set_ok(false);
     r->set_message(detail::concat("update ", active_, " is still in progress"));
@@ -90,7 +75,7 @@ void UpdateManager::request(const control::UpdateRequest& rq, control::UpdateRep
     u.set_hash(next->hash());
     u.set_version(next->name() + " " + next->version());
   } catch (const std::exception& e) {
-    u.set_outcome(outcome_name(Outcome::kRefused));
+    u.set_outcome(report::refused);
     u.set_why(e.what());
     // Published all the same, so that the ranks, which follow the plans in order, go past it.
     publish(&u);
@@ -107,7 +92,6 @@ void UpdateManager::request(const control::UpdateRequest& rq, control::UpdateRep
   phase_ = Phase::kChecking;
   deadline_ = Clock::now() + kCheckTimeout;
   plan_ = u;
-  outcome_ = Outcome::kPending;
   r->set_ok(true);
   r->set_id(int(n));
   r->set_message(detail::concat("update ", n, ": every rank checks ", rq.plugin(), " (build ",
@@ -117,8 +101,10 @@ void UpdateManager::request(const control::UpdateRequest& rq, control::UpdateRep
                                     ? detail::concat("switches before step ", rq.at_step() + 1)
                                     : std::string("switches at a step boundary"),
                                 "; the outcome is in the report (updates)"));
-  ctx_.event("update_request",
-             EventFields().add("id", int(n)).add("plugin", rq.plugin()).add("mode", u.mode()));
+  ctx_.event("update_request", EventFields()
+                                   .add("id", int(n))
+                                   .add("plugin", rq.plugin())
+                                   .add("mode", report::UpdateMode_Name(u.mode())));
   LOG(INFO) << r->message();
 }
 
@@ -157,7 +143,7 @@ void UpdateManager::decide(int64_t ahead) {
   if (!refused.empty()) {
     decision.set_refused(refused);
     set_message(*ctx_.store, keys::update_apply_key(n), decision);
-    set_outcome(Outcome::kRefused);
+    set_outcome(report::refused);
     plan_.set_why(refused);
     record(plan_);
     LOG(WARNING) << "update " << n << " refused: " << refused;
@@ -166,7 +152,7 @@ void UpdateManager::decide(int64_t ahead) {
     active_ = -1;
     return;
   }
-  if (plan_.mode() == "lazy") {
+  if (plan_.mode() == report::lazy) {
     phase_ = Phase::kStaged;  // with the next recovery
     return;
   }
@@ -187,7 +173,7 @@ bool UpdateManager::staged(membership::Rebuild* rb) const {
 
 void UpdateManager::applied(int64_t step) {
   report::Update& u = plan_;
-  set_outcome(Outcome::kApplied);
+  set_outcome(report::applied);
   u.set_applied_step(step);
   u.set_applied_at(recovery::unix_now());
   last_applied_step_ = step;
@@ -220,7 +206,8 @@ void UpdateManager::applied(int64_t step) {
   inc.set_rung("update");
   inc.set_action(detail::concat("plugin ", u.previous_plugin(), " (build ", u.previous_hash(),
                                 ") -> ", u.plugin(), " (", u.version(), ", build ", u.hash(),
-                                ") at step ", step + 1, " (", u.mode(), ")"));
+                                ") at step ", step + 1, " (", report::UpdateMode_Name(u.mode()),
+                                ")"));
   inc.set_detail("keel-ctl update");
   store_incident(*ctx_.store, inc);
 }
@@ -237,12 +224,12 @@ void UpdateManager::end_probation(int64_t completed) {
 }
 
 bool UpdateManager::can_roll_back() const {
-  return outcome_ == Outcome::kApplied && !plan_.previous_hash().empty();
+  return plan_.outcome() == report::applied && !plan_.previous_hash().empty();
 }
 
 void UpdateManager::rollback(Detected* d, membership::Rebuild* rb) {
   report::Update& u = plan_;
-  const std::string why = d->inc.detail();
+  const std::string why = d->found.detail();
   // Every rank goes back to the code before the update and to the state before it: the
   // snapshot of the step it was applied at.
   d->failure.restore_at_most = u.applied_step();
@@ -250,12 +237,12 @@ void UpdateManager::rollback(Detected* d, membership::Rebuild* rb) {
   rb->set_plugin_hash(u.previous_hash());
   plugin_version_ = previous_version_;
   set_current_plugin(u.previous_plugin(), u.previous_hash());
-  set_outcome(Outcome::kRolledBack);
+  set_outcome(report::rolled_back);
   u.set_why(why);
   record(u);
-  d->inc.set_detail(
+  d->found.set_detail(
       detail::concat("rollback of update ", u.id(), " (", u.plugin(), ") in probation: ", why));
-  d->inc.set_kind("rollback");
+  d->found.set_kind("rollback");
   ctx_.event("update",
              EventFields().add("id", u.id()).add("outcome", "rolled_back").add("why", why));
   LOG(WARNING) << "update " << u.id() << " rolled back to " << u.previous_plugin() << " (build "

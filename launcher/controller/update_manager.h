@@ -47,10 +47,7 @@ class UpdateManager {
 
  private:
   enum class Phase { kChecking, kStaged, kApplying, kProbation };
-  enum class Outcome { kPending, kRefused, kApplied, kRolledBack };
-  // report::Update.outcome's word for it.
-  static const char* outcome_name(Outcome o);
-  void set_outcome(Outcome o);
+  void set_outcome(report::UpdateOutcome o);
   void record(const report::Update& u);
   // Gives `u` the next id and publishes it to the ranks (and to the report).
   void publish(report::Update* u);
@@ -60,7 +57,6 @@ class UpdateManager {
   const ControllerContext& ctx_;
   int active_ = -1;  // the update in progress or on probation
   Phase phase_ = Phase::kChecking;
-  Outcome outcome_ = Outcome::kPending;  // of plan_
   Clock::time_point deadline_{};
   report::Update plan_;
   std::string plugin_path_, plugin_hash_, plugin_version_;  // the job's plugin now (once known)

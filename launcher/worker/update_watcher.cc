@@ -38,7 +38,7 @@ void UpdateWatcher::loop() {
       } catch (const CommTimeout&) {
         continue;
       }
-      if (plan->outcome() == "refused") {  // the controller refused it: nothing to check
+      if (plan->outcome() == report::refused) {  // the controller refused it: nothing to check
         ++n;
         continue;
       }

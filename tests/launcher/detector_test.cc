@@ -59,12 +59,11 @@ class DetectorTest : public testing::Test {
 
 TEST_F(DetectorTest, AnExitNamesItsRankAsTheCulprit) {
   const Detected d = detector.from_exit(exited(3, 1));
-  EXPECT_EQ(d.inc.kind(), "exit");
-  EXPECT_EQ(d.inc.rule(), "exit");
-  EXPECT_EQ(d.inc.rank(), 3);
-  EXPECT_EQ(d.inc.slot(), 1);
-  EXPECT_GT(d.inc.detected_at(), 0);
+  EXPECT_EQ(d.found.kind(), "exit");
+  EXPECT_EQ(d.found.slot(), 1);
+  EXPECT_GT(d.found.detected_at(), 0);
   EXPECT_EQ(d.failure.kind, policy::FailureKind::kExit);
+  EXPECT_EQ(d.failure.rule, "exit");
   EXPECT_EQ(d.failure.culprit, 3);
   EXPECT_EQ(d.failure.dead, std::set<int>{3});
 }
@@ -76,8 +75,8 @@ TEST_F(DetectorTest, ALostSlotTakesAllItsRanks) {
   x.slot_lost = true;
   x.detail = "no heartbeat";
   const Detected d = detector.from_exit(x);
-  EXPECT_EQ(d.inc.kind(), "slot_loss");
-  EXPECT_EQ(d.inc.rule(), "heartbeat");
+  EXPECT_EQ(d.found.kind(), "slot_loss");
+  EXPECT_EQ(d.failure.rule, "heartbeat");
   EXPECT_EQ(d.failure.kind, policy::FailureKind::kSlotLoss);
   EXPECT_EQ(d.failure.lost_slots, std::set<int>{1});
   EXPECT_EQ(d.failure.dead, (std::set<int>{2, 3}));
@@ -88,7 +87,7 @@ TEST_F(DetectorTest, CommunicationErrorsComeFromTheStore) {
   store->add(keys::errors_key(0), 1);
   std::optional<Detected> d = detector.comm_error();
   ASSERT_TRUE(d);
-  EXPECT_EQ(d->inc.kind(), "comm_error");
+  EXPECT_EQ(d->found.kind(), "comm_error");
   EXPECT_EQ(d->failure.kind, policy::FailureKind::kCommError);
   EXPECT_EQ(d->failure.culprit, -1);
   // New code on probation broke the training: the ranks said why.
@@ -97,8 +96,8 @@ TEST_F(DetectorTest, CommunicationErrorsComeFromTheStore) {
   set_message(*store, keys::update_failure_key(0), f);
   d = detector.comm_error();
   ASSERT_TRUE(d);
-  EXPECT_EQ(d->inc.kind(), "update_failure");
-  EXPECT_EQ(d->inc.detail(), "loss jumped");
+  EXPECT_EQ(d->found.kind(), "update_failure");
+  EXPECT_EQ(d->found.detail(), "loss jumped");
   EXPECT_EQ(d->failure.rule, "probation");
 }
 
@@ -114,7 +113,11 @@ TEST_F(DetectorTest, AnSdcVerdictNamesItsRankAndBoundsTheRestore) {
   ASSERT_TRUE(d);
   EXPECT_EQ(d->failure.kind, policy::FailureKind::kSdc);
   EXPECT_EQ(d->failure.culprit, 2);
-  EXPECT_EQ(d->inc.slot(), 1);
+  EXPECT_EQ(d->failure.rule, "replica_mismatch");
+  EXPECT_EQ(d->found.slot(), 1);
+  // The culprit and the rule are the failure's only: the record derives them from it.
+  EXPECT_EQ(d->found.rank(), 0);  // cleared
+  EXPECT_TRUE(d->found.rule().empty());
   EXPECT_EQ(d->failure.restore_at_most, std::optional<int64_t>(40));
 }
 
@@ -126,7 +129,7 @@ TEST_F(DetectorTest, AnAbortsAftermathNamesTheCulprit) {
   RankExit x = exited(1, 0);
   x.status = SIGKILL;
   detector.fold_exit(&d, x);
-  EXPECT_EQ(d.inc.kind(), "crash");
+  EXPECT_EQ(d.found.kind(), "crash");
   EXPECT_EQ(d.failure.culprit, 1);
   EXPECT_EQ(d.failure.kind, policy::FailureKind::kCrash);
   EXPECT_TRUE(d.failure.dead.count(1));
@@ -134,10 +137,10 @@ TEST_F(DetectorTest, AnAbortsAftermathNamesTheCulprit) {
   Detected h = *detector.comm_error();
   detector.fold_unanswered(&h, 2, 500);
   EXPECT_EQ(host.killed, std::vector<int>{2});
-  EXPECT_EQ(h.inc.kind(), "hang");
-  EXPECT_EQ(h.inc.rule(), "abort_deadline");
+  EXPECT_EQ(h.found.kind(), "hang");
+  EXPECT_EQ(h.failure.rule, "abort_deadline");
   EXPECT_EQ(h.failure.culprit, 2);
-  EXPECT_NE(h.inc.detail().find("did not answer the abort within 500 ms"), std::string::npos);
+  EXPECT_NE(h.found.detail().find("did not answer the abort within 500 ms"), std::string::npos);
 }
 
 TEST_F(DetectorTest, ProgressIsKeptPerEpoch) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <thread>
 #include <vector>
 
 #include "parallel/hash_store.h"
@@ -116,10 +117,16 @@ TEST(EpochRunner, AFailedStepIsReportedWithItsStepAndTheNextEpochJoined) {
   runner.set_recovery(&recovery);
   runner.join(0, nullptr);
   EXPECT_FALSE(store->try_get(keys::restored_key(0, 0)).has_value());  // the job's start
-  set_message(*store, keys::abort_key(1), store::Abort{});
-  set_message(*store, keys::rebuild_key(1), rebuild(7));
+  // The controller's side answers the rank's error, as it would: an abort set before the
+  // error would make the rank only acknowledge (the watcher may see it first).
+  std::thread controller([&] {
+    store->get(keys::error_key(0, 0), 10s);
+    set_message(*store, keys::abort_key(1), store::Abort{});
+    set_message(*store, keys::rebuild_key(1), rebuild(7));
+  });
   bool settled = false;
   runner.fail(/*step=*/7, "sdc: rank 1 differs", [&] { settled = true; });
+  controller.join();
   recovery.stop_watch();
   EXPECT_TRUE(settled);
   EXPECT_EQ(runner.epoch(), 1);

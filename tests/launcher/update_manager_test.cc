@@ -82,7 +82,7 @@ TEST_F(UpdateManagerTest, AFileThatIsNoPluginIsRefusedAndPublished) {
   EXPECT_EQ(r.id(), 0);
   EXPECT_EQ(r.message().rfind("refused: ", 0), 0u) << r.message();
   EXPECT_EQ(store->add(keys::kUpdateCount, 0), 1);
-  EXPECT_EQ(record(0).outcome(), "refused");
+  EXPECT_EQ(record(0).outcome(), report::refused);
   // Nothing is in progress: the next request is taken.
   EXPECT_TRUE(request().ok());
 }
@@ -98,7 +98,7 @@ TEST_F(UpdateManagerTest, ARanksRefusalRefusesTheUpdateForAll) {
   const store::UpdateDecision d = decision(0);
   ASSERT_EQ(d.decision_case(), store::UpdateDecision::kRefused);
   EXPECT_EQ(d.refused(), "its state does not fit");
-  EXPECT_EQ(record(0).outcome(), "refused");
+  EXPECT_EQ(record(0).outcome(), report::refused);
   EXPECT_FALSE(updates.can_roll_back());
 }
 
@@ -118,7 +118,7 @@ TEST_F(UpdateManagerTest, AnAcceptedUpdateAppliesAheadOfEveryRankThenPassesProba
   set_message(*store, keys::update_applied_key(0, 1), s);
   updates.poll(9);
   EXPECT_EQ(updates.last_applied_step(), 9);
-  EXPECT_EQ(record(0).outcome(), "applied");
+  EXPECT_EQ(record(0).outcome(), report::applied);
   const auto current = try_get_message<store::Plugin>(*store, keys::kPluginCurrent);
   ASSERT_TRUE(current);
   EXPECT_EQ(current->path(), plugin);
@@ -143,13 +143,13 @@ TEST_F(UpdateManagerTest, AFailureOnProbationRollsBack) {
   updates.poll(3);
   ASSERT_TRUE(updates.in_probation(5));
   Detected d;
-  d.inc.set_detail("loss jumped");
+  d.found.set_detail("loss jumped");
   membership::Rebuild rb;
   updates.rollback(&d, &rb);
   EXPECT_EQ(d.failure.restore_at_most, std::optional<int64_t>(3));
-  EXPECT_EQ(d.inc.kind(), "rollback");
+  EXPECT_EQ(d.found.kind(), "rollback");
   EXPECT_FALSE(rb.plugin_hash().empty());
-  EXPECT_EQ(record(0).outcome(), "rolled_back");
+  EXPECT_EQ(record(0).outcome(), report::rolled_back);
   EXPECT_FALSE(updates.in_probation(5));
   EXPECT_FALSE(updates.can_roll_back());
 }

@@ -28,7 +28,7 @@ std::shared_ptr<Plugin> check(const report::Update& plan, int) {
   return Plugin::load(test::bin_dir() + "/libkeel_gpt.so");
 }
 
-report::Update plan(const std::string& plugin, const std::string& outcome = "pending") {
+report::Update plan(const std::string& plugin, report::UpdateOutcome outcome = report::pending) {
   report::Update u;
   u.set_plugin(plugin);
   u.set_hash("h");
@@ -93,7 +93,7 @@ TEST_F(UpdateWatcherTest, RefusedPlansAndRefusalsSwitchNothing) {
   store->add(keys::kUpdateCount, 1);
   watcher.start();
   // Refused by the controller already: nothing to check.
-  set_message(*store, keys::update_key(1), plan("good", "refused"));
+  set_message(*store, keys::update_key(1), plan("good", report::refused));
   // Checked, then refused (another rank could not load it).
   set_message(*store, keys::update_key(2), plan("good"));
   const auto answer = get_message<store::UpdateCheck>(*store, keys::update_check_key(2, 3), 10s);

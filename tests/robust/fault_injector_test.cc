@@ -67,16 +67,7 @@ long proc_cpu_ticks(pid_t pid) {
   return f.size() > 12 ? std::stol(f[11]) + std::stol(f[12]) : -1;
 }
 
-// Waits until cond() holds or `limit` passes; returns whether it held.
-template <typename F>
-bool eventually(F&& cond, std::chrono::milliseconds limit = 20s) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
+using test::eventually;
 
 // What a child shares with the test: a heartbeat from a thread of its own (as the progress
 // reporter's), and whether its main thread came back from the fault.
