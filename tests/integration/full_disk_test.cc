@@ -218,7 +218,11 @@ TEST_F(FullDisk, TheCheckpointThatFitIsKeptAndResumes) {
 
   const JobRun resumed = run_job(dir_, job_args("warn", "") + " --resume " + mnt_);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_EQ(json_number_field(resumed.report, "first_step"), kEvery) << resumed.report;
+  // From the one checkpoint on the disk, step 5 (not a restart from step 0), to the end, and
+  // where the uninterrupted run ended.
+  expect_resumed(resumed.report, kEvery, kSteps);
+  EXPECT_EQ(json_string_field(resumed.report, "param_checksum"),
+            json_string_field(r.report, "param_checksum"));
   EXPECT_EQ(resumed.leftover_processes, 0);
   EXPECT_TRUE(resumed.leftover_shm.empty());
 }

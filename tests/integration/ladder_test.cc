@@ -103,6 +103,8 @@ TEST(Ladder, Rung3TheSameFailureAgainRollsBackToTheCheckpoint) {
   const auto inc = incidents(r);
   ASSERT_EQ(inc.size(), 2u) << r.report;
   EXPECT_EQ(json_number_field(inc[0], "ladder_rung"), 2) << inc[0];
+  // The first break: diagnostics pass, every rank goes on in place from the step of the break.
+  expect_restored(inc[0], {.step = 50, .from = "memory", .world = 8, .others = "memory"});
   const std::string& i = inc[1];
   EXPECT_EQ(json_number_field(i, "ladder_rung"), 3) << i;
   EXPECT_EQ(json_string_field(i, "rung"), "rollback") << i;
@@ -121,6 +123,10 @@ TEST(Ladder, Rung4AThirdTimeReplaysToFindTheMachine) {
   expect_bitwise_and_clean(r);
   const auto inc = incidents(r);
   ASSERT_EQ(inc.size(), 3u) << r.report;
+  // The first break reattempts in place at step 50; the second, within the repeat window,
+  // rolls back to the newest persistent checkpoint (step 40), as in the rung 3 test.
+  expect_restored(inc[0], {.step = 50, .from = "memory", .world = 8, .others = "memory"});
+  expect_restored(inc[1], {.step = 40, .from = "persistent", .world = 8, .others = "persistent"});
   const std::string& i = inc[2];
   EXPECT_EQ(json_number_field(i, "ladder_rung"), 4) << i;
   EXPECT_NE(json_string_field(i, "why").find("replay"), std::string::npos) << i;

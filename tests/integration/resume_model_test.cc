@@ -49,7 +49,9 @@ TEST(ResumeModel, AnotherHiddenSizeIsNamedWithBothValues) {
 
   // The same model resumes.
   const JobRun same = run_job(dir, args + " --set train.steps=4 --resume " + ck);
-  EXPECT_EQ(same.exit_code, 0) << same.output;
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  // From the first run's checkpoint of step 2, not from step 0.
+  expect_resumed(same.report, 2, 4);
 }
 
 }  // namespace

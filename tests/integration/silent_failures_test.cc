@@ -123,9 +123,10 @@ TEST(SilentFailures, RestartAllSurvivesASlotLossOnAStandby) {
 
 // A hung worker is found by the right rule (the communicator timeout stays at 60 s, and a
 // timeout would say so by its rule), evicted with its slot, its ranks restored from their
-// backups on the standby, and the job ends bitwise equal with every step done.
-void expect_hang_found(const JobRun& r, int steps, int rank, const std::string& rule,
-                       double since) {
+// backups on the standby, and the job ends bitwise equal with every step done. `step`: the
+// step every rank restored, or -1 when the hang began at no step known in advance.
+void expect_hang_found(const JobRun& r, int steps, int rank, const std::string& rule, double since,
+                       int step) {
   expect_equal_and_clean(r, steps);
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u) << r.report;
@@ -134,11 +135,27 @@ void expect_hang_found(const JobRun& r, int steps, int rank, const std::string& 
   EXPECT_EQ(json_string_field(inc[0], "rule"), rule) << inc[0];
   EXPECT_EQ(json_string_field(inc[0], "rung"), "evict") << inc[0];
   const int mate = rank % 2 == 0 ? rank + 1 : rank - 1;  // the other worker of its slot
-  expect_restored(inc[0], {.min_step = 1,
-                           .from = "memory",
-                           .world = 8,
-                           .ranks = {{rank, "backup"}, {mate, "backup"}},
-                           .others = "memory|own_snapshot"});
+  if (step >= 0) {
+    // The fault struck as its rank began `step`, which no rank could complete without it: the
+    // survivors hold that step live, the moved ranks load it from their backup holders.
+    expect_restored(inc[0], {.step = step,
+                             .from = "memory",
+                             .world = 8,
+                             .ranks = {{rank, "backup"}, {mate, "backup"}},
+                             .others = "memory"});
+  } else {
+    // Stopped from outside at any point of a step, so the step varies: the newest step in
+    // flight (the incident's step), or the one before where the abort found some ranks past
+    // it and others still in it (those past it load the step before from their own
+    // snapshots). Never an older one.
+    const int in_flight = int(json_number_field(inc[0], "step"));
+    expect_restored(inc[0], {.min_step = in_flight - 1,
+                             .max_step = in_flight,
+                             .from = "memory",
+                             .world = 8,
+                             .ranks = {{rank, "backup"}, {mate, "backup"}},
+                             .others = "memory|own_snapshot"});
+  }
   if (since <= 0) since = json_number_field(inc[0], "injected_at");
   EXPECT_GT(json_number_field(inc[0], "first_step_at"), since) << inc[0];
 }
@@ -148,20 +165,20 @@ constexpr int kHangSteps = 60;
 TEST(SilentFailures, FrozenWorkerIsFoundByItsSilence) {
   std::string dir = temp_dir("silent-freeze");
   JobRun r = run_launch_job(dir, launch_args(dir, 1, kHangSteps, "--fault freeze@step=20,rank=4"));
-  expect_hang_found(r, kHangSteps, 4, "liveness", 0);
+  expect_hang_found(r, kHangSteps, 4, "liveness", 0, 20);
 }
 
 TEST(SilentFailures, SpinningWorkerIsFoundOutsideTheCollectiveItsPeersWaitIn) {
   std::string dir = temp_dir("silent-spin");
   JobRun r = run_launch_job(dir, launch_args(dir, 1, kHangSteps, "--fault spin@step=20,rank=4"));
-  expect_hang_found(r, kHangSteps, 4, "not_in_collective", 0);
+  expect_hang_found(r, kHangSteps, 4, "not_in_collective", 0, 20);
 }
 
 TEST(SilentFailures, WorkerStuckInsideACollectiveIsFoundBySequenceNumbers) {
   std::string dir = temp_dir("silent-in-coll");
   JobRun r = run_launch_job(
       dir, launch_args(dir, 1, kHangSteps, "--fault hang_in_collective@step=20,rank=4"));
-  expect_hang_found(r, kHangSteps, 4, "collective_sequence", 0);
+  expect_hang_found(r, kHangSteps, 4, "collective_sequence", 0, 20);
 }
 
 // SIGSTOP from outside, to the PID of rank 4's worker found in the job's process tree.
@@ -191,7 +208,7 @@ TEST(SilentFailures, WorkerStoppedFromOutsideIsFoundByItsSilence) {
   ASSERT_GT(stopped_at, 0) << "the job ended before rank 4's worker (pid " << victim
                            << ") was stopped: " << r.output;
   kill(victim, SIGCONT);  // already killed by its agent; harmless if so
-  expect_hang_found(r, kSteps, 4, "liveness", stopped_at);
+  expect_hang_found(r, kSteps, 4, "liveness", stopped_at, -1);
 }
 
 // keel-ctl stacks on a running job: every worker's stacks land in runs/<job>/stacks/<name>/,
@@ -246,6 +263,13 @@ TEST(SilentFailures, SlowStepsDoNotMakeHealthyRanksLookHung) {
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u) << r.report;
   EXPECT_EQ(json_string_field(inc[0], "action"), "restart rank 2 in place") << inc[0];
+  // Rank 2 crashed as it began step 6, which no rank could complete without it: it loads
+  // step 6 from its own snapshot, every other rank (rank 6 in its long step too) holds it live.
+  expect_restored(inc[0], {.step = 6,
+                           .from = "memory",
+                           .world = 8,
+                           .ranks = {{2, "own_snapshot"}},
+                           .others = "memory"});
   EXPECT_FALSE(contains(r.output, "did not answer the abort")) << r.output;
   std::vector<std::string> ranks = json_object_array(r.report, "ranks");
   ASSERT_EQ(ranks.size(), 8u);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "test_paths.h"
 #include "worker_harness.h"
@@ -40,37 +41,60 @@ const JobRun& fault_free() {
   return r;
 }
 
-// Finished bitwise equal to the fault-free run; `moved` ranks were served by two processes
-// (the lost one and the promoted standby), every other rank by one all along; nothing left.
-void expect_swapped(const JobRun& r, const std::set<int>& moved, int incidents) {
+// One incident of a swap: the step its fault was injected at (as its rank began it), the ranks
+// it moved to a standby, and whether the fault took the whole slot at once (slot_loss) or only
+// the culprit's process (hang).
+struct Swap {
+  int step;
+  std::set<int> moved;
+  bool whole_slot = true;
+};
+
+// Finished bitwise equal to the fault-free run, one incident per swap, in order; each swap's
+// moved ranks were served by two processes (the lost one and the promoted standby), every other
+// rank by one all along; nothing left.
+void expect_swapped(const JobRun& r, const std::vector<Swap>& swaps) {
   ASSERT_EQ(fault_free().exit_code, 0) << fault_free().output;
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(json_string_field(r.report, "param_checksum"),
             json_string_field(fault_free().report, "param_checksum"))
       << r.output;
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
-  ASSERT_EQ(int(inc.size()), incidents) << r.report;
-  for (const auto& i : inc) {
+  ASSERT_EQ(inc.size(), swaps.size()) << r.report;
+  std::set<int> moved;
+  for (size_t n = 0; n < inc.size(); ++n) {
+    const std::string& i = inc[n];
     EXPECT_FALSE(json_array_field(i, "standbys_promoted").empty()) << i;
     EXPECT_GE(json_number_field(i, "evicted_at"), json_number_field(i, "detected_at")) << i;
     EXPECT_GE(json_number_field(i, "rebuilt_at"), json_number_field(i, "evicted_at")) << i;
     EXPECT_GE(json_number_field(i, "first_step_at"), json_number_field(i, "rebuilt_at")) << i;
     EXPECT_LE(json_number_field(i, "steps_lost"), 1) << i;
-  }
-  // Not a restart from step 0: the moved ranks restored from their backup holders, the others
-  // kept their own state. Where two incidents share the moved ranks, each names its own.
-  for (const auto& i : inc) {
+    // Not a restart from step 0: the moved ranks restore on the standby from their backup
+    // holders (their own snapshots went with the slot), the others from their own state. Where
+    // two incidents come in turn, the ranks the first moved are survivors of the second.
     std::map<int, std::string> sources;
-    for (int k : moved) sources[k] = incidents == 1 ? "backup" : "backup|memory|own_snapshot";
-    expect_restored(i, {.min_step = 3,
-                        .from = "memory",
-                        .world = 8,
-                        .ranks = sources,
-                        .others = "memory|own_snapshot"});
+    for (int k : swaps[n].moved) sources[k] = "backup";
+    const Swap& w = swaps[n];
+    if (w.whole_slot) {
+      // The culprit had completed the step before when it began w.step, but the slot's other
+      // worker, killed with it, may not have finished that step's last collective: survivors
+      // still waiting for its part give that step up. So the job restores w.step or the step
+      // before (those of the survivors that did complete it load the step before from their
+      // own snapshots), never an older one.
+      expect_restored(i, {.min_step = w.step - 1,
+                          .max_step = w.step,
+                          .from = "memory",
+                          .world = 8,
+                          .ranks = sources,
+                          .others = "memory|own_snapshot"});
+    } else {
+      // Only the culprit's process stopped, as it began w.step, and its slot-mate completed the
+      // step before: no rank could complete w.step, every survivor holds it live.
+      expect_restored(
+          i, {.step = w.step, .from = "memory", .world = 8, .ranks = sources, .others = "memory"});
+    }
+    moved.insert(w.moved.begin(), w.moved.end());
   }
-  for (int k : moved)
-    EXPECT_TRUE(rank_source_is(inc.front(), k, "backup") || rank_source_is(inc.back(), k, "backup"))
-        << "rank " << k << ": " << r.report;
   std::vector<std::string> ranks = json_object_array(r.report, "ranks");
   ASSERT_EQ(ranks.size(), 8u);
   for (int k = 0; k < 8; ++k)
@@ -83,7 +107,7 @@ void expect_swapped(const JobRun& r, const std::set<int>& moved, int incidents) 
 TEST(Standby, LostSlotIsReplacedByAWarmStandby) {
   std::string dir = temp_dir("standby-loss");
   JobRun r = run_launch_job(dir, job_args(dir, 1, "--fault slot_loss@step=6,rank=5"));
-  expect_swapped(r, {4, 5}, 1);
+  expect_swapped(r, {{6, {4, 5}}});
   EXPECT_TRUE(contains(r.output, "standby slot 4 takes its ranks")) << r.output;
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u);
@@ -95,13 +119,13 @@ TEST(Standby, TwoLossesAtDifferentStepsUseTwoStandbys) {
   std::string dir = temp_dir("standby-two");
   JobRun r = run_launch_job(
       dir, job_args(dir, 2, "--fault slot_loss@step=4,rank=3 --fault slot_loss@step=10,rank=6"));
-  expect_swapped(r, {2, 3, 6, 7}, 2);
+  expect_swapped(r, {{4, {2, 3}}, {10, {6, 7}}});
 }
 
 TEST(Standby, HungSlotIsEvictedAndReplaced) {
   std::string dir = temp_dir("standby-hang");
   JobRun r = run_launch_job(dir, job_args(dir, 1, "--fault hang@step=6,rank=5"));
-  expect_swapped(r, {4, 5}, 1);
+  expect_swapped(r, {{6, {4, 5}, /*whole_slot=*/false}});
   EXPECT_TRUE(contains(r.output, "rejoined as a standby")) << r.output;
 }
 
@@ -111,7 +135,7 @@ TEST(Standby, OverEvictionOfAPipelineGroupLosesNoState) {
   std::string dir = temp_dir("standby-pp");
   JobRun r = run_launch_job(
       dir, job_args(dir, 2, "--set recovery.evict=pp_group --fault slot_loss@step=6,rank=7"));
-  expect_swapped(r, {2, 3, 6, 7}, 1);
+  expect_swapped(r, {{6, {2, 3, 6, 7}}});
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u);
   EXPECT_EQ(json_array_field(inc[0], "slots_evicted").size(), 2u) << inc[0];
@@ -159,7 +183,11 @@ TEST(Standby, MpirunWithAStandbySurvivesAKilledLauncher) {
         << ranks[size_t(k)];
   std::vector<std::string> mpi_inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(mpi_inc.size(), 1u) << r.report;
-  expect_restored(mpi_inc[0], {.min_step = 3,
+  // Rank 5 lost its slot as it began step 6: step 6, or step 5 where its slot-mate died before
+  // finishing step 5's last collective (see expect_swapped); ranks 4 and 5 load it from their
+  // backups on the standby.
+  expect_restored(mpi_inc[0], {.min_step = 5,
+                               .max_step = 6,
                                .from = "memory",
                                .world = 8,
                                .ranks = {{4, "backup"}, {5, "backup"}},
@@ -245,6 +273,31 @@ TEST(Standby, ShrinkDataParallelismAndGrowBackWhenTheSlotRejoins) {
   ASSERT_EQ(inc.size(), 1u) << r.report;
   EXPECT_TRUE(contains(json_string_field(inc[0], "action"), "shrink data parallelism to 1"))
       << inc[0];
+  // Not a restart from step 0: slot 1 (ranks 2 and 3, replica 1) was lost as rank 2 began
+  // step 6, so the surviving replica (ranks 0 and 1, the same ids in the shrunk layout) goes
+  // on from its own memory: step 6, or step 5 where rank 3, killed with rank 2, had not yet
+  // finished step 5's last collective and the survivors gave that step up (seen in this test:
+  // whether rank 3 is done when rank 2 begins step 6 is a matter of timing).
+  expect_restored(inc[0], {.min_step = 5,
+                           .max_step = 6,
+                           .from = "memory",
+                           .world = 2,
+                           .others = "memory|own_snapshot"});
+  // Growing back is no incident; its epoch (2) is in the event log: rebuilt at the step the
+  // shrunk job had reached when the slot joined again (whenever that was), never before the
+  // shrink's and never from scratch (-1).
+  {
+    std::string events;
+    for (const auto& d : std::filesystem::directory_iterator(dir + "/runs"))
+      events += read_text((d.path() / "events.jsonl").string());
+    std::istringstream lines(events);
+    int grow_step = -2;
+    for (std::string line; std::getline(lines, line);)
+      if (contains(line, "\"kind\":\"rebuild\"") && contains(line, "\"epoch\":2"))
+        grow_step = int(json_number_field(line, "restore_step"));
+    EXPECT_GE(grow_step, int(json_number_field(inc[0], "restored_step"))) << events;
+    EXPECT_LT(grow_step, kLongSteps) << events;
+  }
   // Ranks 0 and 1 (replica 0, slot 0) trained through the shrink and the growth in the same
   // processes; ranks 2 and 3 were lost, then served by the rejoined slot.
   std::vector<std::string> ranks = json_object_array(r.report, "ranks");
