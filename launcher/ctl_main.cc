@@ -39,11 +39,15 @@ std::string find_endpoint(const std::string& run, const std::string& controller)
   if (!controller.empty()) return controller;
   fs::path dir = run;
   if (dir.empty()) {
-    fs::file_time_type newest{};
+    // The newest job: its controller file is written once, when the controller binds. (A
+    // default-constructed file time is not the earliest: no file was ever newer.)
+    fs::file_time_type newest = fs::file_time_type::min();
     if (fs::is_directory("runs"))
-      for (const auto& e : fs::directory_iterator("runs"))
-        if (fs::exists(e.path() / "controller") && e.last_write_time() >= newest)
-          newest = e.last_write_time(), dir = e.path();
+      for (const auto& e : fs::directory_iterator("runs")) {
+        std::error_code ec;
+        const fs::file_time_type t = fs::last_write_time(e.path() / "controller", ec);
+        if (!ec && t >= newest) newest = t, dir = e.path();
+      }
     if (dir.empty())
       throw keel::InputError("no job under ./runs; say which with --run or --controller");
   }

@@ -147,10 +147,12 @@ void expect_hang_found(const JobRun& r, int steps, int rank, const std::string& 
     // Stopped from outside at any point of a step, so the step varies: the newest step in
     // flight (the incident's step), or the one before where the abort found some ranks past
     // it and others still in it (those past it load the step before from their own
-    // snapshots). Never an older one.
+    // snapshots), or the one after where the stop came after the step's update and a peer
+    // failed in that step's snapshot push to it (it names the step it was finishing, but
+    // holds it completed). Never an older one.
     const int in_flight = int(json_number_field(inc[0], "step"));
     expect_restored(inc[0], {.min_step = in_flight - 1,
-                             .max_step = in_flight,
+                             .max_step = in_flight + 1,
                              .from = "memory",
                              .world = 8,
                              .ranks = {{rank, "backup"}, {mate, "backup"}},

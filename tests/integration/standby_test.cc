@@ -325,8 +325,8 @@ std::string capture(const std::string& cmd) {
   return out;
 }
 
-// keel-ctl against a running job: status lists the slots (the standby with its self-check)
-// and the ranks; inject adds a fault the job then survives like any other.
+// keel-ctl against a running job: status (found without --run) lists the slots (the standby
+// with its self-check) and the ranks; inject adds a fault the job then survives like any other.
 TEST(KeelCtl, StatusAndInjectOnARunningJob) {
   std::string dir = temp_dir("ctl");
   std::string status, injected;
@@ -343,7 +343,9 @@ TEST(KeelCtl, StatusAndInjectOnARunningJob) {
         if (std::filesystem::exists(dir + "/runs"))
           for (const auto& d : std::filesystem::directory_iterator(dir + "/runs")) run = d.path();
         if (run.empty() || !std::filesystem::exists(run + "/controller")) return;
-        status = capture(bin_dir() + "/keel-ctl status --run " + run);
+        // As the README has it: from the directory the job runs in, without --run (keel-ctl
+        // finds the newest job under ./runs).
+        status = capture("cd " + dir + " && " + bin_dir() + "/keel-ctl status");
         // Ask again until the standby has checked itself and every rank has reported.
         if (!contains(status, "standby (self-check ok") || !contains(status, "rank   7")) {
           status.clear();
