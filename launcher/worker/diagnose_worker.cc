@@ -71,10 +71,12 @@ DiagnoseTask read_task(Store& store, const std::string& key, int index) {
 // The test buffer: member m holds (m + 1)·(i mod 13 + 1) at i, small integers whose sums are
 // exact in float in any order, so a wrong bit anywhere is a wrong result, not rounding.
 constexpr size_t kFloats = size_t(256) * 1024;
-// A link is judged by its best repetition; on 2 cores shared by 4 members, 12 were too few for
-// a healthy link to get the cores once in every round (1 false slow link in ~10 rounds).
+// A link is judged by its best repetition; on 2 cores shared by 4 members (and another job),
+// 12 repetitions 10 ms apart were too few for a healthy link to get the cores once in every
+// round (1 false slow link in ~10 rounds), and 24 still missed now and then: 24 spread over
+// about a second.
 constexpr int kWarmups = 1, kRepeats = 24;
-constexpr Millis kPause(10);
+constexpr Millis kPause(40);
 
 float pattern(int member, size_t i) {
   return float(member + 1) * float(i % 13 + 1);

@@ -255,12 +255,15 @@ TEST(SilentFailures, SlowStepsDoNotMakeHealthyRanksLookHung) {
   constexpr int kSteps = 12;
   std::string dir = temp_dir("silent-slow");
   // Every step of rank 6 takes 1.5 s more from step 2 on; abort_timeout_ms = 500 alone
-  // would kill the survivors that wait for it when rank 2 crashes.
+  // would kill the survivors that wait for it when rank 2 crashes. The hang rules are kept
+  // out of it: the first slow step stalls the job 1.5 s against a median of fast steps,
+  // which the default hang grace (1.5 s) only just covers on a loaded machine.
   JobRun r = run_launch_job(
       dir,
       launch_args(dir, 0, kSteps,
                   "--set recovery.abort_timeout_ms=500 --fault slow@step=2,rank=6,delay_ms=1500 "
-                  "--fault crash@step=6,rank=2 --set detect.slow_round_steps=0"));
+                  "--fault crash@step=6,rank=2 --set detect.slow_round_steps=0 "
+                  "--set detect.hang_grace_ms=10000"));
   expect_equal_and_clean(r, kSteps);
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u) << r.report;
