@@ -36,7 +36,15 @@ int fail(int code, const std::string& why) {
 }
 
 std::string find_endpoint(const std::string& run, const std::string& controller) {
-  if (!controller.empty()) return controller;
+  if (!controller.empty()) {
+    // A malformed endpoint is the user's input, not a controller that did not answer.
+    try {
+      keel::endpoint_host(controller);
+    } catch (const keel::InputError& e) {
+      throw keel::InputError(std::string("--controller: ") + e.what());
+    }
+    return controller;
+  }
   fs::path dir = run;
   if (dir.empty()) {
     // The newest job: its controller file is written once, when the controller binds. (A

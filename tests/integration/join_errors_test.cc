@@ -247,6 +247,11 @@ TEST(CommandLinePrefix, KeelCtlErrorsSayKeelCtlOnce) {
       {"plan-standby --machines 0 --mtbf-hours 1 --recovery-minutes 1", 2,
        "keel-ctl: error: plan-standby: --machines 0"},
       {"plan-standby --machines x", 2, "keel-ctl: error: Could not convert: --machines = x"},
+      // A malformed endpoint is bad input, not a controller that did not answer.
+      {"status --controller bogus", 2,
+       "keel-ctl: error: --controller: control-plane endpoint 'bogus': expected tcp://HOST:PORT"},
+      {"status --controller tcp://127.0.0.1", 2,
+       "keel-ctl: error: --controller: bad address '127.0.0.1': no port"},
       // Nothing listens on port 1: the request times out.
       {"status --controller tcp://127.0.0.1:1", 1,
        "keel-ctl: error: the controller did not answer within 3 s"},
