@@ -9,6 +9,7 @@
 #include "model/llmc_checkpoint.h"
 #include "model/lr_schedule.h"
 #include "model/trainer_slot.h"
+#include "parallel/comm_error.h"
 #include "runtime/block_digest.h"
 #include "runtime/check.h"
 
@@ -141,6 +142,17 @@ void Trainer::load_batch(const DataLoader& data, int64_t step, int m, Slot& slot
   backend_->copy_from_host(slot.targets, host_targets_.data(), bytes);
 }
 
+void Trainer::throw_if_aborted(int64_t step) const {
+  // A step whose peers are gone cannot complete: a survivor that learns it from the abort
+  // acknowledges it now instead of computing the rest of the step first (a whole backward,
+  // seconds of a large model, with DP buckets that only fail in the background). Nothing of
+  // the step has been applied; the recovery restores the state it began from.
+  for (const Communicator* c : {groups_->world.get(), groups_->tp.get(), groups_->pp.get(),
+                                groups_->dp.get(), groups_->emb.get()})
+    if (c && c->aborted())
+      throw CommAborted(detail::concat("step ", step + 1, ": the epoch was aborted"));
+}
+
 StepStats Trainer::step() {
   const int64_t step = state_->step();
   const auto t_start = Clock::now();
@@ -168,6 +180,7 @@ StepStats Trainer::step() {
   const int n_slots = int(slots_.size());
 
   for (size_t i = 0; i < schedule_.size(); ++i) {
+    throw_if_aborted(step);
     const PipelineAction& a = schedule_[i];
     Slot& slot = *slots_[a.micro_batch % n_slots];
     keel_stage_args args = stage_args(slot);

@@ -160,6 +160,9 @@ class Trainer {
   // The step's first micro-batch computed `cls` in `data`: the fault hook, then the digest.
   void computed_first(int64_t step, TensorClass cls, float* data, size_t n);
   keel_stage_args stage_args(Slot& slot);
+  // Throws CommAborted if a communicator of the step was aborted from another thread (the
+  // recovery watcher: the epoch is over), between two pieces of compute.
+  void throw_if_aborted(int64_t step) const;
   void run_plugin(int (*fn)(const keel_model_dims*, const keel_stage*, keel_stage_args*),
                   keel_stage_args* args);
   double local_grad_sumsq();

@@ -1,6 +1,7 @@
 // A step is a transaction (DESIGN.md, State and seams): a CommError anywhere in it, also
 // between a ZeRO-1 shard update and the all-gather that follows, or a non-finite loss,
-// leaves the TrainState exactly as it was at the step's start; and after rebind() to new
+// leaves the TrainState exactly as it was at the step's start (an epoch aborted from another
+// thread ends the step before more compute); and after rebind() to new
 // communicators the job goes on to exactly the weights of a run that never failed.
 #include <gtest/gtest.h>
 
@@ -156,6 +157,32 @@ TEST(TrainerTransaction, NonFiniteLossIsRefusedBeforeTheUpdate) {
       EXPECT_EQ(e.step(), 1);
       EXPECT_NE(std::string(e.what()).find("step 2"), std::string::npos) << e.what();
     }
+    EXPECT_EQ(st.step(), 1);
+    EXPECT_TRUE(bytes_of(st) == before);
+  });
+}
+
+// The recovery watcher aborts a rank's communicators when the epoch ends: the step ends at
+// once, before any more compute (no activation computed), and leaves the state as it was.
+TEST(TrainerTransaction, AnAbortedEpochEndsTheStepBeforeMoreCompute) {
+  const config::JobConfig cfg = job(temp_dir("txn-abort"));
+  two_ranks(cfg, [&](int r, Trainer& tr, TrainState& st, auto&, auto& groups) {
+    tr.step();
+    const std::vector<char> before = bytes_of(st);
+    std::vector<TensorClass> computed;
+    TrainerHooks h;
+    h.computed = [&](int64_t, TensorClass cls, float*, size_t, bool) { computed.push_back(cls); };
+    tr.set_hooks(h);
+    groups->abort_all();
+    try {
+      tr.step();
+      ADD_FAILURE() << "rank " << r << ": an aborted epoch's step ran";
+    } catch (const CommAborted& e) {
+      EXPECT_NE(std::string(e.what()).find("step 2: the epoch was aborted"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_TRUE(computed.empty()) << "rank " << r << " computed " << computed.size()
+                                  << " tensors of an aborted step";
     EXPECT_EQ(st.step(), 1);
     EXPECT_TRUE(bytes_of(st) == before);
   });
