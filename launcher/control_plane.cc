@@ -204,7 +204,11 @@ std::optional<ControlServer::Incoming> ControlServer::poll(std::chrono::millisec
   // The connection it came on (deprecated in favour of draft API only; see the constructor).
   const int fd = zmq_msg_get(parts.back().handle(), ZMQ_SRCFD);
   if (fd >= 0) {
-    drain_monitor();  // a closed connection's fd may be reused by this one
+    // A connection not yet tied to this identity: its fd may be a closed connection's, whose
+    // close event must be read before the fd is tied again.
+    if (auto known = fd_identity_.find(fd);
+        known == fd_identity_.end() || known->second != in.identity)
+      drain_monitor();
     // A connection's messages come in order; its close event comes after them all. A
     // message of a newer connection makes it the identity's.
     if (auto old = identity_fd_.find(in.identity); old != identity_fd_.end() && old->second != fd)

@@ -147,10 +147,8 @@ void Trainer::throw_if_aborted(int64_t step) const {
   // acknowledges it now instead of computing the rest of the step first (a whole backward,
   // seconds of a large model, with DP buckets that only fail in the background). Nothing of
   // the step has been applied; the recovery restores the state it began from.
-  for (const Communicator* c : {groups_->world.get(), groups_->tp.get(), groups_->pp.get(),
-                                groups_->dp.get(), groups_->emb.get()})
-    if (c && c->aborted())
-      throw CommAborted(detail::concat("step ", step + 1, ": the epoch was aborted"));
+  if (groups_->any_aborted())
+    throw CommAborted(detail::concat("step ", step + 1, ": the epoch was aborted"));
 }
 
 StepStats Trainer::step() {

@@ -47,6 +47,12 @@ void ProcessGroups::abort_all() {
     if (c) c->abort();
 }
 
+bool ProcessGroups::any_aborted() const {
+  for (const auto* c : {world.get(), tp.get(), pp.get(), dp.get(), emb.get()})
+    if (c && c->aborted()) return true;
+  return false;
+}
+
 ProcessGroups make_process_groups(const Topology& topo, int rank, std::shared_ptr<Store> store,
                                   const ProcessGroupOptions& opts) {
   ProcessGroups g;

@@ -20,6 +20,8 @@ struct ProcessGroups {
 
   // Aborts every communicator (thread-safe); pending calls throw CommAborted.
   void abort_all();
+  // Whether any communicator was aborted (thread-safe).
+  bool any_aborted() const;
 };
 
 struct ProcessGroupOptions {

@@ -206,7 +206,6 @@ bool Controller::Impl::recover(Detected d) {
   // 4. Rebuild: carry the plan out under the next epoch.
   Transition t;
   t.ladder_rung = int(ls.rung);
-  t.ladder_ran = !restart_all;
   for (const auto& [r, a] : acks) {
     t.step_in_flight = std::max(t.step_in_flight, a.step_in_flight());
     t.steps_completed = std::max(t.steps_completed, a.steps_completed());

@@ -18,11 +18,6 @@ namespace {
 // slot, and its ranks' silence is not theirs.
 constexpr double kAgentSilentS = 0.6;
 
-// How a lost slot was found: its agent's closed connection, or silence.
-std::string slot_loss_rule(const RankExit& ex) {
-  return ex.lost_by.empty() ? "heartbeat" : ex.lost_by;
-}
-
 }  // namespace
 
 void Detector::new_epoch(int64_t start_step) {
@@ -58,7 +53,7 @@ Detected Detector::from_exit(const RankExit& ex) {
                                             : policy::FailureKind::kExit;
   d.failure.culprit = ex.rank;
   d.failure.dead.insert(ex.rank);
-  d.failure.rule = ex.slot_lost ? slot_loss_rule(ex) : "exit";
+  d.failure.rule = ex.slot_lost ? ex.lost_by : "exit";
   if (ex.slot_lost) {
     d.failure.lost_slots.insert(ex.slot);
     for (int r : ctx_.host->ranks_on(ex.slot)) d.failure.dead.insert(r);
@@ -121,7 +116,7 @@ void Detector::label_slot_loss(Detected* d, const RankExit& ex) {
   if (inc->kind() == "comm_error") inc->set_detail(detail::concat("slot ", slot, " lost"));
   inc->set_kind("slot_loss");
   inc->set_slot(slot);
-  d->failure.rule = slot_loss_rule(ex);
+  d->failure.rule = ex.lost_by;
   d->failure.kind = policy::FailureKind::kSlotLoss;
   for (const InjectionRecord& in : FaultInjector::read_injections(*ctx_.store))
     if ((in.kind == "partition" || in.kind == "slot_loss") && ctx_.host->slot_of(in.rank) == slot &&

@@ -27,9 +27,10 @@ report::Incident incident_of(const Detected& d, const policy::Plan& plan, const 
   inc.set_why_not_memory(plan.restore.why);
   inc.set_action(plan.action);
   inc.set_rung(policy::plan_rung_name(plan.rung));
-  // A rung's mechanism decided what the plan works with: the record says both reasons.
+  // A rung's mechanism (2-4) decided what the plan works with: the record says both reasons.
+  // restart_all runs no mechanism; its plan's reason stands alone.
   const bool both =
-      t.ladder_ran && !d.failure.ladder_why.empty() && plan.why != d.failure.ladder_why;
+      !plan.restart_all && !d.failure.ladder_why.empty() && plan.why != d.failure.ladder_why;
   inc.set_why(both ? d.failure.ladder_why + " -> " + plan.why : plan.why);
   for (const auto& [slot, standby] : plan.promote) {
     inc.add_slots_evicted(slot);

@@ -17,7 +17,6 @@ namespace keel {
 struct Transition {
   int epoch = 0;
   int ladder_rung = 0;          // robust/ladder.h: 1..4; 0 for what is no failure (growing)
-  bool ladder_ran = false;      // a rung's mechanism (2-4) ran before the plan
   int64_t step_in_flight = 0;   // the newest step in flight when the ranks stopped
   int64_t steps_completed = 0;  // the most steps a rank had completed
   double evicted_at = 0;        // 0: no slot was evicted

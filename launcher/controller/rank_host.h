@@ -33,7 +33,7 @@ struct RankExit {
   // slot_lost: how it was found, the incident's rule: "heartbeat" (silence past
   // detect.slot_timeout_ms) or "connection_closed" (its agent's connection closed and did
   // not reopen: the process died).
-  std::string lost_by;
+  std::string lost_by = "heartbeat";
   int slot = -1;
   std::string detail;  // the last lines of its log, or why the slot is taken as lost
 

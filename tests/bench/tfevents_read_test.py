@@ -118,14 +118,22 @@ def damaged_copy(src, work):
     return bad
 
 
+def event_file(out, run, failures):
+    """The run's one event file, or None (and a failure) when there is not exactly one."""
+    files = glob.glob(os.path.join(out, "tb", run, "events.out.tfevents.*"))
+    if len(files) != 1:
+        failures.append("%s: %d event files" % (run, len(files)))
+        return None
+    return files[0]
+
+
 def check_framing_part(out, want, work):
     failures = []
     for run in sorted(want):
-        files = glob.glob(os.path.join(out, "tb", run, "events.out.tfevents.*"))
-        if len(files) != 1:
-            failures.append("%s: %d event files" % (run, len(files)))
+        path = event_file(out, run, failures)
+        if path is None:
             continue
-        framing = check_framing(files[0])
+        framing = check_framing(path)
         n = sum(len(v) for v in want[run].values())
         print("%-12s framing: %s" % (run, framing if isinstance(framing, str)
                                      else "%d records, CRCs right" % framing))
@@ -133,7 +141,7 @@ def check_framing_part(out, want, work):
             failures.append("%s: %s" % (run, framing))
         elif framing != n + 1:
             failures.append("%s: %d records, want %d" % (run, framing, n + 1))
-        version = first_file_version(files[0])
+        version = first_file_version(path)
         if version != "brain.Event:2":
             failures.append("%s: the first record's file_version is %r, not brain.Event:2"
                             % (run, version))
@@ -146,11 +154,10 @@ def check_framing_part(out, want, work):
 def check_tensorboard_part(out, want, work, event_accumulator, event_file_loader):
     failures = []
     for run in sorted(want):
-        files = glob.glob(os.path.join(out, "tb", run, "events.out.tfevents.*"))
-        if len(files) != 1:
-            failures.append("%s: %d event files" % (run, len(files)))
+        path = event_file(out, run, failures)
+        if path is None:
             continue
-        first = next(iter(event_file_loader.EventFileLoader(files[0]).Load()), None)
+        first = next(iter(event_file_loader.EventFileLoader(path).Load()), None)
         if first is None or first.file_version != "brain.Event:2":
             failures.append("%s: the first record is not the brain.Event:2 version" % run)
 

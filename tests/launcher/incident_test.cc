@@ -36,7 +36,6 @@ TEST(Incident, WhoIsTheFailuresWhatWasDoneIsThePlans) {
   Transition t;
   t.epoch = 2;
   t.ladder_rung = 1;
-  t.ladder_ran = true;
   t.step_in_flight = 10;
   t.steps_completed = 10;
   t.evicted_at = 101;
@@ -73,15 +72,14 @@ TEST(Incident, ARungsMechanismAndThePlanGiveBothReasons) {
   p.rung = policy::PlanRung::kReattempt;
   p.why = "no culprit, and the stop-time diagnostics passed";
   Transition t;
-  t.ladder_ran = true;
   EXPECT_EQ(incident_of(d, p, t).why(),
             "no culprit: stop-time diagnostics on the suspect slots -> no culprit, and the "
             "stop-time diagnostics passed");
   // restart_all runs no mechanism: its plan's reason stands alone.
-  t.ladder_ran = false;
+  p.restart_all = true;
   EXPECT_EQ(incident_of(d, p, t).why(), p.why);
   // Nor is a reason said twice.
-  t.ladder_ran = true;
+  p.restart_all = false;
   p.why = d.failure.ladder_why;
   EXPECT_EQ(incident_of(d, p, t).why(), p.why);
 }
