@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "ckpt/backup_placement.h"
+#include "ckpt/checkpoint_dir_lock.h"
 #include "ckpt/persistent_checkpoint.h"
 #include "ckpt/snapshot_region.h"
 #include "launcher/agent/agent.h"
@@ -178,6 +179,9 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   }
   const std::string job = make_job_id();
   const std::string lineage = checkpoint_lineage(job, resumed ? &*resumed : nullptr);
+  std::optional<CheckpointDirLock> ckpt_lock;
+  if (cfg.checkpoint().persistent_every_steps() > 0)
+    ckpt_lock.emplace(cfg.checkpoint().dir(), job, lineage);
   const fs::path dir = fs::path(o.run_dir) / job;
   fs::create_directories(dir / "logs");
   std::ofstream(dir / "config.pbtxt") << config_to_text(cfg);
@@ -274,6 +278,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   co.store_addr = store_addr;
   co.controller_endpoint = control.endpoint();
   co.run_dir = dir.string();
+  co.report_path = report;
   co.console_progress = !o.quiet;
   co.stop_signal = &g_signal;
   co.on_event = [&](const std::string& k, const EventFields& f) { events.write(k, f); };
@@ -315,6 +320,10 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   }
   if (!mpi) unlink_job_segments(job);
   if (!o.quiet && code == 0) std::printf("keel-launch: done; report %s\n", report.c_str());
+  std::error_code ec;
+  if (code != 0 && fs::exists(report, ec))
+    std::fprintf(stderr, "keel-launch: the job was stopped (exit %d); report %s\n", code,
+                 report.c_str());
   return code;
 }
 
@@ -324,7 +333,8 @@ int run_launch(const LaunchOptions& opts) {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM}) KEEL_CHECK_ERRNO(sigaction(sig, &sa, nullptr));
+  // SIGHUP too: a closed terminal stops the job like Ctrl-C, with its report, not silently.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) KEEL_CHECK_ERRNO(sigaction(sig, &sa, nullptr));
   // ps and top tell the processes apart: "keel-launch" runs slot 0 (the controller),
   // "keel-agent" any other slot.
   set_process_name(opts.join.empty() ? "keel-launch" : "keel-agent");

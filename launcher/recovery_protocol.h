@@ -33,6 +33,11 @@ constexpr int kExitNonFinite = 4;
 // written), or an output at its end (--report, --loss-svg, --export-llmc; rank 0). A full
 // disk stays full: no restart.
 constexpr int kExitWriteFailed = 5;
+// keel stopped the job itself: a stop rule (recovery.max_incidents, a repeating failure), a
+// failure the policy would not recover from (restart_all with no checkpoint to restart from,
+// no standby under on_no_standby = fail). Its report says why (RunReport.stop_reason).
+// Stopped by a signal, keel-launch and keel-worker exit 128 + the signal, as a shell does.
+constexpr int kExitStopped = 6;
 
 // Unix time in seconds, for timelines across processes.
 inline double unix_now() {

@@ -106,6 +106,9 @@ inline constexpr const char* kStartStep = "start_step";
 inline constexpr const char* kStartStepClaimed = "start_step/claimed";
 // Rank 0's figures so far for keel-ctl status (store::Live).
 inline constexpr const char* kLive = "live";
+// Counter: reports rank 0 has written (at the job's end, or a checkpoint stop's). A
+// controller that stops the job writes one only when rank 0 has not.
+inline constexpr const char* kReportsWritten = "report/written";
 
 // --- silent data corruption (robust/sdc_check.h) ---
 // The verdict of a check that failed in epoch E (report::Incident, written by every rank

@@ -468,7 +468,7 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     p.why = "a clear culprit on a live slot: restart it, the others rebuild";
     p.action =
         "restart " + std::string(restart.size() > 1 ? "ranks " : "rank ") + who + " in place";
-  } else if (f.kind == FailureKind::kSdc) {
+  } else if (f.kind == FailureKind::kSdc && !f.replay_cleared) {
     p.rung = PlanRung::kRollback;
     p.why = "corruption with no clear culprit: every rank goes back to verified state";
     p.action = "roll back in place (no clear culprit)";
@@ -478,9 +478,11 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     p.action = "roll back in place";
   } else {
     p.rung = PlanRung::kReattempt;
-    p.why = f.diagnosed ? "no culprit, and the stop-time diagnostics passed: every rank rebuilds "
-                          "its communicators and goes on"
-                        : "no culprit: every rank rebuilds its communicators and goes on";
+    p.why = f.replay_cleared ? "the replay found no machine that computes wrong: every rank "
+                               "rebuilds its communicators and goes on from its newest step"
+            : f.diagnosed    ? "no culprit, and the stop-time diagnostics passed: every rank "
+                               "rebuilds its communicators and goes on"
+                             : "no culprit: every rank rebuilds its communicators and goes on";
     p.action = "reattempt in place (no culprit)";
   }
   if (p.restore.job_source == membership::persistent)

@@ -81,7 +81,10 @@ struct Failure {
   std::set<int> failed_slots;    // rungs 2, 4: slots the diagnostics or the replay failed
   bool diagnosed = false;        // rung 2 ran (and these are all that failed)
   bool from_checkpoint = false;  // rung 3: restore the newest persistent checkpoint
-  std::string ladder_why;        // rungs 2-4: why the ladder got here
+  // A replay an operator asked for (keel-ctl replay) found no machine that fails both
+  // phases: nothing is suspect, so the job goes on from its newest step (no rollback).
+  bool replay_cleared = false;
+  std::string ladder_why;  // rungs 2-4: why the ladder got here
 };
 
 // What one rank can restore (steps completed), from slot headers: a restore verifies the

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "launcher/controller/controller_impl.h"
+#include "launcher/controller/stop_report.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
 #include "robust/fault_injector.h"
@@ -256,11 +257,7 @@ int Controller::Impl::run() {
   ctx.event("start", EventFields().add("world", members.world()));
   auto next_error_poll = Clock::now(), next_grow_check = Clock::now();
   while (true) {
-    if (stopping()) {
-      LOG(WARNING) << strsignal(*o.stop_signal) << ": stopping every rank";
-      host->stop_all(SIGTERM, kStopGrace);
-      return 128 + *o.stop_signal;
-    }
+    if (stopping()) return stop_by_signal();
     pump();
     if (auto ex = host->poll_exit()) {
       if (ex->clean()) {
@@ -273,13 +270,15 @@ int Controller::Impl::run() {
         std::string why = detail::concat("rank ", ex->rank, " ", ex->describe());
         if (!ex->detail.empty() && !ex->slot_lost)
           why += detail::concat("\nrank ", ex->rank, "'s last lines:\n", ex->detail);
-        return stop_job(why, ex->code());
+        // A rank's own code says why (bad input, a NaN, a failed write); a rank lost after
+        // the others finished has none of keel's.
+        return stop_job(why, ex->fatal() ? ex->code() : recovery::kExitStopped);
       }
-      if (!recover(detector.from_exit(*ex))) return stop_job("", ex->code() ? ex->code() : 1);
+      if (!recover(detector.from_exit(*ex))) return stop_after_recovery();
       continue;
     }
     if (auto d = poll_failures(&next_error_poll, &next_grow_check)) {
-      if (!recover(std::move(*d))) return stop_job("", 1);
+      if (!recover(std::move(*d))) return stop_after_recovery();
       continue;
     }
     std::this_thread::sleep_for(kLoopPause);
@@ -305,10 +304,25 @@ void Controller::Impl::serve_stacks_requests() {
   }
 }
 
+int Controller::Impl::stop_by_signal() {
+  return stop_job(detail::concat(strsignal(*o.stop_signal), ": stopped from outside"),
+                  128 + *o.stop_signal);
+}
+
+int Controller::Impl::stop_after_recovery() {
+  // A signal that came while the recovery waited stops the job as any signal does.
+  return stopping() ? stop_by_signal() : stop_job(stop_why, recovery::kExitStopped);
+}
+
 int Controller::Impl::stop_job(const std::string& why, int code) {
-  if (!why.empty()) LOG(ERROR) << why << "; stopping the job";
+  LOG(ERROR) << why << "; stopping the job";
   ctx.event("stop", EventFields().add("code", code).add("why", why));
   host->stop_all(SIGTERM, kStopGrace);
+  try {
+    write_stop_report(*store, o.cfg, o.job_start, why, o.report_path);
+  } catch (const std::exception& e) {
+    LOG(ERROR) << "the stopped job's report: " << e.what();
+  }
   return code;
 }
 

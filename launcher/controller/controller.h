@@ -45,6 +45,8 @@ struct ControllerOptions {
   std::string controller_endpoint;  // the control plane's endpoint ("" under --nproc)
   std::string run_dir;              // runs/<job>: stacks go to run_dir/stacks/<name>/
                                     // ("" : a temporary directory)
+  std::string report_path;          // --report: written here when keel stops the job itself
+                                    // (rank 0 writes it at the job's end; "" : none)
   bool console_progress = false;    // print rank 0's progress every train.log_every steps
   const volatile sig_atomic_t* stop_signal = nullptr;  // set by SIGINT/SIGTERM handlers
   // Called for every event worth a line in the job's event log (launcher/controller/event_log.h).

@@ -47,6 +47,7 @@ struct Controller::Impl {
   RunState state = RunState::kStarting;
   policy::StopMemory stops;     // the stop rules' memory (robust/stop_rules.h)
   policy::LadderMemory ladder;  // the escalation ladder's (robust/ladder.h)
+  std::string stop_why;         // why recover() said the job must stop (the report's reason)
   std::function<void(const std::string&, const control::Envelope&)> on_agent;
   std::set<int> finished;  // ranks that exited cleanly (the job's end)
   int64_t last_printed = -1;
@@ -82,12 +83,16 @@ struct Controller::Impl {
   // One pass of the loop's periodic checks: a failure to recover from, if any.
   std::optional<Detected> poll_failures(Clock::time_point* next_error_poll,
                                         Clock::time_point* next_grow_check);
+  // Stops every rank, records why (the event log, the report when rank 0 wrote none) and
+  // returns `code`.
   int stop_job(const std::string& why, int code);
+  int stop_by_signal();       // 128 + the signal
+  int stop_after_recovery();  // recover() said stop: recovery::kExitStopped, or a signal's
   void serve_stacks_requests();
 
   // controller_recovery.cc: the epoch transition. recover() moves the job to the next epoch
   // after a failure; false when the job must stop (a stop rule or the policy said so, or a
-  // stop signal came while it waited).
+  // stop signal came while it waited), with stop_why set.
   bool recover(Detected d);
   // The stop rules, asked with the progress now (-1: unknown).
   bool must_stop(const Detected& d, int64_t progress_now);

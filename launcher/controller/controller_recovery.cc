@@ -44,9 +44,9 @@ bool Controller::Impl::must_stop(const Detected& d, int64_t progress) {
       policy::count_failure(&stops, o.cfg.recovery().max_incidents(), progress);
   if (!v.stop) return false;
   if (stops.incidents > o.cfg.recovery().max_incidents())
-    LOG(ERROR) << v.why << "; stopping the job (last: " << d.found.detail() << ")";
+    stop_why = detail::concat(v.why, " (last: ", d.found.detail(), ")");
   else
-    LOG(ERROR) << d.found.detail() << "; " << v.why << ": stopping the job";
+    stop_why = detail::concat(d.found.detail(), "; ", v.why);
   return true;
 }
 
@@ -163,7 +163,9 @@ bool Controller::Impl::recover(Detected d) {
                             .add("rule", d.failure.rule)
                             .add("detail", d.found.detail()));
   const int64_t progress = progress_now();
-  if (must_stop(d, progress)) return false;
+  // An operator's replay is a check, not a failure: it counts against no stop rule.
+  const bool requested = d.failure.rule == ReplayCoordinator::kRequestedRule;
+  if (!requested && must_stop(d, progress)) return false;
   state = RunState::kRecovering;
   const int next = members.epoch() + 1;
   const bool restart_all = o.cfg.recovery().mode() == config::RecoveryConfig::restart_all;
@@ -198,7 +200,7 @@ bool Controller::Impl::recover(Detected d) {
   const std::optional<policy::Plan> plan = decide(&d, have, po);
   if (!plan) return false;
   if (plan->kind == policy::Plan::Kind::kStop) {
-    LOG(ERROR) << d.found.detail() << "; " << plan->why << ": stopping the job";
+    stop_why = detail::concat(d.found.detail(), "; ", plan->why);
     ctx.event("stop_decision", EventFields().add("why", plan->why));
     return false;
   }
@@ -213,6 +215,13 @@ bool Controller::Impl::recover(Detected d) {
   if (restart_all) t.step_in_flight = t.steps_completed = std::max<int64_t>(progress, 0);
   carry_out(*plan, next, &t, epoch_plugin.plugin_hash().empty() ? nullptr : &epoch_plugin);
   if (lazy_update) updates.applied(std::max<int64_t>(plan->restore.step, 0));
+  if (d.failure.replay_cleared) {
+    LOG(WARNING) << "replay: no machine computes wrong; the job goes on from step "
+                 << plan->restore.step << " (epoch " << members.epoch() << ")";
+    ctx.event("replay_cleared",
+              EventFields().add("epoch", members.epoch()).add("step", plan->restore.step));
+    return true;
+  }
   const report::Incident inc = incident_of(d, *plan, t);
   const int64_t n = store_incident(*store, inc);
   LOG(WARNING) << "incident " << n + 1 << ": " << inc.detail() << " at step " << inc.step() + 1

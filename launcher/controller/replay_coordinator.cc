@@ -143,7 +143,7 @@ Detected ReplayCoordinator::requested() const {
   d.found.set_slot(-1);
   d.found.set_detail("keel-ctl replay");
   d.failure.kind = policy::FailureKind::kSdc;
-  d.failure.rule = "sdc_replay_requested";
+  d.failure.rule = kRequestedRule;
   // With the checks on, nothing after the newest verified step is trusted; with them off
   // nothing is known verified, and the job goes on from its newest step.
   if (ctx_.cfg().sdc().check_every_steps() > 0) {
@@ -184,6 +184,11 @@ void ReplayCoordinator::pin(Detected* d, const std::map<int, policy::Holdings>& 
     d->found.set_slot(slot);
     d->found.set_found_by("replay");
     return;
+  }
+  // An operator's replay that found nothing clears the job: no rollback, no incident.
+  if (step >= 0 && d->failure.rule == kRequestedRule) {
+    d->failure.replay_cleared = true;
+    d->failure.restore_at_most.reset();
   }
 }
 

@@ -19,6 +19,9 @@ namespace keel {
 
 class ReplayCoordinator {
  public:
+  // The rule of the failure keel-ctl replay asks for.
+  static constexpr const char* kRequestedRule = "sdc_replay_requested";
+
   explicit ReplayCoordinator(const ControllerContext& ctx) : ctx_(ctx) {}
 
   // Whether the job can replay now (sdc.replay on, whole moments at data parallelism 1).
@@ -28,6 +31,7 @@ class ReplayCoordinator {
   // failing group of both (empty: none) and says how it went in *detail.
   std::vector<int> replay(int64_t step, int incident, std::string* detail);
   // An SDC failure without a named rank: the replay may name one (a rank of the machine).
+  // A replay keel-ctl asked for that names none sets Failure::replay_cleared.
   void pin(Detected* d, const std::map<int, policy::Holdings>& have, int incident);
   // The failure keel-ctl replay asks for (an SDC suspicion with no rank named).
   Detected requested() const;

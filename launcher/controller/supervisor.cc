@@ -7,6 +7,7 @@
 #include <optional>
 #include <random>
 
+#include "ckpt/checkpoint_dir_lock.h"
 #include "ckpt/persistent_checkpoint.h"
 #include "launcher/control_plane.h"
 #include "launcher/controller/controller.h"
@@ -31,7 +32,9 @@ int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv)
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM}) KEEL_CHECK_ERRNO(sigaction(sig, &sa, nullptr));
+  // SIGHUP too: a closed terminal stops the job like Ctrl-C, with its report and without
+  // leaving the job's shared memory behind.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) KEEL_CHECK_ERRNO(sigaction(sig, &sa, nullptr));
   remove_stale_segments();
 
   ControllerOptions co;
@@ -51,8 +54,12 @@ int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv)
     }
   }
   co.lineage = checkpoint_lineage(co.job, resumed ? &*resumed : nullptr);
+  std::optional<CheckpointDirLock> ckpt_lock;
+  if (co.cfg.checkpoint().persistent_every_steps() > 0)
+    ckpt_lock.emplace(co.cfg.checkpoint().dir(), co.job, co.lineage);
   co.job_start = recovery::unix_now();
   co.stop_signal = &g_signal;
+  co.report_path = o.report_path;
   TcpStoreServer store_server("127.0.0.1", 0);
   co.store_addr = "127.0.0.1:" + std::to_string(store_server.port());
   // The ranks report their progress here, which is how a hang is found without waiting

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "launcher/recovery_protocol.h"
-#include "launcher/worker/job_history.h"
+#include "launcher/job_history.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
 

@@ -23,6 +23,7 @@
 
 #include "launcher/job_env.h"
 #include "launcher/recovery_protocol.h"
+#include "launcher/run_report.h"
 #include "launcher/worker/applied_membership.h"
 #include "launcher/worker/epoch_runner.h"
 #include "launcher/worker/job_record.h"
@@ -30,7 +31,6 @@
 #include "launcher/worker/progress_reporter.h"
 #include "launcher/worker/recovery_client.h"
 #include "launcher/worker/round_meter.h"
-#include "launcher/worker/run_report.h"
 #include "launcher/worker/sdc_checker.h"
 #include "launcher/worker/snapshot_set.h"
 #include "launcher/worker/step_loop.h"
@@ -66,10 +66,6 @@ struct RankEnv {
 
   static RankEnv read();
 };
-
-inline std::string layout_name(const Topology& t) {
-  return detail::concat("tp", t.tp(), " pp", t.pp(), " dp", t.dp());
-}
 
 // A plugin on probation broke the training (a loss jump): the recovery rolls it back.
 class UpdateProbationFailed : public RecoverableFailure {

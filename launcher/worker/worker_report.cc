@@ -1,7 +1,7 @@
 // The job's end on a rank (Worker::finish): the last checkpoint settled, every rank's
 // figures and the full parameters gathered to rank 0, and rank 0's outputs: the report, the
 // loss chart, the exported weights and the closing line.
-#include "launcher/worker/job_history.h"
+#include "launcher/job_history.h"
 #include "launcher/worker/worker_impl.h"
 #include "model/llmc_checkpoint.h"
 #include "proto/store_keys.h"
@@ -63,6 +63,8 @@ void Worker::finish() {
     output("--export-llmc", o_.export_llmc_path,
            [&] { write_llmc_checkpoint(o_.export_llmc_path, trainer_->dims(), full); });
     output("--report", o_.report_path, [&] { write_report_json(o_.report_path, rep); });
+    // The controller that stops the job next (a checkpoint stop) keeps this report.
+    if (env_.supervised) store_->add(keys::kReportsWritten, 1);
     output("--loss-svg", o_.loss_svg_path, [&] { write_loss_svg(o_.loss_svg_path, rep); });
     std::string ckpt_text;
     if (rep.checkpoint_write_failures() > 0)

@@ -1,6 +1,7 @@
 // Nothing lost to a stray signal or bad numbers: a signal to the supervisor alone stops every
-// rank (SIGKILL included, through PR_SET_PDEATHSIG), a later job removes the shared memory a
-// killed one left, and a non-finite loss stops the run naming the step.
+// rank (SIGKILL included, through PR_SET_PDEATHSIG) and, when it can, reports the steps done;
+// a later job removes the shared memory a killed one left, and a non-finite loss stops the
+// run naming the step.
 #include <signal.h>
 
 #include <gtest/gtest.h>
@@ -34,13 +35,16 @@ std::function<void(pid_t)> signal_after(int sig, double seconds, bool* sent) {
   };
 }
 
-TEST(WorkerSignals, SigtermAndSigintStopEveryRank) {
-  for (int sig : {SIGTERM, SIGINT}) {
+TEST(WorkerSignals, SigtermSigintAndSighupStopEveryRankWithAReport) {
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
     std::string dir = temp_dir("sig");
     bool sent = false;
     JobRun r = run_job(dir, long_job(dir), signal_after(sig, 1.5, &sent), 120);
     ASSERT_TRUE(sent);
     EXPECT_EQ(r.exit_code, 128 + sig) << r.output;
+    // The steps done are reported, and the report says it was stopped and why.
+    EXPECT_TRUE(contains(r.report, "\"stopped\": true")) << r.output;
+    EXPECT_TRUE(contains(r.report, "stopped from outside")) << r.report;
     EXPECT_EQ(r.leftover_processes, 0) << r.output;
     EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
   }

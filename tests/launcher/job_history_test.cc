@@ -1,6 +1,6 @@
 // The job's history as rank 0 reads it back from the store for its report
-// (launcher/worker/job_history.h), with an in-memory store.
-#include "launcher/worker/job_history.h"
+// (launcher/job_history.h), with an in-memory store.
+#include "launcher/job_history.h"
 
 #include <gtest/gtest.h>
 

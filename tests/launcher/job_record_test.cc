@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "launcher/worker/job_history.h"
+#include "launcher/job_history.h"
 #include "parallel/hash_store.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"

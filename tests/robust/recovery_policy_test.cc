@@ -185,6 +185,23 @@ TEST(RecoveryPolicy, SdcEvictsTheCulpritsSlotAndRollsBackToTheVerifiedStep) {
   EXPECT_EQ(p.restore.job_source, membership::persistent);
 }
 
+// An operator's replay (keel-ctl replay) that found no machine: nothing is suspect, so the
+// job goes on from its newest step, not from the verified one.
+TEST(RecoveryPolicy, AReplayThatFoundNothingGoesOnWithoutRollback) {
+  ClusterView v = view_3d(1);
+  Failure f;
+  f.kind = FailureKind::kSdc;
+  f.replay_cleared = true;  // the controller also dropped restore_at_most
+  Plan p = decide(f, v, holdings(8, 30), opts());
+  ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
+  EXPECT_EQ(p.rung, PlanRung::kReattempt);
+  EXPECT_TRUE(p.kill.empty());
+  EXPECT_TRUE(p.evict.empty());
+  EXPECT_EQ(p.restore.step, 30);
+  EXPECT_EQ(p.restore.job_source, membership::memory);
+  EXPECT_NE(p.why.find("the replay found no machine"), std::string::npos) << p.why;
+}
+
 // Without slots to evict, the culprit's rank is stopped and started again.
 TEST(RecoveryPolicy, SdcWithoutSlotsRestartsTheCulprit) {
   ClusterView v;

@@ -7,11 +7,18 @@
 #include <string>
 #include <vector>
 
+#include "parallel/topology.h"
 #include "proto/report.pb.h"
+#include "runtime/check.h"
 
 namespace keel {
 
 using RunReport = report::RunReport;
+
+// The report's name of a layout, e.g. "tp2 pp2 dp2".
+inline std::string layout_name(const Topology& t) {
+  return detail::concat("tp", t.tp(), " pp", t.pp(), " dp", t.dp());
+}
 
 // Each writes `path` whole or leaves it as it was; a failure (a full disk) throws keel::Error
 // naming the file and why, and leaves no temporary file behind.

@@ -1,4 +1,4 @@
-#include "launcher/worker/run_report.h"
+#include "launcher/run_report.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,6 +1,7 @@
 // What a job did, as its store remembers it: the store outlives every rank, so rank 0 can
 // report steps run by an earlier rank 0 (before a crash or a restart_all), the incidents the
-// controller recorded, the injections and the processes that served each rank. The writers
+// controller recorded, the injections and the processes that served each rank; and the
+// controller can report a job it stops itself, whose rank 0 never reaches its end. The writers
 // are job_record.h (rank 0's steps and figures), the ranks (restored/<E>/<rank>,
 // restored_from/<E>/<rank>) and the controller (incidents).
 #pragma once

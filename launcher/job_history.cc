@@ -1,4 +1,4 @@
-#include "launcher/worker/job_history.h"
+#include "launcher/job_history.h"
 
 #include <algorithm>
 #include <string>
