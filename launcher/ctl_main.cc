@@ -5,7 +5,8 @@
 //   keel-ctl replay [--run ... | --controller ...]
 //   keel-ctl update --plugin PATH [--urgent | --lazy] [--at-step S] [--run ... | --controller ...]
 //   keel-ctl plan-standby --machines N --mtbf-hours H --recovery-minutes R [--percentile P]
-// Without --run or --controller it finds the newest job under ./runs. Every error is one line
+// Without --run or --controller it finds the newest job under ./runs whose controller answers
+// (status also reads an ended job's report). Every error is one line
 // on stderr, "keel-ctl: error: ...": exit 2 for bad input or a request the controller refused
 // (inject at a step already passed, ...), 1 when no controller answers. The command line is
 // CLI11's (runtime/cli.h): one subcommand, each with its own --help.
@@ -19,6 +20,7 @@
 #include <string>
 
 #include "launcher/control_plane.h"
+#include "launcher/run_dir_finder.h"
 #include "robust/standby_plan.h"
 #include "runtime/check.h"
 #include "runtime/cli.h"
@@ -35,7 +37,9 @@ int fail(int code, const std::string& why) {
   return code;
 }
 
-std::string find_endpoint(const std::string& run, const std::string& controller) {
+// The job a command talks to: --controller's, --run's, or the newest under ./runs whose
+// controller answers (keel-ctl status also takes the newest ended one, to read its report).
+keel::FoundRun find_job(const std::string& run, const std::string& controller, bool status) {
   if (!controller.empty()) {
     // A malformed endpoint is the user's input, not a controller that did not answer.
     try {
@@ -43,28 +47,32 @@ std::string find_endpoint(const std::string& run, const std::string& controller)
     } catch (const keel::InputError& e) {
       throw keel::InputError(std::string("--controller: ") + e.what());
     }
-    return controller;
+    keel::FoundRun r;
+    r.endpoint = controller;
+    return r;
   }
-  fs::path dir = run;
-  if (dir.empty()) {
-    // The newest job: its controller file is written once, when the controller binds. (A
-    // default-constructed file time is not the earliest: no file was ever newer.)
-    fs::file_time_type newest = fs::file_time_type::min();
-    if (fs::is_directory("runs"))
-      for (const auto& e : fs::directory_iterator("runs")) {
-        std::error_code ec;
-        const fs::file_time_type t = fs::last_write_time(e.path() / "controller", ec);
-        if (!ec && t >= newest) newest = t, dir = e.path();
-      }
-    if (dir.empty())
-      throw keel::InputError("no job under ./runs; say which with --run or --controller");
+  keel::FoundRun r = run.empty() ? keel::find_run("runs", status) : keel::read_run(run);
+  if (r.end_code && !status)
+    throw keel::InputError(r.dir + ": the job has ended (exit " + std::to_string(*r.end_code) +
+                           "); there is no controller to ask");
+  return r;
+}
+
+// keel-ctl status of a job that has ended: its report, which needs no controller.
+int ended_status(const keel::FoundRun& r) {
+  std::printf("state ended | exit %d | run %s\n", *r.end_code, r.dir.c_str());
+  const auto rep = keel::read_run_report(r.dir);
+  if (!rep) {
+    std::printf("no report in %s/report.json (--report put it elsewhere, or none was written)\n",
+                r.dir.c_str());
+    return 0;
   }
-  std::ifstream in(dir / "controller");
-  std::string ep;
-  if (!std::getline(in, ep) || ep.empty())
-    throw keel::InputError((dir / "controller").string() +
-                           ": missing or empty (is it a keel-launch run directory?)");
-  return ep;
+  std::printf("%s after %d step(s) | final loss %.6f | ETTR %.3f | %d incident(s)%s%s\n",
+              rep->stopped() ? "stopped" : "done", rep->steps_completed(), rep->final_loss(),
+              rep->ettr(), rep->incidents_size(), rep->param_checksum().empty() ? "" : " | params ",
+              rep->param_checksum().c_str());
+  if (rep->stopped()) std::printf("why: %s\n", rep->stop_reason().c_str());
+  return 0;
 }
 
 // How long keel-ctl waits for the controller's answer. The controller answers from its loop,
@@ -282,8 +290,9 @@ int main(int argc, char** argv) {
     const std::string cmd = app.get_subcommands().front()->get_name();
     if (cmd == "inject" && fault.empty())
       return keel::cli::usage_error(app, "inject needs a fault, e.g. crash@step=40,rank=3");
-    keel::ControlClient c(find_endpoint(target.run, target.controller),
-                          "ctl/" + std::to_string(getpid()));
+    const keel::FoundRun job = find_job(target.run, target.controller, cmd == "status");
+    if (job.end_code) return ended_status(job);
+    keel::ControlClient c(job.endpoint, "ctl/" + std::to_string(getpid()));
     if (cmd == "update") return update(c, plugin, lazy, at_step);
     if (cmd == "stacks") return stacks(c, name);
     if (cmd == "replay") return replay(c);

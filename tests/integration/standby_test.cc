@@ -329,6 +329,8 @@ std::string capture(const std::string& cmd) {
 // with its self-check) and the ranks; inject adds a fault the job then survives like any other.
 TEST(KeelCtl, StatusAndInjectOnARunningJob) {
   std::string dir = temp_dir("ctl");
+  constexpr const char* kDeadRun = "99999-deadbeef";
+  const std::string dead_run = dir + "/runs/" + kDeadRun;
   std::string status, injected;
   int inject_step = 0;
   JobRun r = run_launch_job(
@@ -341,10 +343,16 @@ TEST(KeelCtl, StatusAndInjectOnARunningJob) {
         if (!injected.empty()) return;
         std::string run;
         if (std::filesystem::exists(dir + "/runs"))
-          for (const auto& d : std::filesystem::directory_iterator(dir + "/runs")) run = d.path();
+          for (const auto& d : std::filesystem::directory_iterator(dir + "/runs"))
+            if (d.path().filename() != kDeadRun) run = d.path();
         if (run.empty() || !std::filesystem::exists(run + "/controller")) return;
+        // A newer run directory whose controller is gone (a job killed with -9): passed over.
+        if (!std::filesystem::exists(dead_run + "/controller")) {
+          std::filesystem::create_directories(dead_run);
+          std::ofstream(dead_run + "/controller") << "tcp://127.0.0.1:9\n";
+        }
         // As the README has it: from the directory the job runs in, without --run (keel-ctl
-        // finds the newest job under ./runs).
+        // finds the newest job under ./runs whose controller answers).
         status = capture("cd " + dir + " && " + bin_dir() + "/keel-ctl status");
         // Ask again until the standby has checked itself and every rank has reported.
         if (!contains(status, "standby (self-check ok") || !contains(status, "rank   7")) {
@@ -376,6 +384,12 @@ TEST(KeelCtl, StatusAndInjectOnARunningJob) {
                            .ranks = {{3, "own_snapshot"}},
                            .others = "memory"});
   EXPECT_EQ(r.leftover_processes, 0) << r.output;
+  // Once the job has ended, status needs no controller; a command that does is refused.
+  const std::string ended = capture("cd " + dir + " && " + bin_dir() + "/keel-ctl status");
+  EXPECT_TRUE(contains(ended, "state ended | exit 0")) << ended;
+  const std::string late =
+      capture("cd " + dir + " && " + bin_dir() + "/keel-ctl inject crash@step=299,rank=1");
+  EXPECT_TRUE(contains(late, "keel-ctl: error: no running job under ./runs answers")) << late;
 }
 
 }  // namespace
