@@ -24,6 +24,7 @@
 #include "launcher/controller/controller.h"
 #include "launcher/controller/event_log.h"
 #include "launcher/controller/local_host.h"
+#include "launcher/fault_checks.h"
 #include "launcher/job_env.h"
 #include "launcher/recovery_protocol.h"
 #include "parallel/net_address.h"
@@ -141,26 +142,18 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
                                     : fork_slots ? "--local "
                                                  : "--slots ",
                                     world / W + o.standby));
-  // Faults that take a slot: slot 0 hosts the controller, which cannot fail over yet.
+  // The job's faults, checked as keel-ctl inject's are at run time (launcher/fault_checks.h).
   FaultPlan plan;
   for (size_t i = 0; i + 1 < o.worker_args.size(); ++i) {
     if (o.worker_args[i] == "--fault") add_fault_flag(&plan, o.worker_args[i + 1]);
     if (o.worker_args[i] == "--inject") add_fault_file(&plan, o.worker_args[i + 1]);
   }
-  validate_fault_plan(plan, world, cfg.train().steps());
-  for (const auto& f : plan.schedule.fault()) {
-    const bool slot_fault =
-        f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition;
-    if (slot_fault && f.rank() / W == 0)
-      throw InputError(detail::concat(fault_kind_name(f.kind()), "@step=", f.step(),
-                                      ",rank=", f.rank(), ": rank ", f.rank(),
-                                      " is on slot 0, which hosts the controller and cannot be "
-                                      "lost yet; pick a rank of another slot"));
-    if (f.kind() == faults::Fault::partition && JobEnv::get().ifname.empty())
-      throw InputError(
-          "a partition fault needs each slot on its own network interface, named by KEEL_IFNAME "
-          "(e.g. machines as network namespaces)");
-  }
+  check_faults(plan,
+               FaultJob{.world = world,
+                        .steps = cfg.train().steps(),
+                        .slot_of = [W](int rank) { return rank / W; },
+                        .own_interfaces = !JobEnv::get().ifname.empty()},
+               0, /*running=*/false);
   std::optional<ResumePoint> resumed;
   if (!o.resume.empty()) {
     // Checked here, so that a missing or unusable checkpoint is said once, before any slot
@@ -279,6 +272,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   co.controller_endpoint = control.endpoint();
   co.run_dir = dir.string();
   co.report_path = report;
+  co.faults = plan.schedule;
   co.console_progress = !o.quiet;
   co.stop_signal = &g_signal;
   co.on_event = [&](const std::string& k, const EventFields& f) { events.write(k, f); };

@@ -11,6 +11,8 @@
 
 #include "launcher/controller/controller_impl.h"
 #include "launcher/controller/stop_report.h"
+#include "launcher/fault_checks.h"
+#include "launcher/job_env.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
 #include "robust/fault_injector.h"
@@ -102,7 +104,7 @@ void Controller::Impl::handle(const std::string& identity, const control::Envelo
     stacks_requests.emplace_back(identity, m.stacks_request().name());
     return;
   } else if (m.has_update_request()) {
-    updates.request(m.update_request(), r.mutable_update_reply());
+    updates.request(m.update_request(), detector.ahead(), r.mutable_update_reply());
   } else if (m.has_replay_request()) {
     replay_request(r.mutable_replay_reply());
   } else {
@@ -185,22 +187,25 @@ void Controller::Impl::status(control::StatusReply* r) {
 // keel-ctl inject: the fault joins the ranks' schedules through the store.
 void Controller::Impl::inject(const std::string& fault, control::InjectReply* r) {
   try {
+    // The job's faults so far (its schedule and earlier injections) and this one, checked
+    // as keel-launch checks its schedule: the same fault twice is refused.
     FaultPlan plan;
+    *plan.schedule.mutable_fault() = o.faults.fault();
+    const int64_t injected = store->add(keys::kRuntimeFaultCount, 0);
+    for (int64_t i = 0; i < injected; ++i)
+      if (auto f = try_get_message<faults::Fault>(*store, keys::runtime_fault_key(i)))
+        *plan.schedule.add_fault() = *f;
+    for (int i = 0; i < plan.schedule.fault_size(); ++i)
+      plan.origins.push_back(FaultOrigin{.file = "the job's faults", .index = i});
+    const int first_new = plan.schedule.fault_size();
     add_fault_flag(&plan, fault);
-    validate_fault_plan(plan, members.world(), o.cfg.train().steps());
-    const faults::Fault& f = plan.schedule.fault(0);
-    // The hook that corrupts a rank's tensors is installed on every rank alike when the job
-    // starts (it changes when a single micro-batch's gradients are reduced), not later.
-    if (f.kind() == faults::Fault::sdc)
-      throw InputError(fault +
-                       ": sdc faults are given when the job starts (--fault or --inject), not "
-                       "while it runs");
-    if ((f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition) &&
-        host->slot_of(f.rank()) <= 0)
-      throw InputError(fault + ": rank " + std::to_string(f.rank()) +
-                       (host->slot_of(f.rank()) < 0 ? " has no slot (keel-launch runs slots)"
-                                                    : " is on slot 0, which hosts the controller "
-                                                      "and cannot be lost yet"));
+    check_faults(plan,
+                 FaultJob{.world = members.world(),
+                          .steps = o.cfg.train().steps(),
+                          .slot_of = [this](int rank) { return host->slot_of(rank); },
+                          .own_interfaces = !JobEnv::get().ifname.empty()},
+                 first_new, /*running=*/true);
+    const faults::Fault& f = plan.schedule.fault(first_new);
     // A fault at step S fires as its rank starts step S (counted from 0), when the rank
     // reads the store's new faults. A rank that reported c steps completed may already have
     // started step c, so S must be past c: S <= c is refused. S = c + 1 or later fires unless

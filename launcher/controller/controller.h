@@ -29,6 +29,7 @@
 #include "parallel/topology.h"
 #include "proto/config.pb.h"
 #include "proto/control.pb.h"
+#include "proto/faults.pb.h"
 #include "proto/report.pb.h"
 
 namespace keel {
@@ -47,6 +48,8 @@ struct ControllerOptions {
                                     // ("" : a temporary directory)
   std::string report_path;          // --report: written here when keel stops the job itself
                                     // (rank 0 writes it at the job's end; "" : none)
+  faults::FaultSchedule faults;     // the job's --fault/--inject schedule: keel-ctl inject
+                                    // refuses a fault the job already has
   bool console_progress = false;    // print rank 0's progress every train.log_every steps
   const volatile sig_atomic_t* stop_signal = nullptr;  // set by SIGINT/SIGTERM handlers
   // Called for every event worth a line in the job's event log (launcher/controller/event_log.h).

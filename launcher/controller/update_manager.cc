@@ -46,7 +46,8 @@ void UpdateManager::set_current_plugin(const std::string& path, const std::strin
   set_message(*ctx_.store, keys::kPluginCurrent, p);
 }
 
-void UpdateManager::request(const control::UpdateRequest& rq, control::UpdateReply* r) {
+void UpdateManager::request(const control::UpdateRequest& rq, int64_t completed,
+                            control::UpdateReply* r) {
   report::Update u;
   u.set_plugin(rq.plugin());
   u.set_requested_at(recovery::unix_now());
@@ -57,6 +58,22 @@ void UpdateManager::request(const control::UpdateRequest& rq, control::UpdateRep
   if (active_ >= 0) {
     r->set_ok(false);
     r->set_message(detail::concat("update ", active_, " is still in progress"));
+    return;
+  }
+  // --at-step S switches once S steps are done: a step the job has passed (or one it never
+  // reaches) would switch at another step than asked, so it is refused, as inject's is.
+  const int64_t steps = ctx_.cfg().train().steps();
+  if (rq.at_step() > 0 && (rq.at_step() <= completed || rq.at_step() >= steps)) {
+    r->set_ok(false);
+    r->set_message(
+        rq.at_step() >= steps
+            ? detail::concat("--at-step ", rq.at_step(), ": the job has ", steps,
+                             " steps (train.steps); give a step below it")
+            : detail::concat("--at-step ", rq.at_step(), ": step ", rq.at_step(),
+                             " has passed: the job has completed ", completed, " step(s); give ",
+                             completed + 1 < steps
+                                 ? detail::concat("--at-step ", completed + 1, " or later")
+                                 : std::string("no --at-step")));
     return;
   }
   if (plugin_hash_.empty()) {

@@ -21,8 +21,9 @@ class UpdateManager {
  public:
   explicit UpdateManager(const ControllerContext& ctx) : ctx_(ctx) {}
 
-  // keel-ctl update.
-  void request(const control::UpdateRequest& rq, control::UpdateReply* r);
+  // keel-ctl update; `completed` is the newest step any rank completed (an --at-step at or
+  // before it is refused, as keel-ctl inject refuses a step that has passed).
+  void request(const control::UpdateRequest& rq, int64_t completed, control::UpdateReply* r);
   // Moves the update in progress on: collects the ranks' checks and decides, or sees every
   // rank switched. `ahead`: the newest step any rank reported (or the epoch's first).
   void poll(int64_t ahead);

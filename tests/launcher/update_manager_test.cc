@@ -45,7 +45,7 @@ class UpdateManagerTest : public testing::Test {
     rq.set_plugin(plugin);
     rq.set_lazy(lazy);
     control::UpdateReply r;
-    updates.request(rq, &r);
+    updates.request(rq, /*completed=*/0, &r);
     return r;
   }
   void check(int64_t n, int rank, bool ok, const std::string& why = "") {
@@ -77,7 +77,7 @@ TEST_F(UpdateManagerTest, AFileThatIsNoPluginIsRefusedAndPublished) {
   control::UpdateRequest rq;
   rq.set_plugin("/nonexistent/libnothing.so");
   control::UpdateReply r;
-  updates.request(rq, &r);
+  updates.request(rq, /*completed=*/0, &r);
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.id(), 0);
   EXPECT_EQ(r.message().rfind("refused: ", 0), 0u) << r.message();
@@ -85,6 +85,30 @@ TEST_F(UpdateManagerTest, AFileThatIsNoPluginIsRefusedAndPublished) {
   EXPECT_EQ(record(0).outcome(), report::refused);
   // Nothing is in progress: the next request is taken.
   EXPECT_TRUE(request().ok());
+}
+
+// --at-step at a step the job has completed, or past its last: refused before anything is
+// published, as keel-ctl inject refuses a step that has passed.
+TEST_F(UpdateManagerTest, AnAtStepThatHasPassedIsRefused) {
+  options.cfg.mutable_train()->set_steps(100);
+  control::UpdateRequest rq;
+  rq.set_plugin(plugin);
+  rq.set_at_step(20);
+  control::UpdateReply r;
+  updates.request(rq, /*completed=*/30, &r);
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.message(),
+            "--at-step 20: step 20 has passed: the job has completed 30 step(s); give "
+            "--at-step 31 or later");
+  rq.set_at_step(100);
+  updates.request(rq, /*completed=*/30, &r);
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.message(),
+            "--at-step 100: the job has 100 steps (train.steps); give a step below it");
+  EXPECT_EQ(store->add(keys::kUpdateCount, 0), 0) << "a refused --at-step published a plan";
+  rq.set_at_step(31);
+  updates.request(rq, /*completed=*/30, &r);
+  EXPECT_TRUE(r.ok()) << r.message();
 }
 
 TEST_F(UpdateManagerTest, ARanksRefusalRefusesTheUpdateForAll) {
