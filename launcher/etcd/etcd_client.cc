@@ -1,0 +1,287 @@
+#include "launcher/etcd/etcd_client.h"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "launcher/etcd/detail/etcd_rpc.h"
+
+namespace keel {
+
+namespace {
+
+using std::chrono::steady_clock;
+
+// "http://1.2.3.4:2379" or "1.2.3.4:2379" -> "1.2.3.4:2379"; anything else is refused here,
+// not found out by a gRPC resolver later.
+std::string host_port(const std::string& endpoint) {
+  std::string s = endpoint;
+  const std::string scheme = "http://";
+  if (s.compare(0, scheme.size(), scheme) == 0) s = s.substr(scheme.size());
+  const size_t colon = s.rfind(':');
+  in_addr addr{};
+  if (colon == std::string::npos || ::inet_pton(AF_INET, s.substr(0, colon).c_str(), &addr) != 1)
+    throw InputError("etcd endpoint '" + endpoint + "': expected host:port, host an IPv4 address");
+  const std::string port = s.substr(colon + 1);
+  if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) == 0 || std::stoul(port) > 65535)
+    throw InputError("etcd endpoint '" + endpoint + "': bad port");
+  return s;
+}
+
+EtcdKeyValue from_proto(const mvccpb::KeyValue& kv) {
+  return EtcdKeyValue{kv.key(), kv.value(), kv.create_revision(), kv.mod_revision(), kv.lease()};
+}
+
+// Guard: the key's create revision equals the guard's (0 for a key that must not exist).
+void add_guard(etcdserverpb::TxnRequest& txn, const EtcdGuard& guard) {
+  KEEL_CHECK(!guard.key.empty(), "an etcd guard needs a key");
+  etcdserverpb::Compare* c = txn.add_compare();
+  c->set_result(etcdserverpb::Compare::EQUAL);
+  c->set_target(etcdserverpb::Compare::CREATE);
+  c->set_key(guard.key);
+  c->set_create_revision(guard.create_revision);
+}
+
+}  // namespace
+
+void EtcdClient::Impl::fail(const std::string& what, const grpc::Status& status,
+                            std::chrono::milliseconds waited) const {
+  std::ostringstream os;
+  os << "etcd (" << names << "): " << what << ": ";
+  const auto code = status.error_code();
+  const std::string detail = "gRPC " + std::to_string(int(code)) + " " + status.error_message();
+  if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    os << "no quorum or no member answered within " << waited.count() << " ms (" << detail << ")";
+    throw EtcdUnavailable(os.str(), int(code));
+  }
+  os << "refused (" << detail << ")";
+  throw EtcdError(os.str(), int(code));
+}
+
+EtcdClient::EtcdClient(const std::vector<std::string>& endpoints, std::chrono::milliseconds timeout)
+    : timeout_(timeout), impl_(std::make_unique<Impl>()) {
+  if (endpoints.empty()) throw InputError("etcd: no endpoints");
+  KEEL_CHECK(timeout.count() > 0, "etcd: a call's timeout must be positive");
+  std::string list;
+  for (const auto& e : endpoints) {
+    endpoints_.push_back(host_port(e));
+    list += (list.empty() ? "" : ",") + endpoints_.back();
+  }
+  impl_->names = list;
+  // A third of the deadline, so that a call lost with a dead Raft leader is tried again
+  // (Impl::call); not under 500 ms, which a write under load may take.
+  impl_->attempt = std::max(timeout / 3, std::min(timeout, std::chrono::milliseconds(500)));
+  impl_->target = "ipv4:" + list;
+  grpc::ChannelArguments args;
+  // pick_first: one member at a time, the next one when it fails (etcd's members are equal:
+  // any one forwards writes to the Raft leader).
+  args.SetLoadBalancingPolicyName("pick_first");
+  // Reconnect within 100 ms to 1 s (gRPC's default starts at 1 s and grows to 2 min, far
+  // too slow to pass over a dead member).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A member that stops answering without closing its connection (a frozen machine) is
+  // noticed by pings while a watch or call is open. Not more often than every 5 s: that is
+  // etcd's default --grpc-keepalive-min-time, below which a member drops the connection.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  // Each client its own connections, like separate processes, not shared with other clients
+  // of this process through gRPC's global pool.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetMaxReceiveMessageSize(-1);  // a prefix read may be large; etcd limits requests
+  impl_->channel =
+      grpc::CreateCustomChannel(impl_->target, grpc::InsecureChannelCredentials(), args);
+  impl_->kv = etcdserverpb::KV::NewStub(impl_->channel);
+  impl_->lease = etcdserverpb::Lease::NewStub(impl_->channel);
+  impl_->watch = etcdserverpb::Watch::NewStub(impl_->channel);
+  impl_->maintenance = etcdserverpb::Maintenance::NewStub(impl_->channel);
+}
+
+EtcdClient::~EtcdClient() = default;
+
+std::optional<EtcdKeyValue> EtcdClient::get(const std::string& key) {
+  KEEL_CHECK(!key.empty(), "etcd get: empty key");
+  etcdserverpb::RangeRequest req;
+  req.set_key(key);
+  etcdserverpb::RangeResponse resp;
+  impl_->call("get " + key, steady_clock::now() + timeout_,
+              [&](grpc::ClientContext& c) { return impl_->kv->Range(&c, req, &resp); });
+  if (resp.kvs_size() == 0) return std::nullopt;
+  return from_proto(resp.kvs(0));
+}
+
+std::vector<EtcdKeyValue> EtcdClient::get_prefix(const std::string& prefix,
+                                                 const EtcdRange& range) {
+  etcdserverpb::RangeRequest req;
+  req.set_key(prefix.empty() ? std::string(1, '\0') : prefix);
+  req.set_range_end(etcd_prefix_end(prefix));
+  req.set_limit(range.limit);
+  req.set_max_create_revision(range.max_create_revision);
+  if (range.order != EtcdRange::Order::kKey) {
+    req.set_sort_target(etcdserverpb::RangeRequest::CREATE);
+    req.set_sort_order(range.order == EtcdRange::Order::kCreateAscending
+                           ? etcdserverpb::RangeRequest::ASCEND
+                           : etcdserverpb::RangeRequest::DESCEND);
+  }
+  etcdserverpb::RangeResponse resp;
+  impl_->call("get prefix " + prefix, steady_clock::now() + timeout_,
+              [&](grpc::ClientContext& c) { return impl_->kv->Range(&c, req, &resp); });
+  std::vector<EtcdKeyValue> out;
+  out.reserve(resp.kvs_size());
+  for (const auto& kv : resp.kvs()) out.push_back(from_proto(kv));
+  return out;
+}
+
+int64_t EtcdClient::put(const std::string& key, const std::string& value, int64_t lease) {
+  KEEL_CHECK(!key.empty(), "etcd put: empty key");
+  etcdserverpb::PutRequest req;
+  req.set_key(key);
+  req.set_value(value);
+  req.set_lease(lease);
+  etcdserverpb::PutResponse resp;
+  impl_->call("put " + key, steady_clock::now() + timeout_,
+              [&](grpc::ClientContext& c) { return impl_->kv->Put(&c, req, &resp); });
+  writes_ += 1;
+  bytes_written_ += key.size() + value.size();
+  return resp.header().revision();
+}
+
+int64_t EtcdClient::create(const std::string& key, const std::string& value, int64_t lease) {
+  KEEL_CHECK(!key.empty(), "etcd create: empty key");
+  etcdserverpb::TxnRequest txn;
+  add_guard(txn, EtcdGuard{key, 0});
+  etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  put->set_lease(lease);
+  etcdserverpb::TxnResponse resp;
+  impl_->call("create " + key, steady_clock::now() + timeout_,
+              [&](grpc::ClientContext& c) { return impl_->kv->Txn(&c, txn, &resp); });
+  writes_ += 1;
+  bytes_written_ += key.size() + value.size();
+  // The revision of a transaction that put a new key is the key's create revision.
+  return resp.succeeded() ? resp.header().revision() : 0;
+}
+
+int64_t EtcdClient::erase(const std::string& key) {
+  KEEL_CHECK(!key.empty(), "etcd erase: empty key");
+  etcdserverpb::DeleteRangeRequest req;
+  req.set_key(key);
+  etcdserverpb::DeleteRangeResponse resp;
+  impl_->call("delete " + key, steady_clock::now() + timeout_,
+              [&](grpc::ClientContext& c) { return impl_->kv->DeleteRange(&c, req, &resp); });
+  writes_ += 1;
+  bytes_written_ += key.size();
+  return resp.deleted();
+}
+
+int64_t EtcdClient::erase_prefix(const std::string& prefix) {
+  KEEL_CHECK(!prefix.empty(), "etcd erase_prefix: an empty prefix would delete every key");
+  etcdserverpb::DeleteRangeRequest req;
+  req.set_key(prefix);
+  req.set_range_end(etcd_prefix_end(prefix));
+  etcdserverpb::DeleteRangeResponse resp;
+  impl_->call("delete prefix " + prefix, steady_clock::now() + timeout_,
+              [&](grpc::ClientContext& c) { return impl_->kv->DeleteRange(&c, req, &resp); });
+  writes_ += 1;
+  bytes_written_ += prefix.size();
+  return resp.deleted();
+}
+
+bool EtcdClient::put_if(const EtcdGuard& guard, const std::string& key, const std::string& value,
+                        int64_t lease) {
+  KEEL_CHECK(!key.empty(), "etcd put_if: empty key");
+  etcdserverpb::TxnRequest txn;
+  add_guard(txn, guard);
+  etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  put->set_lease(lease);
+  etcdserverpb::TxnResponse resp;
+  impl_->call("put " + key + " if " + guard.key + " @" + std::to_string(guard.create_revision),
+              steady_clock::now() + timeout_,
+              [&](grpc::ClientContext& c) { return impl_->kv->Txn(&c, txn, &resp); });
+  writes_ += 1;
+  bytes_written_ += key.size() + value.size();
+  return resp.succeeded();
+}
+
+bool EtcdClient::erase_if(const EtcdGuard& guard, const std::string& key, bool prefix) {
+  KEEL_CHECK(!key.empty(), "etcd erase_if: empty key");
+  etcdserverpb::TxnRequest txn;
+  add_guard(txn, guard);
+  etcdserverpb::DeleteRangeRequest* del = txn.add_success()->mutable_request_delete_range();
+  del->set_key(key);
+  if (prefix) del->set_range_end(etcd_prefix_end(key));
+  etcdserverpb::TxnResponse resp;
+  impl_->call("delete " + key + " if " + guard.key + " @" + std::to_string(guard.create_revision),
+              steady_clock::now() + timeout_,
+              [&](grpc::ClientContext& c) { return impl_->kv->Txn(&c, txn, &resp); });
+  writes_ += 1;
+  bytes_written_ += key.size();
+  return resp.succeeded();
+}
+
+EtcdLease EtcdClient::lease_grant(std::chrono::seconds ttl) {
+  KEEL_CHECK(ttl.count() >= 1, "etcd lease: the TTL is whole seconds, at least 1");
+  etcdserverpb::LeaseGrantRequest req;
+  req.set_ttl(ttl.count());
+  etcdserverpb::LeaseGrantResponse resp;
+  const auto requested = steady_clock::now();
+  impl_->call("lease grant", requested + timeout_,
+              [&](grpc::ClientContext& c) { return impl_->lease->LeaseGrant(&c, req, &resp); });
+  if (!resp.error().empty())
+    throw EtcdError("etcd (" + impl_->names + "): lease grant: " + resp.error(), 0);
+  return EtcdLease{resp.id(), std::chrono::seconds(resp.ttl()), requested};
+}
+
+void EtcdClient::lease_revoke(int64_t lease) {
+  etcdserverpb::LeaseRevokeRequest req;
+  req.set_id(lease);
+  etcdserverpb::LeaseRevokeResponse resp;
+  try {
+    impl_->call("lease revoke", steady_clock::now() + timeout_,
+                [&](grpc::ClientContext& c) { return impl_->lease->LeaseRevoke(&c, req, &resp); });
+  } catch (const EtcdUnavailable&) {
+    throw;
+  } catch (const EtcdError& e) {
+    // etcd answers NOT_FOUND for a lease that expired or was revoked: the goal is reached.
+    if (e.code() != int(grpc::StatusCode::NOT_FOUND)) throw;
+  }
+}
+
+std::chrono::seconds EtcdClient::lease_refresh(int64_t lease,
+                                               std::chrono::steady_clock::time_point deadline) {
+  etcdserverpb::LeaseKeepAliveRequest req;
+  req.set_id(lease);
+  etcdserverpb::LeaseKeepAliveResponse resp;
+  // One request on a stream of its own, so that the refresh has a deadline like any call
+  // (a long-lived stream could only time out as a whole).
+  impl_->call("lease refresh", deadline, [&](grpc::ClientContext& c) {
+    // Refused by a member that lost its leader, instead of waiting on it: the keeper tries
+    // another member while the lease still runs.
+    c.AddMetadata("hasleader", "true");
+    auto stream = impl_->lease->LeaseKeepAlive(&c);
+    const bool sent = stream->Write(req) && stream->WritesDone();
+    const bool got = sent && stream->Read(&resp);
+    grpc::Status status = stream->Finish();
+    if (status.ok() && !got)
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "lease refresh stream closed early");
+    return status;
+  });
+  return std::chrono::seconds(resp.ttl());
+}
+
+EtcdStatus EtcdClient::status() {
+  etcdserverpb::StatusRequest req;
+  etcdserverpb::StatusResponse resp;
+  impl_->call("status", steady_clock::now() + timeout_,
+              [&](grpc::ClientContext& c) { return impl_->maintenance->Status(&c, req, &resp); });
+  return EtcdStatus{resp.header().member_id(), resp.leader(), resp.raftterm(), resp.dbsize(),
+                    resp.version()};
+}
+
+}  // namespace keel

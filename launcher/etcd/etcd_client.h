@@ -1,0 +1,131 @@
+// A client of the job's etcd cluster (DESIGN.md, Control state and failover), over etcd's
+// gRPC API: keys and values, the guarded writes that fence a controller, leases. Watches and
+// lease refreshing are in etcd_watch.h and etcd_lease.h, on top of this client.
+//
+// One gRPC channel over every member ("ipv4:h1:p1,h2:p2,..."), so that a dead member is passed
+// over. Every call has a deadline (the client's timeout): within it a call is tried again
+// when the member it reached has no leader, its connection broke, or one try took a third of
+// the deadline (a write lost with a Raft leader that died); at the deadline it throws
+// EtcdUnavailable, so a lost quorum pauses the caller and never hangs it. A retried write may
+// have been applied already: keel writes whole values (a retry writes the same bytes again).
+// Values are bytes: callers store serialized protobuf messages. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/etcd/etcd_error.h"
+
+namespace keel {
+
+// One key as etcd stores it. Revisions are etcd's global write counter: create_revision is
+// the write that created the key (0: it does not exist), mod_revision the latest one.
+struct EtcdKeyValue {
+  std::string key;
+  std::string value;
+  int64_t create_revision = 0;
+  int64_t mod_revision = 0;
+  int64_t lease = 0;  // the lease the key dies with (0: none)
+};
+
+// How get_prefix orders and cuts its answer.
+struct EtcdRange {
+  enum class Order { kKey, kCreateAscending, kCreateDescending };
+  Order order = Order::kKey;
+  int64_t limit = 0;                // at most this many keys (0: all)
+  int64_t max_create_revision = 0;  // only keys created at or before it (0: any)
+};
+
+// A write's condition: `key` still exists with this create revision. A controller's leader
+// key is the guard of all its writes (its fencing token): once the key is gone (lease lapsed,
+// resigned) or was created anew, the write is refused.
+struct EtcdGuard {
+  std::string key;
+  int64_t create_revision = 0;  // 0: the key must not exist
+};
+
+// A granted lease: the TTL may be longer than asked (etcd raises it to its minimum, 1.5 x the
+// election timeout rounded up to whole seconds).
+struct EtcdLease {
+  int64_t id = 0;
+  std::chrono::seconds ttl{0};
+  // When the grant was asked for: the lease surely runs until requested + ttl.
+  std::chrono::steady_clock::time_point requested;
+};
+
+// What the member the client is connected to says about itself and its cluster.
+struct EtcdStatus {
+  uint64_t member_id = 0;
+  uint64_t leader_id = 0;  // 0: the member knows no leader (no quorum, or an election)
+  uint64_t raft_term = 0;
+  int64_t db_size = 0;
+  std::string version;
+};
+
+class EtcdClient {
+ public:
+  // endpoints: "host:port" or "http://host:port", IPv4 literals (the slots' addresses).
+  // timeout: the deadline of every call. Throws InputError on a malformed endpoint.
+  explicit EtcdClient(const std::vector<std::string>& endpoints,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  ~EtcdClient();
+  EtcdClient(const EtcdClient&) = delete;
+  EtcdClient& operator=(const EtcdClient&) = delete;
+
+  // The key, or nullopt if it does not exist. Linearizable: sees every write acknowledged
+  // before the call.
+  std::optional<EtcdKeyValue> get(const std::string& key);
+  // Every key that starts with `prefix`, ordered and cut as `range` says.
+  std::vector<EtcdKeyValue> get_prefix(const std::string& prefix, const EtcdRange& range = {});
+
+  // Writes key = value (attached to `lease` unless 0: the key dies with it). Returns the
+  // revision of the write.
+  int64_t put(const std::string& key, const std::string& value, int64_t lease = 0);
+  // Creates key = value only if the key does not exist. Returns its create revision, or 0
+  // when it existed already (nothing written): the "exactly once" of a numbered entry.
+  int64_t create(const std::string& key, const std::string& value, int64_t lease = 0);
+  // Deletes the key, or every key under the prefix. Returns how many were deleted.
+  int64_t erase(const std::string& key);
+  int64_t erase_prefix(const std::string& prefix);
+
+  // The fencing primitive: the write happens only if `guard` holds, in one transaction.
+  // Returns false, having written nothing, when it does not.
+  bool put_if(const EtcdGuard& guard, const std::string& key, const std::string& value,
+              int64_t lease = 0);
+  bool erase_if(const EtcdGuard& guard, const std::string& key, bool prefix = false);
+
+  // A new lease of `ttl` (at least 1 s; etcd may raise it, see EtcdLease).
+  EtcdLease lease_grant(std::chrono::seconds ttl);
+  // Ends the lease now and deletes its keys. A lease that is gone already is no error.
+  void lease_revoke(int64_t lease);
+  // One refresh: the TTL the lease has again, 0 s if it is gone. Used by EtcdLeaseKeeper.
+  std::chrono::seconds lease_refresh(int64_t lease, std::chrono::steady_clock::time_point deadline);
+
+  // The status of the member the channel is connected to (a health check).
+  EtcdStatus status();
+
+  // KV writes that reached etcd (puts, deletes, transactions, whether or not their guard
+  // held) and the key and value bytes they carried: to measure writes per step and per
+  // recovery. Leases are not counted.
+  uint64_t writes() const { return writes_.load(); }
+  uint64_t bytes_written() const { return bytes_written_.load(); }
+
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ private:
+  friend class EtcdWatch;  // opens Watch streams on the same channel
+  struct Impl;
+  std::vector<std::string> endpoints_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<uint64_t> writes_{0};
+  std::atomic<uint64_t> bytes_written_{0};
+};
+
+}  // namespace keel

@@ -1,0 +1,123 @@
+#include "launcher/etcd/etcd_watch.h"
+
+#include <glog/logging.h>
+
+#include "launcher/etcd/detail/etcd_rpc.h"
+#include "launcher/processes.h"
+
+namespace keel {
+
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+}  // namespace
+
+EtcdWatch::EtcdWatch(EtcdClient& client, std::string key, bool prefix, Callback callback,
+                     int64_t after_revision)
+    : client_(client),
+      key_(std::move(key)),
+      prefix_(prefix),
+      callback_(std::move(callback)),
+      next_revision_(after_revision > 0 ? after_revision + 1 : 0) {
+  KEEL_CHECK(!key_.empty() || prefix_, "etcd watch: empty key");
+  KEEL_CHECK(bool(callback_), "etcd watch: no callback");
+  thread_ = std::thread([this] { run(); });
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!changed_.wait_for(lock, client_.timeout(), [&] { return created_; })) {
+    lock.unlock();
+    cancel();
+    throw EtcdUnavailable("etcd (" + client_.impl_->names + "): watch " + key_ +
+                              ": not in place within " + std::to_string(client_.timeout().count()) +
+                              " ms",
+                          int(grpc::StatusCode::DEADLINE_EXCEEDED));
+  }
+}
+
+EtcdWatch::~EtcdWatch() {
+  cancel();
+}
+
+void EtcdWatch::cancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    if (context_) static_cast<grpc::ClientContext*>(context_)->TryCancel();
+  }
+  changed_.notify_all();
+  if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id()) thread_.join();
+}
+
+void EtcdWatch::run() {
+  set_process_name("keel-etcd-watch");
+  EtcdClient::Impl& rpc = *client_.impl_;
+  auto backoff = milliseconds(50);
+  for (;;) {
+    grpc::ClientContext context;
+    // A member without a leader ends the stream (etcd's "require leader"): its view is
+    // stale, and the watch moves on instead of waiting there silently.
+    context.AddMetadata("hasleader", "true");
+    context.set_wait_for_ready(true);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_) return;
+      context_ = &context;
+    }
+    auto stream = rpc.watch->Watch(&context);
+    etcdserverpb::WatchRequest req;
+    etcdserverpb::WatchCreateRequest* create = req.mutable_create_request();
+    create->set_key(key_.empty() ? std::string(1, '\0') : key_);
+    if (prefix_) create->set_range_end(etcd_prefix_end(key_));
+    create->set_start_revision(next_revision_);
+    etcdserverpb::WatchResponse resp;
+    bool delivered = false;
+    if (stream->Write(req)) {
+      while (stream->Read(&resp)) {
+        if (resp.created()) {
+          // From now on: the first revision after the one the watch was created at.
+          if (next_revision_ == 0) next_revision_ = resp.header().revision() + 1;
+          std::lock_guard<std::mutex> lock(mu_);
+          created_ = true;
+          changed_.notify_all();
+        }
+        if (resp.compact_revision() > 0) {
+          // The revisions asked for are compacted away: resume from the oldest kept.
+          LOG(ERROR) << "etcd watch " << key_ << ": revisions before " << resp.compact_revision()
+                     << " compacted, changes lost";
+          next_revision_ = resp.compact_revision();
+          break;
+        }
+        if (resp.canceled()) break;
+        if (resp.events_size() == 0) continue;
+        std::vector<EtcdEvent> events;
+        events.reserve(resp.events_size());
+        for (const auto& e : resp.events()) {
+          const auto& kv = e.kv();
+          events.push_back(EtcdEvent{
+              e.type() == mvccpb::Event::DELETE ? EtcdEvent::Type::kDelete : EtcdEvent::Type::kPut,
+              EtcdKeyValue{kv.key(), kv.value(), kv.create_revision(), kv.mod_revision(),
+                           kv.lease()}});
+        }
+        next_revision_ = events.back().kv.mod_revision + 1;
+        delivered = true;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (cancelled_) break;
+        }
+        callback_(events);
+      }
+    }
+    context.TryCancel();  // the stream may still be open (compacted, cancelled by etcd)
+    const grpc::Status status = stream->Finish();
+    std::unique_lock<std::mutex> lock(mu_);
+    context_ = nullptr;
+    if (cancelled_) return;
+    LOG(INFO) << "etcd watch " << key_ << " reconnects (" << status.error_message() << ")";
+    if (delivered) backoff = milliseconds(50);
+    changed_.wait_for(lock, backoff, [&] { return cancelled_; });
+    backoff = std::min(backoff * 2, milliseconds(1000));
+  }
+}
+
+}  // namespace keel

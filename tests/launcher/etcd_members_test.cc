@@ -1,0 +1,137 @@
+// EtcdMember (launcher/etcd/etcd_members.h): members started, killed and stopped from
+// outside, as keel-launch and the fault injection will. One member of three lost changes
+// nothing; a lost quorum fails writes within their deadline, and they succeed again once it
+// is back; nothing is left behind.
+#include "launcher/etcd/etcd_members.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+
+#include "etcd_test_cluster.h"
+#include "launcher/etcd/etcd_client.h"
+#include "test_expect.h"
+
+namespace keel {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using std::chrono::steady_clock;
+
+// Whether `pid` is still a process (a zombie counts: not reaped yet).
+bool process_exists(pid_t pid) {
+  return ::kill(pid, 0) == 0;
+}
+
+TEST(EtcdMember, OneMemberKilledWritesGoOn) {
+  test::EtcdTestCluster cluster(3);
+  EtcdClient client(cluster.endpoints(), seconds(5));
+  client.put("/k", "before");
+  // The first member is the one the client's channel uses (pick_first): its loss is the
+  // one that must be passed over.
+  ASSERT_EQ(::kill(cluster.member(0).pid(), SIGKILL), 0);
+  const auto start = steady_clock::now();
+  client.put("/k", "after");  // within the deadline, through another member
+  const auto ms = std::chrono::duration_cast<milliseconds>(steady_clock::now() - start);
+  std::printf("first write after kill -9 of a member: %lld ms\n", (long long)ms.count());
+  EXPECT_EQ(client.get("/k")->value, "after");
+  EtcdClient others({cluster.member(1).endpoint(), cluster.member(2).endpoint()});
+  EXPECT_EQ(others.get("/k")->value, "after");
+}
+
+TEST(EtcdMember, QuorumLostFailsWithinDeadlineAndComesBack) {
+  test::EtcdTestCluster cluster(3);
+  const milliseconds deadline(1000);
+  EtcdClient client(cluster.endpoints(), deadline);
+  client.put("/k", "with quorum");
+  const pid_t a = cluster.member(1).pid(), b = cluster.member(2).pid();
+  ASSERT_EQ(::kill(a, SIGSTOP), 0);
+  ASSERT_EQ(::kill(b, SIGSTOP), 0);
+  const auto start = steady_clock::now();
+  std::string msg;
+  try {
+    client.put("/k", "without quorum");
+    ADD_FAILURE() << "a write without quorum succeeded";
+  } catch (const EtcdUnavailable& e) {
+    msg = e.what();
+  }
+  const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - start);
+  EXPECT_LT(took, deadline + milliseconds(500)) << "the deadline was not kept";
+  EXPECT_HAS(msg, cluster.member(0).endpoint());  // names the endpoints
+  EXPECT_HAS(msg, "put /k");
+  ASSERT_EQ(::kill(a, SIGCONT), 0);
+  ASSERT_EQ(::kill(b, SIGCONT), 0);
+  // Back once the members have caught up (an election may come first).
+  const auto back = steady_clock::now();
+  EXPECT_TRUE(test::eventually(
+      [&] {
+        try {
+          client.put("/k", "quorum again");
+          return true;
+        } catch (const EtcdUnavailable&) {
+          return false;
+        }
+      },
+      seconds(30)));
+  std::printf(
+      "writes back %lld ms after SIGCONT\n",
+      (long long)std::chrono::duration_cast<milliseconds>(steady_clock::now() - back).count());
+  EXPECT_EQ(client.get("/k")->value, "quorum again");
+}
+
+TEST(EtcdMember, StopReapsAndRemovesEverything) {
+  std::vector<pid_t> pids;
+  std::vector<std::string> data_dirs;
+  std::string dir;
+  {
+    test::EtcdTestCluster cluster(3);
+    dir = cluster.dir();
+    for (int i = 0; i < 3; ++i) {
+      pids.push_back(cluster.member(i).pid());
+      data_dirs.push_back(cluster.member(i).spec().data_dir);
+      EXPECT_TRUE(std::filesystem::is_directory(data_dirs.back()));
+      EXPECT_GT(cluster.member(i).startup_time().count(), 0);
+    }
+    std::printf("member startup: %lld ms\n", (long long)cluster.member(0).startup_time().count());
+    // Stopped and killed members are stopped all the same.
+    ASSERT_EQ(::kill(pids[1], SIGSTOP), 0);
+    ASSERT_EQ(::kill(pids[2], SIGKILL), 0);
+    cluster.member(0).stop();
+    EXPECT_EQ(cluster.member(0).pid(), -1);
+    cluster.member(0).stop();  // idempotent
+  }
+  for (pid_t pid : pids) EXPECT_FALSE(process_exists(pid)) << "pid " << pid << " left";
+  for (const auto& d : data_dirs) EXPECT_FALSE(std::filesystem::exists(d)) << d << " left";
+}
+
+TEST(EtcdMember, FailedStartShowsTheLog) {
+  const std::string dir = test::temp_dir("etcd-bad");
+  const std::vector<int> ports = free_tcp_ports("127.0.0.1", 2);
+  EtcdMemberSpec s;
+  s.name = "m0";
+  s.host = "127.0.0.1";
+  s.client_port = ports[0];
+  s.peer_port = ports[1];
+  s.data_dir = dir + "/m0.etcd";
+  s.log_path = dir + "/m0.log";
+  s.token = "bad";
+  s.cluster = "m0=http://127.0.0.1:1";  // does not name this member's peer URL: etcd exits
+  EtcdMember m(s);
+  try {
+    m.wait_healthy(seconds(30));
+    ADD_FAILURE() << "a misconfigured member became healthy";
+  } catch (const EtcdUnavailable& e) {
+    EXPECT_HAS(e.what(), "exited while starting");
+    EXPECT_HAS(e.what(), "m0.log");
+    EXPECT_HAS(e.what(), "initial-cluster");  // etcd's own complaint, from its log
+  }
+  EXPECT_EQ(m.pid(), -1);
+  s.host = "0.0.0.0";
+  EXPECT_THROW(EtcdMember{s}, InputError);
+}
+
+}  // namespace
+}  // namespace keel
