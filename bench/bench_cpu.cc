@@ -177,10 +177,10 @@ Command add_cpu_command(CLI::App& app) {
       ->check(CLI::IsMember({"tiny", "small", "medium"}));
   sub->add_option("--steps", o->steps, "timed steps per size, after one warm-up step (default 5)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, kMaxSteps));
   sub->add_option("--threads", o->threads, "CPU threads (default: every core)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, cli::kMaxCount));
   sub->add_flag("--layouts", o->layouts,
                 "then the time split and bytes moved of each parallel layout of the tiny model");
   sub->add_flag("--speed", o->speed,

@@ -479,15 +479,15 @@ Command add_detect_command(CLI::App& app) {
       "detect", "keel-launch's detection latency per fault kind and its cost per step");
   sub->add_option("--injections", o->injections, "faults injected per kind (default 10)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, kMaxRepeats));
   sub->add_option("--pairs", o->pairs,
                   "interleaved (keel-worker, keel-launch) pairs of the overhead row (default 3; "
                   "0 skips it)")
       ->option_text("N")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(cli::whole_number(0, kMaxRepeats));
   sub->add_option("--steps", o->steps, "steps of each overhead run (default 200)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, kMaxSteps));
   std::string all;
   for (const std::string& k : kAllKinds) all += (all.empty() ? "" : ", ") + k;
   sub->add_option("--kinds", o->kinds,

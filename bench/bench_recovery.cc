@@ -196,19 +196,19 @@ Command add_recovery_command(CLI::App& app) {
                   "timed steps of each run of the medium model with snapshots off and on (default "
                   "8; 0 skips these rows)")
       ->option_text("N")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(cli::whole_number(0, kMaxSteps));
   sub->add_option("--tiny-steps", o->tiny_steps,
                   "steps of the tiny TP2xPP2xDP2 job under crashes, per recovery mode (default "
                   "100; 0 skips these rows)")
       ->option_text("N")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(cli::whole_number(0, kMaxSteps));
   sub->add_option("--every", o->every, "a crash every N steps (default 20)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, kMaxSteps));
   sub->add_option("--pairs", o->pairs,
                   "(off, on) pairs of snapshot runs, interleaved, best of each (default 2)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, kMaxRepeats));
   return {sub, [o] { return recovery_main(*o); }};
 }
 

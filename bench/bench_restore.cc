@@ -305,7 +305,7 @@ Command add_restore_command(CLI::App& app) {
       "restore", "restoring one rank from its backup holder, and its segments' host memory");
   sub->add_option("--repeats", o->repeats, "timed repeats of each, best of them (default 5)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, kMaxRepeats));
   sub->add_option("--sizes", o->sizes,
                   "the states, comma-separated: medium (L6 d512, 230 MB), 1g (L28 d512) (default "
                   "both)")

@@ -227,28 +227,28 @@ Command add_sdc_command(CLI::App& app) {
                   "timed steps of a run of the medium model as DP2, at least N (default 20; 0 "
                   "skips this layout)")
       ->option_text("N")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(cli::whole_number(0, kMaxSteps));
   sub->add_option("--medium-max-steps", o->medium_max,
                   "the medium layout's longest run: periods needing longer ones are derived, not "
                   "run (default 20)")
       ->option_text("N")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(cli::whole_number(0, kMaxSteps));
   sub->add_option("--medium-micro", o->medium_micro,
                   "micro-batches per replica per step of the medium model (default 1)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, cli::kMaxCount));
   sub->add_option("--tiny-steps", o->tiny_steps,
                   "timed steps of a run of the tiny 3-D job (default 600; 0 skips this layout)")
       ->option_text("N")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(cli::whole_number(0, kMaxSteps));
   sub->add_option("--tiny-max-steps", o->tiny_max,
                   "the tiny layout's longest run: periods needing longer ones are derived, not "
                   "run (default 1000)")
       ->option_text("N")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(cli::whole_number(0, kMaxSteps));
   sub->add_option("--rounds", o->rounds, "interleaved rounds, best of each (default 2)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, kMaxRepeats));
   std::set<int> defaults(o->every.begin(), o->every.end());
   std::string periods;
   for (int n : defaults) periods += (periods.empty() ? "" : ",") + std::to_string(n);
@@ -256,7 +256,7 @@ Command add_sdc_command(CLI::App& app) {
                   "the check periods N, comma-separated (default " + periods + ")")
       ->option_text("N1,N2,...")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, kMaxSteps));
   sub->add_flag("--no-breakdown", o->no_breakdown,
                 "skip the run without snapshots that prices the verified-slot copy");
   return {sub, [o] { return sdc_main(*o); }};

@@ -18,6 +18,9 @@ faults::FaultSchedule draw_schedule(double mtbf_s, double step_s, int64_t steps,
   int64_t last = 0;
   for (;;) {
     at += gap(gen);
+    // A mean time between failures far longer than the job draws a gap past its end (or an
+    // infinite one): stop before the cast to a step, which such a value would overflow.
+    if (!(at < double(steps))) break;
     const int64_t step = std::max<int64_t>(last + 1, int64_t(std::floor(at)));
     if (step >= steps) break;
     faults::Fault::Kind k = faults::Fault::crash;

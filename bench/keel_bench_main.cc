@@ -34,6 +34,7 @@
 #include "proto/config_loader.h"
 #include "proto/faults.pb.h"
 #include "robust/fault_spec.h"
+#include "runtime/check.h"
 #include "runtime/cli.h"
 #include "runtime/logging.h"
 
@@ -54,6 +55,11 @@ struct Options {
   int soak = 0;  // faults of a soak (bench/soak.h); 0: the policy comparison
   std::string soak_machines = "auto";
 };
+
+// The longest checkpoint interval (the config's int32 field, with room to spare).
+constexpr int kMaxCheckpointEvery = 1'000'000'000;
+// The most faults of a soak: one every few steps, its job's steps still an int32.
+constexpr int kMaxSoakFaults = 100'000;
 
 // The names of faults::Fault::Kind, which --kinds takes.
 std::vector<std::string> fault_kind_names() {
@@ -110,17 +116,36 @@ BenchRun launch(const Options& o, const std::string& name, const std::string& po
   return b;
 }
 
+// The faults of --fault and --inject, read and checked against the job's world before any run
+// starts, so that a mistake in them is told at once, not after the fault-free run. Their steps
+// are not checked: a fault past the job's end is left out, and said so, once the runs begin.
+faults::FaultSchedule given_faults(const Options& o, int world) {
+  FaultPlan plan;
+  for (const std::string& f : o.fault.fault) add_fault_flag(&plan, f);
+  if (!o.fault.inject.empty()) add_fault_file(&plan, o.fault.inject);
+  validate_fault_plan(plan, world, /*steps=*/0);
+  return plan.schedule;
+}
+
 int bench_main(const Options& given) {
   Options o = given;
-  std::filesystem::create_directories(o.out);
-  o.out = std::filesystem::canonical(o.out).string();
+  // Everything keel-bench is given is read and checked before the first run: a mistake in the
+  // config or the faults throws keel::InputError, which main reports (exit 2).
   const config::JobConfig cfg = load_config(o.job.config, o.job.set);
   const int world = cfg.parallel().tp() * cfg.parallel().pp() * cfg.parallel().dp();
-  if (world % o.slots.workers_per_slot != 0) {
-    LOG(ERROR) << "world " << world << " is not a multiple of --workers-per-slot "
-               << o.slots.workers_per_slot;
-    return 2;
-  }
+  if (world % o.slots.workers_per_slot != 0)
+    throw InputError(detail::concat("--workers-per-slot ", o.slots.workers_per_slot,
+                                    ": the job's world of ", world, " ranks (", o.job.config,
+                                    ") is not a multiple of it"));
+  const bool given_schedule = !o.fault.inject.empty() || !o.fault.fault.empty();
+  const faults::FaultSchedule from_flags =
+      given_schedule ? given_faults(o, world) : faults::FaultSchedule();
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  if (ec || !std::filesystem::is_directory(o.out))
+    throw InputError("--out " + o.out + ": cannot make the directory: " +
+                     (ec ? ec.message() : "a file is in the way"));
+  o.out = std::filesystem::canonical(o.out).string();
   if (o.slots.local == 0) o.slots.local = world / o.slots.workers_per_slot + o.slots.standby;
   const int64_t steps = cfg.train().steps();
   const double tokens_per_step = double(cfg.train().global_batch_size()) * cfg.model().seq_len();
@@ -147,15 +172,9 @@ int bench_main(const Options& given) {
     return 1;
   }
 
-  faults::FaultSchedule schedule;
-  if (!o.fault.inject.empty() || !o.fault.fault.empty()) {
-    FaultPlan plan;
-    for (const std::string& f : o.fault.fault) add_fault_flag(&plan, f);
-    if (!o.fault.inject.empty()) add_fault_file(&plan, o.fault.inject);
-    schedule = plan.schedule;
-  } else if (o.mtbf_s > 0) {
+  faults::FaultSchedule schedule = from_flags;
+  if (!given_schedule && o.mtbf_s > 0)
     schedule = draw_schedule(o.mtbf_s, step_s, steps, world, o.kinds, o.seed);
-  }
   faults::FaultSchedule kept;
   for (const faults::Fault& f : schedule.fault()) {
     if (f.step() < steps) {
@@ -210,9 +229,9 @@ void add_flags(CLI::App& app, Options* o) {
   cli::add_fault_flags(app, &o->fault);
   app.add_option("--mtbf-s", o->mtbf_s,
                  "or: draw faults from a Poisson process, mean T seconds apart (written as a "
-                 "FaultSchedule to DIR/schedule.pbtxt, to repeat with --inject)")
+                 "FaultSchedule to DIR/schedule.pbtxt, to repeat with --inject); T > 0")
       ->option_text("T")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::number_above(0, "seconds"));
   app.add_option("--kinds", o->kinds,
                  "the fault kinds --mtbf-s draws, uniformly, comma-separated: the KINDs of --fault "
                  "(default crash)")
@@ -220,7 +239,8 @@ void add_flags(CLI::App& app, Options* o) {
       ->delimiter(',')
       ->check(CLI::IsMember(fault_kind_names()));
   app.add_option("--seed", o->seed, "the seed of the --mtbf-s draw and of the soak (default 1)")
-      ->option_text("N");
+      ->option_text("N")
+      ->transform(cli::whole_number(0, INT64_MAX));
   app.add_option("--policies", o->policies,
                  "recovery.mode of the faulty runs: hot_swap, in_place, restart_all, "
                  "comma-separated (default all three)")
@@ -236,18 +256,23 @@ void add_flags(CLI::App& app, Options* o) {
           "(default 2)");
   app.get_option("--workers-per-slot")->description("ranks per slot (default 2)");
   app.get_option("--local")->description("slots on this machine (default world / W + K)");
+  // The readable checks of runtime/cli.h, run before the shared flags' own (transform() puts
+  // them first), so that keel-bench says the range in the words of its other flags.
+  app.get_option("--local")->transform(cli::whole_number(1, cli::kMaxCount));
+  app.get_option("--standby")->transform(cli::whole_number(0, cli::kMaxCount));
+  app.get_option("--workers-per-slot")->transform(cli::whole_number(1, cli::kMaxCount));
   app.add_option("--persistent-every", o->persistent_every,
                  "checkpoint.persistent_every_steps of every run, which restart_all restores "
                  "from (default 50)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, kMaxCheckpointEvery));
   app.add_flag("--persistent-restart-all-only", o->persistent_restart_all_only,
                "only the restart_all runs write persistent checkpoints");
   app.add_option("--soak", o->soak,
                  "instead: run the job through N mixed faults and check that nothing is lost "
                  "(bench/soak.h; writes DIR/soak.json)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, kMaxSoakFaults));
   app.add_option("--soak-machines", o->soak_machines,
                  "where the soak's slots run: netns, a network namespace each, so that "
                  "partitions join the mix (needs root and iproute2); local, all on this "
@@ -317,9 +342,14 @@ int main(int argc, char** argv) {
     if (o.job.config.empty() || o.out.empty())
       return cli::usage_error(app, "--config and --out are required");
     return bench_main(o);
-  } catch (const std::exception& e) {
-    LOG(ERROR) << e.what();
+  } catch (const InputError& e) {
+    // Bad input found past the command line (a config, a fault schedule, --out): one line, as
+    // keel-launch and keel-ctl say theirs.
+    std::fprintf(stderr, "keel-bench: error: %s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "keel-bench: error: %s\n", e.what());
+    return 1;
   }
 }
 

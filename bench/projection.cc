@@ -19,6 +19,8 @@
 
 #include "bench/scenarios.h"
 #include "robust/ettr_projection.h"
+#include "runtime/check.h"
+#include "runtime/cli.h"
 
 namespace keel::bench {
 namespace {
@@ -28,15 +30,20 @@ constexpr double kReferenceEttr = 0.97;
 constexpr int kReferenceMachines = 1200;
 constexpr int kReferenceGpusPerMachine = 8;
 
+// The bounds of the flags: wide enough for any real job, narrow enough that the model's
+// arithmetic stays finite (machines x GPUs an int, 1800 / step_s steps an int, no 0 x inf).
+constexpr int kMaxMachines = 1'000'000;
+constexpr int kMaxGpusPerMachine = 1024;
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw std::invalid_argument("--from: cannot read " + path);
+  if (!in) throw InputError("--from " + path + ": cannot read it");
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 void print_table(const ProjectionInput& in, const std::vector<ProjectedPolicy>& policies) {
   std::printf(
-      "\n%d machines x %d GPUs = %d GPUs, machine MTBF %.0f h, step %.3f s, state %.2f "
+      "\n%d machines x %d GPUs = %d GPUs, machine MTBF %g h, step %.3f s, state %.2f "
       "GB per rank\n",
       in.machines, in.gpus_per_machine, in.machines * in.gpus_per_machine, in.mtbf_hours, in.step_s,
       in.state_gb);
@@ -64,25 +71,27 @@ int project_main(const ProjectOptions& o) {
   ProjectionInput in = o.in;
   std::vector<ProjectedPolicy> policies;
   for (const std::string& name : o.policies) policies.push_back(*parse_projected_policy(name));
-  try {
-    for (const auto& path : o.from) {
-      const MeasuredCosts m = measured_costs_from_json(read_file(path));
-      // A phase no incident had timestamps for is NaN and comes from the defaults.
-      const auto secs = [](double v) {
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.3f s", v);
-        return std::isnan(v) ? std::string("default") : std::string(buf);
-      };
-      std::printf(
-          "measured %s in %s: %d incidents, medians detect %s, rebuild %s, restore %s "
-          "of %.0f bytes, %.1f steps lost\n",
-          projected_policy_name(m.policy), path.c_str(), m.incidents, secs(m.detect_s).c_str(),
-          secs(m.rebuild_s).c_str(), secs(m.restore_s).c_str(), m.state_bytes, m.steps_lost);
-      in.measured[m.policy] = m;
+  for (const auto& path : o.from) {
+    MeasuredCosts m;
+    try {
+      m = measured_costs_from_json(read_file(path));
+    } catch (const std::invalid_argument& e) {
+      // protobuf's parse error quotes the text on lines of its own: the first says what.
+      const std::string what = e.what();
+      throw InputError("--from " + path + ": " + what.substr(0, what.find('\n')));
     }
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "keel-bench project: error: %s\n", e.what());
-    return 2;
+    // A phase no incident had timestamps for is NaN and comes from the defaults.
+    const auto secs = [](double v) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.3f s", v);
+      return std::isnan(v) ? std::string("default") : std::string(buf);
+    };
+    std::printf(
+        "measured %s in %s: %d incidents, medians detect %s, rebuild %s, restore %s "
+        "of %.0f bytes, %.1f steps lost\n",
+        projected_policy_name(m.policy), path.c_str(), m.incidents, secs(m.detect_s).c_str(),
+        secs(m.rebuild_s).c_str(), secs(m.restore_s).c_str(), m.state_bytes, m.steps_lost);
+    in.measured[m.policy] = m;
   }
 
   std::printf("model (robust/ettr_projection.h):\n");
@@ -115,24 +124,26 @@ Command add_project_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "project", "the expected ETTR of each recovery policy at scale (10,000 GPUs and more)");
   ProjectionInput& in = o->in;
-  sub->add_option("--machines", in.machines, "machines in the job (default 1250)")
+  sub->add_option("--machines", in.machines, "machines in the job, 1 to 1000000 (default 1250)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--gpus-per-machine", in.gpus_per_machine, "GPUs (ranks) per machine (default 8)")
+      ->transform(cli::whole_number(1, kMaxMachines));
+  sub->add_option("--gpus-per-machine", in.gpus_per_machine,
+                  "GPUs (ranks) per machine, 1 to 1024 (default 8)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, kMaxGpusPerMachine));
   sub->add_option("--mtbf-hours", in.mtbf_hours,
-                  "one machine's mean time between failures, hours (required)")
+                  "one machine's mean time between failures, hours, 0.001 to 10000000 (required)")
       ->option_text("H")
-      ->check(CLI::PositiveNumber)
+      ->transform(cli::number(0.001, 1e7, "hours"))
       ->required();
-  sub->add_option("--step-s", in.step_s, "seconds per training step at scale (required)")
+  sub->add_option("--step-s", in.step_s,
+                  "seconds per training step at scale, 0.001 to 86400 (required)")
       ->option_text("S")
-      ->check(CLI::PositiveNumber)
+      ->transform(cli::number(0.001, 86400, "seconds"))
       ->required();
-  sub->add_option("--state-gb", in.state_gb, "training state per rank, GB (required)")
+  sub->add_option("--state-gb", in.state_gb, "training state per rank, GB, 0 to 100000 (required)")
       ->option_text("G")
-      ->check(CLI::NonNegativeNumber)
+      ->transform(cli::number(0, 1e5, "GB"))
       ->required();
   sub->add_option("--from", o->from,
                   "a keel-launch --report JSON: per-incident costs for its recovery_mode, in "
@@ -140,25 +151,28 @@ Command add_project_command(CLI::App& app) {
       ->option_text("FILE")
       ->check(CLI::ExistingFile);
   sub->add_option("--link-gbps", in.link_gbps,
-                  "link per rank for a restore or checkpoint read, Gbit/s (default 100)")
+                  "link per rank for a restore or checkpoint read, Gbit/s, 0.001 to 100000 "
+                  "(default 100)")
       ->option_text("B")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--standbys", in.standbys, "ready standby machines (default: one always ready)")
+      ->transform(cli::number(0.001, 1e5, "Gbit/s"));
+  sub->add_option("--standbys", in.standbys,
+                  "ready standby machines, 0 to 1000000 (default: one always ready)")
       ->option_text("K")
-      ->check(CLI::NonNegativeNumber);
+      ->transform(cli::whole_number(0, kMaxMachines));
   sub->add_option("--repair-hours", in.repair_hours,
-                  "a failed machine back in the standby pool, hours (default 24)")
+                  "a failed machine back in the standby pool, hours, 0.001 to 100000 (default 24)")
       ->option_text("R")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::number(0.001, 1e5, "hours"));
   sub->add_option("--policies", o->policies,
                   "hot_swap, in_place, restart_all, comma-separated (default all three)")
       ->option_text("LIST")
       ->delimiter(',')
       ->check(CLI::IsMember({"hot_swap", "in_place", "restart_all"}));
   sub->add_option("--checkpoint-every-steps", in.checkpoint_every_steps,
-                  "restart_all's checkpoint interval (default: 30 minutes of steps)")
+                  "restart_all's checkpoint interval, 1 to 1000000000 (default: 30 minutes of "
+                  "steps)")
       ->option_text("N")
-      ->check(CLI::PositiveNumber);
+      ->transform(cli::whole_number(1, 1'000'000'000));
   return {sub, [o] { return project_main(*o); }};
 }
 

@@ -12,7 +12,14 @@
 
 #include <functional>
 
+#include "runtime/cli.h"
+
 namespace keel::bench {
+
+// The bounds of the subcommands' counts, which cli::whole_number says in words: the steps of a
+// run, and the repeats, pairs, rounds or injections of one measurement (hours of runs each).
+constexpr int kMaxSteps = 1'000'000;
+constexpr int kMaxRepeats = 1000;
 
 // A subcommand: its CLI11 app (parsed() once chosen on the command line) and what runs it with
 // the flags parsed, returning the process's exit status.

@@ -172,7 +172,7 @@ PolicyProjection project(const ProjectionInput& in, ProjectedPolicy p) {
 
 std::vector<std::string> projection_assumptions(const ProjectionInput& in) {
   std::vector<std::string> a;
-  a.push_back(format("failures: Poisson, rate = machines / MTBF = %.0f / %.0f h = %.3f per hour",
+  a.push_back(format("failures: Poisson, rate = machines / MTBF = %.0f / %g h = %.3f per hour",
                      in.machines, in.mtbf_hours, failure_rate_per_s(in) * 3600.0));
   a.push_back(
       "every failure is one incident; GPU, process and link failures are folded into "
@@ -203,7 +203,7 @@ std::vector<std::string> projection_assumptions(const ProjectionInput& in) {
     a.push_back("standbys: one is ready for every failure (give --standbys K to model a pool)");
   } else {
     a.push_back(
-        format("standbys: K = %.0f, repair %.0f h (exponential); machines in repair "
+        format("standbys: K = %.0f, repair %g h (exponential); machines in repair "
                "~ Poisson(rate x repair); with none ready a failure waits repair/(K+1)",
                in.standbys, in.repair_hours));
   }

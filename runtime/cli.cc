@@ -1,8 +1,13 @@
 #include "runtime/cli.h"
 
+#include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 namespace keel::cli {
@@ -80,7 +85,112 @@ void take_last_values(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) take_last_values(*sub);
 }
 
+// A refusal of the number checks starts with this mark, then the value. CLI11 reports a check's
+// message as "<flag>: <message>"; parse() turns ": <mark>" into a space, so that the flag and
+// its value read together: "--mtbf-s nan: must be a number > 0 (seconds)".
+constexpr char kValueFirst = '\x1f';
+
+std::string refusal(const std::string& text, const std::string& range) {
+  return kValueFirst + (text.empty() ? std::string("''") : text) + ": must be " + range;
+}
+
+std::string in_brackets(const std::string& unit) {
+  return unit.empty() ? "" : " (" + unit + ")";
+}
+
+// A bound as a person writes it: 0.001, 86400, 1000000000 (not 1e+09, not 86400.000000).
+std::string number_text(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.15g", v);
+  if (std::fabs(v) >= 1 && std::string(buf).find('e') != std::string::npos)
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  return buf;
+}
+
+// The whole text as a finite number; nothing for NaN, infinities, a value past double's range
+// (strtod's HUGE_VAL) or text around the number.
+std::optional<double> read_number(const std::string& text) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+// The whole text as a whole number: decimal digits (exact, whatever their count: past int64 is
+// nothing) or a number with no fraction, like 1e6, up to 2^53, where a double is still exact.
+std::optional<int64_t> read_whole(const std::string& text) {
+  const size_t digits = text[0] == '+' || text[0] == '-' ? 1 : 0;
+  if (text.size() > digits && text.find_first_not_of("0123456789", digits) == std::string::npos) {
+    errno = 0;
+    const long long v = std::strtoll(text.c_str(), nullptr, 10);
+    if (errno == ERANGE) return std::nullopt;
+    return int64_t(v);
+  }
+  const std::optional<double> v = read_number(text);
+  if (!v || *v != std::floor(*v) || std::fabs(*v) > 9007199254740992.0) return std::nullopt;
+  return int64_t(*v);
+}
+
+struct Bounds {
+  double lo, hi;
+  bool lo_open, hi_open;
+  std::string words;  // "a number > 0 (seconds)"
+};
+
+CLI::Validator number_check(const Bounds& b) {
+  return CLI::Validator(
+      [b](std::string& text) -> std::string {
+        const std::optional<double> v = read_number(text);
+        if (!v || (b.lo_open ? *v <= b.lo : *v < b.lo) || (b.hi_open ? *v >= b.hi : *v > b.hi))
+          return refusal(text, b.words);
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.17g", *v);  // exact, and read alike by CLI11
+        text = buf;
+        return "";
+      },
+      "");
+}
+
 }  // namespace
+
+CLI::Validator whole_number(int64_t lo, int64_t hi, const std::string& unit) {
+  const std::string words =
+      "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) + in_brackets(unit);
+  return CLI::Validator(
+      [lo, hi, words](std::string& text) -> std::string {
+        const std::optional<int64_t> v = text.empty() ? std::nullopt : read_whole(text);
+        if (!v || *v < lo || *v > hi) return refusal(text, words);
+        text = std::to_string(*v);  // plain decimal digits, which CLI11 reads as they are
+        return "";
+      },
+      "");
+}
+
+CLI::Validator number(double lo, double hi, const std::string& unit) {
+  return number_check(
+      {lo, hi, false, false,
+       "a number from " + number_text(lo) + " to " + number_text(hi) + in_brackets(unit)});
+}
+
+CLI::Validator number_above(double lo, const std::string& unit) {
+  return number_check(
+      {lo, HUGE_VAL, true, false, "a number > " + number_text(lo) + in_brackets(unit)});
+}
+
+CLI::Validator number_under(double lo, double hi, const std::string& unit) {
+  return number_check(
+      {lo, hi, false, true,
+       "a number >= " + number_text(lo) + " and < " + number_text(hi) + in_brackets(unit)});
+}
+
+CLI::Validator must_be(std::function<bool(const std::string&)> ok, const std::string& words) {
+  return CLI::Validator(
+      [ok = std::move(ok), words](std::string& text) -> std::string {
+        return ok(text) ? "" : refusal(text, words);
+      },
+      "");
+}
 
 CLI::Validator range(int lo, int hi) {
   // No description: the flag's help says the range, and the type shown stays the placeholder.
@@ -151,7 +261,10 @@ std::optional<int> parse(CLI::App& app, int argc, char** argv) {
     std::cout << app.help("", CLI::AppFormatMode::All);
     return 0;
   } catch (const CLI::ParseError& e) {
-    return usage_error(app, e.what());
+    std::string what = e.what();
+    const size_t mark = what.find(std::string(": ") + kValueFirst);
+    if (mark != std::string::npos) what.replace(mark, 3, " ");
+    return usage_error(app, what);
   }
 }
 

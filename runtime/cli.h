@@ -11,6 +11,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,6 +50,27 @@ constexpr int kMaxCount = 4096;
 // and in "--local: 1 required N missing" (CLI::Range would show "N:INT in [1 - 4096]"). The
 // flag's help text should say the range.
 CLI::Validator range(int lo, int hi);
+
+// Checks of number flags that refuse NaN, infinities and values too large for the flag's type
+// like any other value out of range, and say the range in words, naming the flag and the value:
+//   keel-bench: error: --mtbf-s nan: must be a number > 0 (seconds)
+//   keel-bench: error: --soak 1.5: must be a whole number from 1 to 100000
+// Attach them with transform(), not check(): transform() runs a check before any other and
+// lets it write the value back as CLI11 reads it (CLI11 alone takes 010 for octal 8 and
+// cannot read 1e6 as an integer), so a value that passes converts to what was checked.
+//   app.add_option("--soak", o.soak, "...")->transform(cli::whole_number(1, 100'000));
+// `unit`, if given, ends the range in brackets: "(seconds)".
+CLI::Validator whole_number(int64_t lo, int64_t hi, const std::string& unit = "");
+// lo <= x <= hi: "a number from 0.001 to 86400 (seconds)".
+CLI::Validator number(double lo, double hi, const std::string& unit = "");
+// x > lo, finite: "a number > 0 (seconds)".
+CLI::Validator number_above(double lo, const std::string& unit = "");
+// lo <= x < hi: "a number >= 0 and < 1".
+CLI::Validator number_under(double lo, double hi, const std::string& unit = "");
+
+// Any other check of a flag's value with the same message, "<flag> <value>: must be <words>":
+//   app.add_option("--prefix", ...)->check(cli::must_be(no_slash, "a name without '/'"));
+CLI::Validator must_be(std::function<bool(const std::string&)> ok, const std::string& words);
 
 // Parses argv. Returns nothing to go on, or the exit status to end with: 0 after --help
 // (the generated help on stdout), 2 (recovery::kExitInputError) after a usage error, which

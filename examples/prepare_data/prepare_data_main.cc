@@ -7,8 +7,14 @@
 // The files are read in order and concatenated; a file holding a NUL byte is taken for
 // binary and skipped. The first 1 − f of the token stream becomes DIR/<prefix>train_*.bin,
 // the last f DIR/<prefix>val_*.bin, each cut into equal shards of at most --shard-tokens.
+// Every error is one line on stderr, "keel-prepare-data: error: ...", naming the flag or the
+// file and what is wrong with it; exit 2 for bad input (flags, files, --out), 1 otherwise.
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -47,21 +53,17 @@ std::optional<int> parse_args(int argc, char** argv, Args* a) {
   app.add_option("--val-fraction", a->val_fraction,
                  "the last fraction of the tokens, in [0, 1), becomes the val split (default 0.1)")
       ->type_name("F")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            char* end = nullptr;
-            const double f = std::strtod(text.c_str(), &end);
-            return end != text.c_str() && *end == '\0' && f >= 0 && f < 1
-                       ? ""
-                       : text + ": must be in [0, 1)";
-          },
-          ""));
-  // A shard needs two tokens for one (input, target) pair.
+      ->transform(keel::cli::number_under(0, 1));
+  // A shard needs two tokens for one (input, target) pair; its header counts them in an int32.
   app.add_option("--shard-tokens", a->shard_tokens,
                  "tokens per shard at most, in [2, 2147483647] (default 10000000)")
       ->type_name("N")
-      ->check(CLI::Range(int64_t{2}, int64_t{INT32_MAX}).description(""));
-  app.add_option("--prefix", a->prefix, "put in front of every shard's name")->type_name("NAME_");
+      ->transform(keel::cli::whole_number(2, INT32_MAX));
+  app.add_option("--prefix", a->prefix, "put in front of every shard's name")
+      ->type_name("NAME_")
+      ->check(
+          keel::cli::must_be([](const std::string& p) { return p.find('/') == std::string::npos; },
+                             "the start of a file name, without '/' (--out names the directory)"));
   app.add_option("FILES", a->files,
                  "the text files, read in order and concatenated; one holding a NUL byte is "
                  "taken for binary and skipped")
@@ -75,7 +77,7 @@ std::optional<int> parse_args(int argc, char** argv, Args* a) {
 int write_split(const Args& a, const std::string& split, const std::vector<uint16_t>& tokens,
                 size_t begin, size_t end) {
   size_t n = end - begin;
-  if (n == 0) return 0;
+  // No tokens (--val-fraction 0): no shard, but the stale ones below go all the same.
   size_t shards = (n + size_t(a.shard_tokens) - 1) / size_t(a.shard_tokens);
   for (size_t s = 0; s < shards; ++s) {
     size_t lo = begin + n * s / shards, hi = begin + n * (s + 1) / shards;
@@ -97,37 +99,80 @@ int write_split(const Args& a, const std::string& split, const std::vector<uint1
   return int(shards);
 }
 
+// "a.txt", "a.txt, b.txt" or "a.txt, b.txt, ... (5 files)": the files a count came from.
+std::string file_list(const std::vector<std::string>& files) {
+  std::string out;
+  for (size_t i = 0; i < files.size() && i < 3; ++i) out += (i ? ", " : "") + files[i];
+  if (files.size() > 3) out += keel::detail::concat(", ... (", files.size(), " files)");
+  return out;
+}
+
+// Refuses --out before any file is read: a file where the directory should be, or a directory
+// (or, when it is still to be made, its nearest existing parent) this process cannot write in.
+void check_out(const std::string& out) {
+  fs::path dir = fs::absolute(out);
+  std::error_code ec;
+  while (!fs::exists(dir, ec) && dir.has_parent_path() && dir != dir.parent_path())
+    dir = dir.parent_path();
+  const std::string which = dir == fs::absolute(out) ? "" : " (" + dir.string() + ")";
+  if (!fs::is_directory(dir, ec))
+    throw keel::InputError("--out " + out + ": " + (which.empty() ? "" : dir.string() + " ") +
+                           "is a file, not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw keel::InputError("--out " + out + ": cannot write in it" + which + ": " +
+                           std::strerror(errno));
+}
+
+// One input file's bytes; refuses a directory, a file it cannot open or read, naming it.
+std::string read_input(const std::string& f) {
+  std::error_code ec;
+  if (fs::is_directory(f, ec)) throw keel::InputError(f + ": is a directory, not a text file");
+  std::ifstream in(f, std::ios::binary);
+  if (!in) throw keel::InputError(f + ": cannot open: " + std::strerror(errno));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw keel::InputError(f + ": read failed: " + std::strerror(errno));
+  return bytes;
+}
+
 int run(const Args& a) {
+  check_out(a.out);
   std::vector<uint16_t> tokens;
-  int used = 0;
+  std::vector<std::string> used;
   for (const auto& f : a.files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) throw keel::InputError(f + ": cannot open");
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (in.bad()) throw keel::InputError(f + ": read failed");
+    const std::string bytes = read_input(f);
     if (bytes.find('\0') != std::string::npos) {
       std::cout << "skipping " << f << " (binary: holds a NUL byte)\n";
       continue;
     }
     for (unsigned char c : bytes) tokens.push_back(c);
-    ++used;
+    used.push_back(f);
   }
   size_t n = tokens.size();
   size_t n_val = size_t(double(n) * a.val_fraction);
   size_t n_train = n - n_val;
+  // Where the tokens came from, for a refusal: "a.txt, b.bin: ... in 1 text file (1 skipped as
+  // binary)".
+  const size_t skipped = a.files.size() - used.size();
+  const std::string from = keel::detail::concat(
+      " in ", used.size(), " text file(s)",
+      skipped ? keel::detail::concat(" (", skipped, " skipped as binary)") : std::string());
   if (n_train < 2) {
-    throw keel::InputError(keel::detail::concat("only ", n_train, " training tokens from ", used,
-                                                " text file(s); need at least 2"));
+    throw keel::InputError(keel::detail::concat(file_list(a.files), ": only ", n_train,
+                                                " training token(s)", from,
+                                                "; need at least 2 (a token is a byte)"));
   }
   if (a.val_fraction > 0 && n_val < 2) {
-    throw keel::InputError(keel::detail::concat("only ", n_val, " validation tokens (",
-                                                "--val-fraction ", a.val_fraction, " of ", n,
-                                                "); need at least 2"));
+    throw keel::InputError(
+        keel::detail::concat(file_list(a.files), ": only ", n_val,
+                             " validation token(s) (--val-fraction ", a.val_fraction, " of ", n,
+                             from, "); need at least 2: give more text, or --val-fraction 0"));
   }
-  fs::create_directories(a.out);
+  std::error_code ec;
+  fs::create_directories(a.out, ec);
+  if (ec) throw keel::InputError("--out " + a.out + ": cannot make the directory: " + ec.message());
   int train_shards = write_split(a, "train", tokens, 0, n_train);
   int val_shards = write_split(a, "val", tokens, n_train, n);
-  std::cout << "keel-prepare-data: " << used << " file(s), " << n << " tokens: " << n_train
+  std::cout << "keel-prepare-data: " << used.size() << " file(s), " << n << " tokens: " << n_train
             << " train in " << train_shards << " shard(s), " << n_val << " val in " << val_shards
             << " shard(s), vocab 256 (byte-level)\n";
   return 0;
@@ -141,8 +186,11 @@ int main(int argc, char** argv) {
   if (auto rc = parse_args(argc, argv, &args)) return *rc;
   try {
     return run(args);
+  } catch (const keel::InputError& e) {
+    std::cerr << "keel-prepare-data: error: " << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
-    std::cerr << "keel-prepare-data: " << e.what() << "\n";
+    std::cerr << "keel-prepare-data: error: " << e.what() << "\n";
     return 1;
   }
 }

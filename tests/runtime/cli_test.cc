@@ -133,5 +133,84 @@ TEST(Cli, UsageErrorSaysTheProgramAndEndsWithTwo) {
             "keel-test: error: --join needs --slot K and --job ID\nrun with --help for usage\n");
 }
 
+// One flag of each number check, parsed as a binary parses it.
+struct Numbers {
+  std::optional<int> rc;
+  std::string err;
+  int count = -1;
+  int64_t big = -1;
+  double seconds = -1, fraction = -1, hours = -1;
+  std::string name;
+};
+
+Numbers parse_numbers(std::vector<std::string> args) {
+  Numbers n;
+  CLI::App app("a test binary", "keel-test");
+  app.add_option("--count", n.count)->transform(whole_number(1, 4096));
+  app.add_option("--big", n.big)->transform(whole_number(0, INT64_MAX));
+  app.add_option("--seconds", n.seconds)->transform(number_above(0, "seconds"));
+  app.add_option("--fraction", n.fraction)->transform(number_under(0, 1));
+  app.add_option("--hours", n.hours)->transform(number(0.001, 1e7, "hours"));
+  app.add_option("--name", n.name)
+      ->check(must_be([](const std::string& s) { return s.find('/') == std::string::npos; },
+                      "a name without '/'"));
+  Argv a(std::move(args));
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  n.rc = parse(app, a.argc(), a.argv());
+  testing::internal::GetCapturedStdout();
+  n.err = testing::internal::GetCapturedStderr();
+  return n;
+}
+
+TEST(Cli, NumberChecksSayTheRangeInWordsNamingFlagAndValue) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--count", "0"}, "--count 0: must be a whole number from 1 to 4096"},
+      {{"--count", "4097"}, "--count 4097: must be a whole number from 1 to 4096"},
+      {{"--count", "1.5"}, "--count 1.5: must be a whole number from 1 to 4096"},
+      {{"--count", "nan"}, "--count nan: must be a whole number"},
+      {{"--count", "x"}, "--count x: must be a whole number"},
+      {{"--count", "3000000000"}, "--count 3000000000: must be a whole number"},
+      {{"--big", "99999999999999999999"},
+       "--big 99999999999999999999: must be a whole number "
+       "from 0 to 9223372036854775807"},
+      {{"--big", "-1"}, "--big -1: must be a whole number from 0 to"},
+      {{"--big", "1e300"}, "--big 1e300: must be a whole number"},
+      {{"--seconds", "nan"}, "--seconds nan: must be a number > 0 (seconds)"},
+      {{"--seconds", "inf"}, "--seconds inf: must be a number > 0 (seconds)"},
+      {{"--seconds", "-inf"}, "--seconds -inf: must be a number > 0 (seconds)"},
+      {{"--seconds", "1e400"}, "--seconds 1e400: must be a number > 0 (seconds)"},
+      {{"--seconds", "0"}, "--seconds 0: must be a number > 0 (seconds)"},
+      {{"--seconds", "5s"}, "--seconds 5s: must be a number > 0 (seconds)"},
+      {{"--fraction", "1"}, "--fraction 1: must be a number >= 0 and < 1"},
+      {{"--fraction", "-0.1"}, "--fraction -0.1: must be a number >= 0 and < 1"},
+      {{"--hours", "0"}, "--hours 0: must be a number from 0.001 to 10000000 (hours)"},
+      {{"--hours", "2e7"}, "--hours 2e7: must be a number from 0.001 to 10000000 (hours)"},
+      {{"--name", "a/b"}, "--name a/b: must be a name without '/'"},
+  };
+  for (const auto& [args, said] : cases) {
+    const Numbers n = parse_numbers(args);
+    ASSERT_TRUE(n.rc.has_value()) << args[0] << " " << (args.size() > 1 ? args[1] : "");
+    EXPECT_EQ(*n.rc, 2) << args[0];
+    EXPECT_EQ(n.err.rfind("keel-test: error: " + said, 0), 0u) << n.err;
+    EXPECT_TRUE(has(n.err, "\nrun with --help for usage\n")) << n.err;
+  }
+}
+
+TEST(Cli, NumberChecksTakeWhatAPersonWritesAndConvertWhatTheyChecked) {
+  const Numbers n = parse_numbers({"--count", "010", "--big", "1e6", "--seconds", "0.5",
+                                   "--fraction", "0", "--hours", "1e7", "--name", "ok_"});
+  ASSERT_FALSE(n.rc.has_value()) << n.err;
+  EXPECT_EQ(n.count, 10);  // decimal, not CLI11's octal 8
+  EXPECT_EQ(n.big, 1'000'000);
+  EXPECT_EQ(n.seconds, 0.5);
+  EXPECT_EQ(n.fraction, 0);
+  EXPECT_EQ(n.hours, 1e7);
+  EXPECT_EQ(n.name, "ok_");
+  EXPECT_EQ(parse_numbers({"--count", "+4096"}).count, 4096);
+  EXPECT_EQ(parse_numbers({"--big", "9223372036854775807"}).big, INT64_MAX);
+  EXPECT_EQ(parse_numbers({"--seconds", "1e-3"}).seconds, 0.001);
+}
+
 }  // namespace
 }  // namespace keel::cli
