@@ -1,6 +1,7 @@
 #include "model/plugin_loader.h"
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -50,6 +51,25 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// A plugin is code that every rank runs: like ssh with its keys, a file that another user
+// could have written is refused before it is read, naming the file and what is wrong.
+void check_trusted(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;  // read_file says why it cannot be read
+  const unsigned mode = unsigned(st.st_mode) & 07777;
+  if (mode & (S_IWGRP | S_IWOTH)) {
+    char m[8];
+    std::snprintf(m, sizeof(m), "%04o", mode);
+    throw InputError(detail::concat(
+        "plugin ", path, ": mode ", m, " lets ", (mode & S_IWOTH) ? "any user" : "its group",
+        " write it, and a plugin is code every rank runs: chmod go-w ", path));
+  }
+  if (st.st_uid != ::geteuid() && st.st_uid != 0)
+    throw InputError(detail::concat("plugin ", path, ": owned by uid ", st.st_uid,
+                                    ", neither this job's user (uid ", ::geteuid(),
+                                    ") nor root, and a plugin is code every rank runs"));
+}
+
 std::string hex16(uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
@@ -67,6 +87,7 @@ std::string shape_text(const keel_param_desc& d) {
 std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
   std::shared_ptr<Plugin> p(new Plugin());
   p->path_ = resolve(path);
+  check_trusted(p->path_);
   const std::string bytes = read_file(p->path_);
   p->hash_ = hex16(block_digest(bytes.data(), bytes.size()));
   p->open(p->path_);
@@ -76,6 +97,7 @@ std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
 std::shared_ptr<Plugin> Plugin::load_copy(const std::string& path) {
   std::shared_ptr<Plugin> p(new Plugin());
   p->path_ = resolve(path);
+  check_trusted(p->path_);
   const std::string bytes = read_file(p->path_);
   p->hash_ = hex16(block_digest(bytes.data(), bytes.size()));
   const char* tmp = std::getenv("TMPDIR");

@@ -1,6 +1,8 @@
 // Loads a model plugin (a shared object exporting keel_plugin_entry) with dlopen and checks
-// that it is one this runtime can run: the symbol exists, the ABI version matches, the table
-// is complete. Every refusal is a keel::InputError naming the file and what differs.
+// that it is one this runtime can run: the file is not writable by group or others and is
+// owned by this user or root (it is code every rank runs), the symbol exists, the ABI version
+// matches, the table is complete. Every refusal is a keel::InputError naming the file and
+// what differs.
 #pragma once
 
 #include <memory>

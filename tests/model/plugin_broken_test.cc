@@ -1,7 +1,10 @@
 // The loader refuses each deliberately broken plugin (tests/model/plugins/broken_plugin.cc)
 // with a message that names the file and what differs.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <string>
 
 #include "model/plugin_loader.h"
@@ -56,6 +59,40 @@ TEST(PluginBroken, NullFunction) {
   std::string msg = refusal("null_fn");
   EXPECT_NE(msg.find(lib("null_fn")), std::string::npos) << msg;
   EXPECT_NE(msg.find("table field backward is NULL"), std::string::npos) << msg;
+}
+
+// A plugin is code every rank runs: a copy that others could have written, or that another
+// user owns, is refused before it is read (by load and by load_copy, which keel-ctl update
+// uses), naming the file and its mode.
+TEST(PluginBroken, AFileOthersCanWriteIsRefused) {
+  const std::string dir = test::temp_dir("plugin-mode");
+  const std::string copy = dir + "/libkeel_gpt.so";
+  std::filesystem::copy_file(test::bin_dir() + "/libkeel_gpt.so", copy);
+  ASSERT_EQ(::chmod(copy.c_str(), 0755), 0);
+  EXPECT_NO_THROW(Plugin::load(copy));
+  for (mode_t mode : {0775, 0757}) {
+    ASSERT_EQ(::chmod(copy.c_str(), mode), 0);
+    for (bool private_copy : {false, true}) {
+      try {
+        private_copy ? Plugin::load_copy(copy) : Plugin::load(copy);
+        ADD_FAILURE() << "mode " << std::oct << mode << " accepted";
+      } catch (const InputError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("plugin " + copy + ": mode 07"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("chmod go-w"), std::string::npos) << msg;
+      }
+    }
+  }
+  ASSERT_EQ(::chmod(copy.c_str(), 0755), 0);
+  if (::geteuid() == 0) {  // only root can give a file away
+    ASSERT_EQ(::chown(copy.c_str(), 12345, 12345), 0);
+    try {
+      Plugin::load(copy);
+      ADD_FAILURE() << "a plugin of uid 12345 accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("owned by uid 12345"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(PluginBroken, MissingFileNamesThePath) {
