@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <atomic>
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "launcher/controller/agent_host.h"
 #include "launcher/controller/controller.h"
 #include "launcher/controller/event_log.h"
+#include "launcher/controller/job_etcd.h"
 #include "launcher/controller/local_host.h"
 #include "launcher/fault_checks.h"
 #include "launcher/job_env.h"
@@ -106,6 +108,39 @@ void resolve_resume(LaunchOptions* o) {
                                         : ": the job wrote no persistent checkpoints "
                                           "(checkpoint.persistent_every_steps is 0)"));
   o->resume = fs::absolute(ck).string();
+}
+
+// The job's etcd as launcher/controller/job_etcd.h sets it up, with the job spec it writes.
+JobEtcdOptions etcd_options(const LaunchOptions& o, const config::JobConfig& cfg,
+                            const ControllerOptions& co, int nslots, int W,
+                            const std::string& data_root, const FaultPlan& plan) {
+  JobEtcdOptions e;
+  e.slots = nslots;
+  e.members = o.etcd_members;
+  e.endpoints = o.etcd;
+  e.data_root = data_root;
+  e.log_dir = (fs::path(co.run_dir) / "logs").string();
+  e.quorum_timeout = std::chrono::milliseconds(cfg.detect().quorum_timeout_ms());
+  e.leader.set_endpoint(co.controller_endpoint);
+  e.leader.set_slot(0);
+  e.leader.set_pid(int(getpid()));
+  state::JobSpec& s = e.spec;
+  s.set_job(co.job);
+  s.set_config(config_to_text(cfg));
+  char hash[17];
+  std::snprintf(hash, sizeof(hash), "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(s.config().data(), s.config().size())));
+  s.set_config_hash(hash);
+  s.set_world(cfg.parallel().tp() * cfg.parallel().pp() * cfg.parallel().dp());
+  s.set_slots(nslots);
+  s.set_standby(o.standby);
+  s.set_workers_per_slot(W);
+  *s.mutable_faults() = plan.schedule;
+  s.set_lineage(co.lineage);
+  s.set_job_start(co.job_start);
+  s.set_run_dir(co.run_dir);
+  s.set_report_path(co.report_path);
+  return e;
 }
 
 int run_agent(const LaunchOptions& o, const config::JobConfig& cfg, int slot,
@@ -281,6 +316,9 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
       [&](const std::string& id, const control::Envelope& m) { agents.on_message(id, m); });
   agents.set_pump([&] { controller.pump(); });
   int code = 0;
+  JobEtcd etcd;
+  const std::string etcd_data =
+      o.etcd_data == "shm" ? "/dev/shm/keel-" + job + "-etcd" : (dir / "etcd").string();
   if (!agents.wait_for_slots(kRegisterWait, reinterpret_cast<const volatile int*>(&g_signal))) {
     LOG(ERROR) << "not every slot registered with the controller within " << kRegisterWait.count()
                << " s";
@@ -289,10 +327,31 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     if (!o.quiet)
       std::printf("keel-launch: job %s: %d slot(s) x %d worker(s), run directory %s\n", job.c_str(),
                   nslots, W, dir.c_str());
-    code = controller.run();
+    try {
+      etcd =
+          start_job_etcd(agents, etcd_options(o, cfg, co, nslots, W, etcd_data, plan), co.on_event);
+    } catch (const std::exception& e) {
+      LOG(ERROR) << "the job's etcd: " << e.what();
+      code = 1;
+    }
+    if (!etcd.summary.empty()) {
+      if (!o.quiet) std::printf("keel-launch: %s\n", etcd.summary.c_str());
+      std::string endpoints;
+      for (const auto& e : etcd.client->endpoints())
+        endpoints += (endpoints.empty() ? "" : ",") + e;
+      events.write("etcd", EventFields().add("summary", etcd.summary).add("endpoints", endpoints));
+    }
+    std::fflush(stdout);
+    controller.set_control_state(etcd.state.get(), etcd.upkeep.get());
+    if (code == 0) code = controller.run();
   }
-  events.write("end", EventFields().add("code", code));
+  // The etcd writes of the whole job: with those of each recovery (the `recovered` events),
+  // they show that nothing on the step path writes to etcd.
+  events.write("end", EventFields()
+                          .add("code", code)
+                          .add("etcd_writes", etcd.client ? int64_t(etcd.client->writes()) : 0));
   agents.stop_all(SIGKILL, std::chrono::milliseconds(0));
+  etcd.state.reset();  // resigns, while the members still run
   agents.finish();
   // The forked slots' agents took the shutdown and end by themselves; one that has not within
   // the grace is told again by signal.
@@ -313,8 +372,10 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     waitpid(p, &st, 0);
   }
   if (!mpi) unlink_job_segments(job);
-  if (!o.quiet && code == 0) std::printf("keel-launch: done; report %s\n", report.c_str());
+  // Each member removed its own data; the folder they shared goes too.
   std::error_code ec;
+  fs::remove(etcd_data, ec);
+  if (!o.quiet && code == 0) std::printf("keel-launch: done; report %s\n", report.c_str());
   if (code != 0 && fs::exists(report, ec))
     std::fprintf(stderr, "keel-launch: the job was stopped (exit %d); report %s\n", code,
                  report.c_str());

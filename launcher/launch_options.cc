@@ -57,6 +57,19 @@ void add_launch_flags(LaunchCli* c, LaunchOptions* o) {
       ->check(cli::range(0, cli::kMaxCount));
   app.add_option("--job", o->job, "the job to join (with --join)")->type_name("ID");
   app.add_flag("--quiet", o->quiet, "no per-step lines");
+  app.add_option("--etcd-members", o->etcd_members,
+                 "a job of 3+ slots keeps its control state in etcd: this many members (3 or 5) "
+                 "start beside the first slots (a job of 1-2 slots keeps it in keel-launch's "
+                 "memory: there is nothing to fail over to)")
+      ->type_name("N");
+  app.add_option("--etcd", o->etcd,
+                 "use this etcd cluster (host:port,... of its members) for the job's control "
+                 "state instead of starting members")
+      ->type_name("ENDPOINTS");
+  app.add_option("--etcd-data", o->etcd_data,
+                 "where the members keep their data: run (runs/<job>/etcd/, the default) or shm "
+                 "(/dev/shm: no disk writes, gone with the machine)")
+      ->type_name("run|shm");
 }
 
 }  // namespace
@@ -71,6 +84,11 @@ std::optional<int> parse_launch_options(int argc, char** argv, LaunchOptions* o)
     return cli::usage_error(c.app, "--slots N cannot be combined with --local or --join");
   if (!o->join.empty() && (o->slot < 0 || o->job.empty()))
     return cli::usage_error(c.app, "--join needs --slot K and --job ID");
+  if (o->etcd_members != 3 && o->etcd_members != 5)
+    return cli::usage_error(c.app, "--etcd-members " + std::to_string(o->etcd_members) +
+                                       ": 3 or 5 (a quorum survives the loss of 1 or 2)");
+  if (o->etcd_data != "run" && o->etcd_data != "shm")
+    return cli::usage_error(c.app, "--etcd-data " + o->etcd_data + ": run or shm");
   o->config_path = c.job.config;
   o->overrides = c.job.set;
   o->local = c.slots.local;

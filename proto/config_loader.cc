@@ -298,7 +298,8 @@ constexpr int kMaxThreads = 1024;
 // Token shards store tokens as uint16.
 constexpr int kMaxVocab = 1 << 16;
 // Agents send a heartbeat, and workers a liveness report, every this many milliseconds
-// (launcher/agent/agent.cc, launcher/worker/progress_reporter.h); the controller answers each heartbeat.
+// (launcher/agent/agent.cc, launcher/worker/progress_reporter.h); the controller answers each
+// heartbeat.
 constexpr int kReportPeriodMs = 200;
 // The longest timeout: a day is "never" for a job, and code that scales a budget in int
 // milliseconds (3/4 of it, say) stays far from overflow.
@@ -500,6 +501,9 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
                  ": a shorter grace takes a healthy job between two reports for stalled; "
                  "0 leaves hangs to parallel.comm_timeout_ms",
              /*zero_is_off=*/true);
+  require_ms("detect.quorum_timeout_ms", dc.quorum_timeout_ms(), 5000,
+             "etcd elects a new Raft leader within seconds: a shorter wait stops a job that a "
+             "member's loss only paused");
   v.require(dc.slow_round_steps() >= 0, "detect.slow_round_steps", dc.slow_round_steps(),
             "must be >= 0 (0 turns fail-slow detection off)");
   v.require(dc.slow_factor() > 1.0, "detect.slow_factor", dc.slow_factor(),

@@ -1,4 +1,5 @@
-// Every key of the job's store, in one place (DESIGN.md, Control state). The value under each
+// Every key of the job's store, and of its control state in etcd (at the end), in one place
+// (DESIGN.md, Control state). The value under each
 // is a protobuf message, named beside it (proto/store_values.proto unless said otherwise),
 // or an integer counter kept with Store::add. Keys of one epoch E carry E, so that the
 // next epoch never meets an old value; the communicators' rendezvous lives under the prefix
@@ -219,5 +220,38 @@ inline std::string replay_errors_key(const std::string& replay) {
 inline std::string replay_groups_prefix(const std::string& replay) {
   return replay + "/pg/";
 }
+
+// --- the job's control state, in etcd (proto/control_state.proto) ---
+// Every key under /keel/<job>/, written only by the leader controller, each write fenced on
+// its leadership (launcher/controller/etcd_control_state.h); never on the step path.
+namespace state {
+inline std::string root(const std::string& job) {
+  return "/keel/" + job + "/";
+}
+// The election's candidacy keys (state::Leader values; launcher/etcd/leader_election.h).
+inline std::string leader_prefix(const std::string& job) {
+  return root(job) + "leader/";
+}
+inline std::string spec(const std::string& job) {  // state::JobSpec
+  return root(job) + "spec";
+}
+inline std::string membership(const std::string& job) {  // membership::Membership in force
+  return root(job) + "membership";
+}
+inline std::string plugin(const std::string& job) {  // store::Plugin in force
+  return root(job) + "plugin";
+}
+inline std::string incident(const std::string& job, int64_t n) {  // report::Incident n
+  return root(job) + "incident/" + std::to_string(n);
+}
+inline std::string update(const std::string& job, int64_t n) {  // report::Update n, as it stands
+  return root(job) + "update/" + std::to_string(n);
+}
+// The numbered command log: keel-ctl's requests as the controller took them
+// (control::Envelope), each under the next number, created once.
+inline std::string command(const std::string& job, int64_t n) {
+  return root(job) + "command/" + std::to_string(n);
+}
+}  // namespace state
 
 }  // namespace keel::keys

@@ -117,6 +117,14 @@ std::string Agent::standby_log_of(int index) const {
          ".log";
 }
 
+Agent::Agent(AgentOptions o) : o_(std::move(o)) {
+  // Picked once, before the controller may need them: a member is started with the whole
+  // cluster named, so every member's ports must be known first.
+  etcd_ports_ = free_tcp_ports(o_.host, 2);
+}
+
+Agent::~Agent() = default;  // stops the etcd member (and removes its data)
+
 void Agent::send_register() {
   control::Envelope r = make_envelope(0);
   auto* reg = r.mutable_registration();
@@ -125,7 +133,35 @@ void Agent::send_register() {
   reg->set_pid(int(getpid()));
   reg->set_workers(o_.workers);
   reg->set_job(o_.job);
+  reg->set_etcd_client_port(etcd_ports_[0]);
+  reg->set_etcd_peer_port(etcd_ports_[1]);
   client_->send(r);
+}
+
+void Agent::on_etcd_start(int epoch, const control::Command& c) {
+  control::Event ev;
+  ev.set_kind(control::Event::etcd_started);
+  try {
+    // A member this slot ran before (it was lost and came back) has ended: a new one starts.
+    if (etcd_ && !etcd_->running()) etcd_.reset();
+    if (!etcd_) {
+      EtcdMemberSpec s;
+      s.name = c.etcd().name();
+      s.host = o_.host;
+      s.client_port = etcd_ports_[0];
+      s.peer_port = etcd_ports_[1];
+      s.data_dir = c.etcd().data_dir();
+      s.log_path = c.etcd().log_path();
+      s.cluster = c.etcd().cluster();
+      s.token = o_.job;
+      s.join_existing = c.etcd().existing();
+      etcd_ = std::make_unique<EtcdMember>(s);
+    }
+    ev.set_pid(etcd_->pid());
+  } catch (const std::exception& e) {
+    ev.set_message(e.what());
+  }
+  send_event(epoch, ev);
 }
 
 void Agent::send_event(int epoch, control::Event ev) {
@@ -280,6 +316,9 @@ std::optional<int> Agent::on_command(int epoch, const control::Command& c) {
       return 0;
     case control::Command::renumber:
       on_renumber(c);
+      break;
+    case control::Command::etcd_start:
+      on_etcd_start(epoch, c);
       break;
     default:
       break;

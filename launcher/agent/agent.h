@@ -1,7 +1,8 @@
 // The agent of one slot (machine), inside every keel-launch process: registers with the
 // controller, heartbeats, starts and kills the slot's workers when told, reports each
 // worker's exit (code or signal, with the last lines of its log), answers surveys of the
-// snapshots its shared memory holds, and at shutdown removes that shared memory (the
+// snapshots its shared memory holds, runs the slot's etcd member when told (the first 3 or
+// 5 slots, or one that replaces a lost member), and at shutdown removes that shared memory (the
 // workers' own snapshots and the backups the slot held for others). The controller answers
 // every heartbeat; an agent that hears nothing from it for `controller_timeout` stops its
 // workers, removes that shared memory and exits with kExitControllerLost, so nothing
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -18,6 +20,7 @@
 #include <sys/types.h>
 
 #include "launcher/control_plane.h"
+#include "launcher/etcd/etcd_members.h"
 
 namespace keel {
 
@@ -48,7 +51,8 @@ constexpr int kExitJoinRefused = 2;
 
 class Agent {
  public:
-  explicit Agent(AgentOptions o) : o_(std::move(o)) {}
+  explicit Agent(AgentOptions o);
+  ~Agent();
   // Runs until the controller says shutdown (0), the controller cannot be reached at the
   // start (1), refuses the registration (kExitJoinRefused, the reason said on stderr), the
   // controller is silent for controller_timeout (kExitControllerLost), or
@@ -70,6 +74,10 @@ class Agent {
   std::map<int, pid_t> workers_;  // rank -> pid
   std::map<int, pid_t> parked_;   // standby index -> pid of a worker waiting for a rank
   std::set<int> hosted_;          // every rank this slot ran (its shared memory is here)
+  // The slot's etcd member (Command etcd_start), on the ports picked when it registered; it
+  // stops with the agent.
+  std::vector<int> etcd_ports_;  // client, peer
+  std::unique_ptr<EtcdMember> etcd_;
 
   void send_register();
   // Sends `ev` (its slot filled in) under `epoch`.
@@ -82,6 +90,7 @@ class Agent {
   void on_survey(int epoch, const control::Command& c);
   void on_stacks(int epoch, const control::Command& c);
   void on_renumber(const control::Command& c);
+  void on_etcd_start(int epoch, const control::Command& c);
   // Reports every worker (and parked standby) that ended since the last call.
   void reap_workers();
   std::string log_of(int rank) const;

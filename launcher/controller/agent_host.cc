@@ -116,6 +116,8 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     a.identity = identity;
     a.host = reg.host();
     a.pid = reg.pid();
+    a.etcd_client_port = reg.etcd_client_port();
+    a.etcd_peer_port = reg.etcd_peer_port();
     a.last_heartbeat = Clock::now();
     a.closed_at.reset();
     const bool first_standby_check = members_->initial_standby(k) && members_->standby_gen(k) == 0;
@@ -154,6 +156,8 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
       survey_replies_[e.slot()] = e;
     } else if (e.kind() == control::Event::stacks) {
       stacks_replies_[e.slot()] = e;
+    } else if (e.kind() == control::Event::etcd_started) {
+      etcd_replies_[e.slot()] = e;
     } else if (e.kind() == control::Event::worker_exit) {
       if (e.rank() < 0 || e.rank() >= int(alive_.size())) return;
       alive_[size_t(e.rank())] = false;

@@ -79,6 +79,31 @@ class AgentHost : public RankHost {
   // capture is held under half the slot timeout: it sends no heartbeat meanwhile.
   std::map<int, control::RankStacks> capture_stacks(std::chrono::milliseconds timeout) override;
 
+  // Handles the agents' pending messages (heartbeats answered, the rest to the controller's
+  // inbox): for a caller that waits on something else (etcd) and must not leave the agents
+  // without an answer for detect.controller_timeout_ms.
+  void keep_alive() { poll_plane(); }
+
+  // Starts an etcd member on each of slots 0..n-1 (agent_host_etcd.cc), named "slot<k>", on
+  // the ports each registered, data under `data_root`/slot<k>, logs under `log_dir`, and
+  // waits up to `timeout` for every agent to say its process runs (not that the cluster is
+  // healthy: the caller's client waits for that). Returns their client endpoints
+  // ("host:port"). Throws keel::Error naming the slot and why one could not be started.
+  std::vector<std::string> start_etcd_members(int n, const std::string& data_root,
+                                              const std::string& log_dir,
+                                              std::chrono::milliseconds timeout);
+  // One member named `name` on `slot`, added to the running cluster (EtcdClient::member_add,
+  // whose answer gives `cluster`) to replace a lost one. Throws as above.
+  void start_etcd_member(int slot, const std::string& name, const std::string& cluster,
+                         const std::string& data_root, const std::string& log_dir,
+                         std::chrono::milliseconds timeout);
+  // The peer URL an etcd member on `slot` would have ("http://host:port").
+  std::string etcd_peer_url(int slot) const;
+  // Whether `slot` is lost (its agent silent or its connection closed).
+  bool slot_lost(int slot) const { return members_->link(slot) == JobMembership::Link::kLost; }
+  bool slot_up(int slot) const { return up(slot); }
+  int slot_count() const { return int(agents_.size()); }
+
  private:
   // What the transport knows of a slot's agent.
   struct Agent {
@@ -88,7 +113,8 @@ class AgentHost : public RankHost {
     // reset by its next message.
     std::optional<std::chrono::steady_clock::time_point> closed_at;
     int pid = 0;
-    int registrations = 0;  // Register messages received
+    int registrations = 0;                         // Register messages received
+    int etcd_client_port = 0, etcd_peer_port = 0;  // free on its host when it registered
     // Per parked worker of the standby generation in force: its self-check (absent: not
     // known yet), read from the store by refresh().
     std::vector<std::optional<bool>> self_check;
@@ -103,6 +129,8 @@ class AgentHost : public RankHost {
   void start_standby(int slot, bool initial);
   // Takes up what arrived on the control plane (see on_message).
   void poll_plane();
+  // Throws if `slot`'s agent did not say its etcd member runs.
+  void check_etcd_reply(int slot, std::chrono::milliseconds timeout) const;
   // Waits (polling the control plane) until `done` or `timeout`.
   void wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
 
@@ -125,6 +153,7 @@ class AgentHost : public RankHost {
   std::deque<RankExit> exits_;
   std::map<int, control::Event> survey_replies_;  // slot -> snapshots event
   std::map<int, control::Event> stacks_replies_;  // slot -> stacks event
+  std::map<int, control::Event> etcd_replies_;    // slot -> etcd_started event
 };
 
 }  // namespace keel

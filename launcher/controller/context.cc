@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "ckpt/persistent_checkpoint.h"
+#include "launcher/controller/etcd_control_state.h"
 #include "launcher/controller/stack_report.h"
 #include "launcher/job_env.h"
 #include "proto/store_keys.h"
@@ -76,9 +77,10 @@ control::StacksReply ControllerContext::capture_stacks(const std::string& name) 
   return collect_stacks(*host, root + "/" + name, kStacksCaptureTimeout);
 }
 
-int64_t store_incident(Store& store, const report::Incident& inc) {
-  const int64_t n = store.add(keys::kIncidentCount, 1) - 1;
-  set_message(store, keys::incident_key(n), inc);
+int64_t store_incident(const ControllerContext& ctx, const report::Incident& inc) {
+  const int64_t n = ctx.store->add(keys::kIncidentCount, 1) - 1;
+  if (ctx.o->state) ctx.o->state->incident(n, inc);
+  set_message(*ctx.store, keys::incident_key(n), inc);
   return n;
 }
 

@@ -62,7 +62,8 @@ struct Detected {
   policy::Failure failure;
 };
 
-// Stores `inc` as the job's next incident (incident/<n>); returns n.
-int64_t store_incident(Store& store, const report::Incident& inc);
+// Stores `inc` as the job's next incident (incident/<n>, and in etcd's control state when the
+// job has one); returns n.
+int64_t store_incident(const ControllerContext& ctx, const report::Incident& inc);
 
 }  // namespace keel

@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "launcher/controller/controller_impl.h"
+#include "launcher/controller/etcd_control_state.h"
+#include "launcher/controller/etcd_upkeep.h"
 #include "launcher/controller/stop_report.h"
 #include "launcher/fault_checks.h"
 #include "launcher/job_env.h"
@@ -111,6 +113,11 @@ void Controller::Impl::handle(const std::string& identity, const control::Envelo
     if (on_agent) on_agent(identity, m);
     return;
   }
+  // A command taken goes to the numbered command log (a status changes nothing).
+  const bool taken = (m.has_inject_request() && r.inject_reply().ok()) ||
+                     (m.has_update_request() && r.update_reply().ok()) ||
+                     (m.has_replay_request() && r.replay_reply().ok());
+  if (taken && o.state) o.state->command(m);
   server->send(identity, r);
 }
 
@@ -247,6 +254,7 @@ std::optional<Detected> Controller::Impl::poll_failures(Clock::time_point* next_
   if (Clock::now() >= *next_grow_check) {
     *next_grow_check = Clock::now() + kGrowCheckEvery;
     maybe_grow();
+    if (o.upkeep) o.upkeep->maintain();
   }
   serve_stacks_requests();
   if (replays.take_request()) return replays.requested();
@@ -343,11 +351,20 @@ void Controller::set_agent_handler(
 }
 
 int Controller::run() {
-  return impl_->run();
+  try {
+    return impl_->run();
+  } catch (const QuorumLost& e) {
+    return impl_->stop_job(e.what(), recovery::kExitStopped);
+  }
 }
 
 void Controller::pump() {
   impl_->pump();
+}
+
+void Controller::set_control_state(EtcdControlState* state, EtcdUpkeep* upkeep) {
+  impl_->o.state = state;
+  impl_->o.upkeep = upkeep;
 }
 
 int Controller::epoch() const {

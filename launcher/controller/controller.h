@@ -35,6 +35,8 @@
 namespace keel {
 
 class ControlServer;
+class EtcdControlState;
+class EtcdUpkeep;
 
 struct ControllerOptions {
   config::JobConfig cfg;
@@ -50,7 +52,13 @@ struct ControllerOptions {
                                     // (rank 0 writes it at the job's end; "" : none)
   faults::FaultSchedule faults;     // the job's --fault/--inject schedule: keel-ctl inject
                                     // refuses a fault the job already has
-  bool console_progress = false;    // print rank 0's progress every train.log_every steps
+  // The job's control state in etcd, borrowed (null: a job without etcd, of 1-2 slots or
+  // under keel-worker --nproc): every Membership, incident, update, plugin and keel-ctl
+  // command goes there too (launcher/controller/etcd_control_state.h).
+  EtcdControlState* state = nullptr;
+  EtcdUpkeep* upkeep =
+      nullptr;  // keeps its members at strength (launcher/controller/etcd_upkeep.h)
+  bool console_progress = false;  // print rank 0's progress every train.log_every steps
   const volatile sig_atomic_t* stop_signal = nullptr;  // set by SIGINT/SIGTERM handlers
   // Called for every event worth a line in the job's event log (launcher/controller/event_log.h).
   std::function<void(const std::string& kind, const EventFields& fields)> on_event;
@@ -69,7 +77,8 @@ class Controller {
   void set_agent_handler(
       std::function<void(const std::string& identity, const control::Envelope& msg)> fn);
 
-  // Starts every rank and runs the job to its end. Returns the process exit code.
+  // Starts every rank and runs the job to its end. Returns the process exit code (etcd
+  // without quorum for detect.quorum_timeout_ms stops the job: recovery::kExitStopped).
   int run();
 
   // Handles the control-plane messages that have arrived (progress, keel-ctl, agents): for
@@ -77,6 +86,10 @@ class Controller {
   void pump();
 
   int epoch() const;
+
+  // The job's control state in etcd and the upkeep of its members, once they are set up
+  // (after every slot registered: its members run on the first slots); borrowed. Before run().
+  void set_control_state(EtcdControlState* state, EtcdUpkeep* upkeep);
 
  private:
   struct Impl;

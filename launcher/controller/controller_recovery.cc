@@ -8,6 +8,7 @@
 
 #include "ckpt/backup_placement.h"
 #include "launcher/controller/controller_impl.h"
+#include "launcher/controller/etcd_control_state.h"
 #include "launcher/controller/incident.h"
 #include "launcher/recovery_protocol.h"
 #include "proto/store_keys.h"
@@ -167,6 +168,7 @@ bool Controller::Impl::recover(Detected d) {
   const bool requested = d.failure.rule == ReplayCoordinator::kRequestedRule;
   if (!requested && must_stop(d, progress)) return false;
   state = RunState::kRecovering;
+  const uint64_t etcd_writes = o.state ? o.state->writes() : 0;  // this recovery's, measured
   const int next = members.epoch() + 1;
   const bool restart_all = o.cfg.recovery().mode() == config::RecoveryConfig::restart_all;
 
@@ -223,7 +225,7 @@ bool Controller::Impl::recover(Detected d) {
     return true;
   }
   const report::Incident inc = incident_of(d, *plan, t);
-  const int64_t n = store_incident(*store, inc);
+  const int64_t n = store_incident(ctx, inc);
   LOG(WARNING) << "incident " << n + 1 << ": " << inc.detail() << " at step " << inc.step() + 1
                << "; " << inc.action() << " (epoch " << members.epoch() << ", restored step "
                << inc.restored_step() << ")";
@@ -235,7 +237,8 @@ bool Controller::Impl::recover(Detected d) {
                              .add("restored_step", inc.restored_step())
                              .add("restored_from", inc.restored_from())
                              .add("rung", inc.rung())
-                             .add("action", inc.action()));
+                             .add("action", inc.action())
+                             .add("etcd_writes", o.state ? o.state->writes() - etcd_writes : 0));
   return true;
 }
 
@@ -293,6 +296,8 @@ void Controller::Impl::write_rebuild(const policy::Plan& plan, const membership:
     rb.set_plugin_path(plugin->plugin_path());
     rb.set_plugin_hash(plugin->plugin_hash());
   }
+  // etcd first: the epoch a next leader finds is never behind the one the ranks were told.
+  if (o.state) o.state->membership(rb.membership());
   set_message(*store, keys::rebuild_key(members.epoch()), rb);
 }
 

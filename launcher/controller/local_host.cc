@@ -38,6 +38,13 @@ std::string RankExit::describe() const {
   if (WEXITSTATUS(status) == recovery::kExitWriteFailed)
     return detail::concat("exited with status ", WEXITSTATUS(status),
                           " (a checkpoint or output file could not be written: not restarted)");
+  // What keel's own codes mean, so that a report's stop_reason says it without the logs.
+  if (WEXITSTATUS(status) == recovery::kExitNonFinite)
+    return detail::concat("exited with status ", WEXITSTATUS(status),
+                          " (a loss or gradient norm not finite twice at one step: not restarted)");
+  if (WEXITSTATUS(status) == recovery::kExitInputError)
+    return detail::concat("exited with status ", WEXITSTATUS(status),
+                          " (bad input: not restarted)");
   return detail::concat("exited with status ", WEXITSTATUS(status));
 }
 

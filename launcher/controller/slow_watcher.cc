@@ -24,7 +24,7 @@ void SlowWatcher::reset() {
 }
 
 void SlowWatcher::record(const report::Incident& inc) {
-  store_incident(*ctx_.store, inc);
+  store_incident(ctx_, inc);
   ctx_.event("incident", EventFields()
                              .add("kind", inc.kind())
                              .add("rank", inc.rank())

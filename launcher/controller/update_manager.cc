@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "launcher/controller/etcd_control_state.h"
 #include "launcher/recovery_protocol.h"
 #include "model/plugin_loader.h"
 #include "proto/store_keys.h"
@@ -26,6 +27,7 @@ void UpdateManager::set_outcome(report::UpdateOutcome o) {
 }
 
 void UpdateManager::record(const report::Update& u) {
+  if (ctx_.o->state) ctx_.o->state->update(u);
   set_message(*ctx_.store, keys::update_record_key(u.id()), u);
 }
 
@@ -43,6 +45,7 @@ void UpdateManager::set_current_plugin(const std::string& path, const std::strin
   store::Plugin p;
   p.set_path(path);
   p.set_hash(hash);
+  if (ctx_.o->state) ctx_.o->state->plugin(p);
   set_message(*ctx_.store, keys::kPluginCurrent, p);
 }
 
@@ -226,7 +229,7 @@ void UpdateManager::applied(int64_t step) {
                                 ") at step ", step + 1, " (", report::UpdateMode_Name(u.mode()),
                                 ")"));
   inc.set_detail("keel-ctl update");
-  store_incident(*ctx_.store, inc);
+  store_incident(ctx_, inc);
 }
 
 bool UpdateManager::in_probation(int64_t completed) const {

@@ -98,6 +98,7 @@ EtcdClient::EtcdClient(const std::vector<std::string>& endpoints, std::chrono::m
   impl_->lease = etcdserverpb::Lease::NewStub(impl_->channel);
   impl_->watch = etcdserverpb::Watch::NewStub(impl_->channel);
   impl_->maintenance = etcdserverpb::Maintenance::NewStub(impl_->channel);
+  impl_->cluster = etcdserverpb::Cluster::NewStub(impl_->channel);
 }
 
 EtcdClient::~EtcdClient() = default;
@@ -282,6 +283,53 @@ EtcdStatus EtcdClient::status() {
               [&](grpc::ClientContext& c) { return impl_->maintenance->Status(&c, req, &resp); });
   return EtcdStatus{resp.header().member_id(), resp.leader(), resp.raftterm(), resp.dbsize(),
                     resp.version()};
+}
+
+namespace {
+
+std::vector<EtcdMemberInfo> members_of(
+    const google::protobuf::RepeatedPtrField<etcdserverpb::Member>& ms) {
+  std::vector<EtcdMemberInfo> out;
+  for (const auto& m : ms)
+    out.push_back(EtcdMemberInfo{m.id(),
+                                 m.name(),
+                                 {m.peerurls().begin(), m.peerurls().end()},
+                                 {m.clienturls().begin(), m.clienturls().end()}});
+  return out;
+}
+
+}  // namespace
+
+std::vector<EtcdMemberInfo> EtcdClient::member_list() {
+  etcdserverpb::MemberListRequest req;
+  etcdserverpb::MemberListResponse resp;
+  impl_->call("member list", steady_clock::now() + timeout_,
+              [&](grpc::ClientContext& c) { return impl_->cluster->MemberList(&c, req, &resp); });
+  return members_of(resp.members());
+}
+
+std::vector<EtcdMemberInfo> EtcdClient::member_add(const std::string& peer_url, uint64_t* id) {
+  etcdserverpb::MemberAddRequest req;
+  req.add_peerurls(peer_url);
+  etcdserverpb::MemberAddResponse resp;
+  grpc::ClientContext c;
+  Impl::set_deadline(c, steady_clock::now() + timeout_);
+  const grpc::Status s = impl_->cluster->MemberAdd(&c, req, &resp);
+  if (!s.ok()) impl_->fail("member add " + peer_url, s, timeout_);
+  ++writes_;
+  if (id) *id = resp.member().id();
+  return members_of(resp.members());
+}
+
+void EtcdClient::member_remove(uint64_t id) {
+  etcdserverpb::MemberRemoveRequest req;
+  req.set_id(id);
+  etcdserverpb::MemberRemoveResponse resp;
+  grpc::ClientContext c;
+  Impl::set_deadline(c, steady_clock::now() + timeout_);
+  const grpc::Status s = impl_->cluster->MemberRemove(&c, req, &resp);
+  if (!s.ok()) impl_->fail("member remove", s, timeout_);
+  ++writes_;
 }
 
 }  // namespace keel

@@ -67,6 +67,14 @@ struct EtcdStatus {
   std::string version;
 };
 
+// A member of the cluster as etcd lists it.
+struct EtcdMemberInfo {
+  uint64_t id = 0;
+  std::string name;  // empty for a member added but not started yet
+  std::vector<std::string> peer_urls;
+  std::vector<std::string> client_urls;
+};
+
 class EtcdClient {
  public:
   // endpoints: "host:port" or "http://host:port", IPv4 literals (the slots' addresses).
@@ -108,6 +116,14 @@ class EtcdClient {
 
   // The status of the member the channel is connected to (a health check).
   EtcdStatus status();
+
+  // The cluster's members, and changes to them (Raft reconfiguration, one at a time, each
+  // needing quorum): a lost member is removed and a new one added before it starts.
+  // member_add returns the members after it, the new one (not started: no name) included,
+  // and sets *id to the new member's. Not retried once sent: a second add would be refused.
+  std::vector<EtcdMemberInfo> member_list();
+  std::vector<EtcdMemberInfo> member_add(const std::string& peer_url, uint64_t* id);
+  void member_remove(uint64_t id);
 
   // KV writes that reached etcd (puts, deletes, transactions, whether or not their guard
   // held) and the key and value bytes they carried: to measure writes per step and per

@@ -110,9 +110,20 @@ EtcdMember::EtcdMember(EtcdMemberSpec spec) : spec_(std::move(spec)) {
       "--initial-advertise-peer-urls=" + peer,
       "--initial-cluster=" + spec_.cluster,
       "--initial-cluster-token=" + spec_.token,
-      "--initial-cluster-state=new",
+      spec_.join_existing ? "--initial-cluster-state=existing" : "--initial-cluster-state=new",
       "--heartbeat-interval=" + std::to_string(spec_.heartbeat_ms),
       "--election-timeout=" + std::to_string(spec_.election_timeout_ms),
+      // A lost member is removed and a new one added at once (launcher/controller/
+      // etcd_upkeep.h), one change at a time, each keeping a quorum; etcd's strict check
+      // would refuse them until its leader had had a quorum for 5 s, too late when machines
+      // fail seconds apart.
+      "--strict-reconfig-check=false",
+      // Memory bounded over a job of thousands of recoveries: old revisions compacted every
+      // minute, the Raft log cut to a snapshot every 1,000 entries (etcd's default keeps
+      // 100,000 in memory).
+      "--auto-compaction-mode=periodic",
+      "--auto-compaction-retention=1m",
+      "--snapshot-count=1000",
       // Structured logs to stderr, which spawn_child sends to the log file (etcd 3.4's
       // default logger is deprecated and warns about it).
       "--logger=zap",
@@ -124,6 +135,10 @@ EtcdMember::EtcdMember(EtcdMemberSpec spec) : spec_(std::move(spec)) {
   pid_ = spawn_child(argv, {}, spec_.log_path, SIGKILL);
   LOG(INFO) << "etcd member " << spec_.name << " (pid " << pid_ << ") starting on " << client
             << ", log " << spec_.log_path;
+}
+
+bool EtcdMember::running() {
+  return pid_ > 0 && !exited(pid_);
 }
 
 EtcdMember::~EtcdMember() {
@@ -172,25 +187,12 @@ void EtcdMember::wait_healthy(milliseconds timeout) {
 
 void EtcdMember::stop() {
   if (pid_ > 0) {
-    // SIGCONT too: a member stopped by kill -STOP handles SIGTERM only once continued.
-    if (::kill(pid_, SIGTERM) == -1) KEEL_CHECK(errno == ESRCH, "kill etcd member");
-    if (::kill(pid_, SIGCONT) == -1) KEEL_CHECK(errno == ESRCH, "kill etcd member");
-    // 1 s: a member that leads hands its leadership over before it exits, which is worth a
-    // short wait, but not a long one: with its peers gone it would try for seconds.
-    const auto deadline = steady_clock::now() + std::chrono::seconds(1);
-    while (!exited(pid_)) {
-      if (steady_clock::now() >= deadline) {
-        LOG(WARNING) << "etcd member " << spec_.name << " still there 1 s after SIGTERM: SIGKILL";
-        if (::kill(pid_, SIGKILL) == -1) KEEL_CHECK(errno == ESRCH, "kill etcd member");
-        int status = 0;
-        const pid_t r = ::waitpid(pid_, &status, 0);
-        KEEL_CHECK(r == pid_ || (r == -1 && errno == ECHILD), "waitpid etcd member");
-        break;
-      }
-      // A member exits within tens of ms of SIGTERM; there is no file descriptor to wait on
-      // for a child's exit short of a SIGCHLD handler, which is the process's, not ours.
-      std::this_thread::sleep_for(milliseconds(5));
-    }
+    // SIGKILL, not SIGTERM: its data is removed next, so a graceful stop saves nothing, and a
+    // member whose peers are gone would try to reach them for seconds before it exits.
+    if (::kill(pid_, SIGKILL) == -1) KEEL_CHECK(errno == ESRCH, "kill etcd member");
+    int status = 0;
+    const pid_t r = ::waitpid(pid_, &status, 0);
+    KEEL_CHECK(r == pid_ || (r == -1 && errno == ECHILD), "waitpid etcd member");
     pid_ = -1;
   }
   std::error_code ec;

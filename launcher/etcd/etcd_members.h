@@ -21,6 +21,9 @@ struct EtcdMemberSpec {
   std::string log_path;  // the member's own log (stdout and stderr)
   std::string cluster;   // every member: "name=http://host:peer_port,..." (etcd_cluster())
   std::string token;     // the job id: members of another job never join this cluster
+  // A member added to a running cluster (EtcdClient::member_add) to replace a lost one, not
+  // one of a new cluster: --initial-cluster-state existing.
+  bool join_existing = false;
   // Raft timing for a LAN (round trips well under 1 ms): a heartbeat every 100 ms costs
   // nothing, and a 1 s election timeout (etcd's rule: at least 5 heartbeats; 10 is its
   // advice) replaces a dead Raft leader within 1-2 s yet rides out a busy machine's scheduling
@@ -52,9 +55,12 @@ class EtcdMember {
   // EtcdUnavailable with the end of the member's log if it exits or `timeout` passes.
   void wait_healthy(std::chrono::milliseconds timeout);
 
-  // Stops the member (SIGTERM, SIGKILL after 1 s; a stopped member is continued first), reaps
-  // it and removes its data dir. Idempotent; also after the process was killed from outside.
+  // Stops the member (SIGKILL: its data goes next, so there is nothing to stop gracefully),
+  // reaps it and removes its data dir. Idempotent; also after the process was killed from outside.
   void stop();
+
+  // Whether its process still runs (reaps it when it has ended).
+  bool running();
 
   // The member's process (for tests and fault injection: kill -9, kill -STOP); -1 once stopped.
   pid_t pid() const { return pid_; }

@@ -118,8 +118,8 @@ bool LeaderElection::campaign(const std::string& value, std::chrono::millisecond
     ahead.max_create_revision = term_ - 1;
     if (client_.get_prefix(prefix_, ahead).empty()) {
       leading_ = true;
-      LOG(INFO) << "leader election " << prefix_ << ": " << value_ << " leads (term " << term_
-                << ")";
+      // The key, not the value: a value is the caller's bytes (a serialized message).
+      LOG(INFO) << "leader election " << prefix_ << ": " << key_ << " leads (term " << term_ << ")";
       return is_leader();
     }
     std::unique_lock<std::mutex> lock(mu_);

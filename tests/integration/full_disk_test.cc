@@ -27,10 +27,13 @@ constexpr int kSteps = 20, kEvery = 5;
 constexpr int kExitWriteFailed = 5;  // launcher/recovery_protocol.h
 
 // Every file under `dir`, for the messages.
+// Every file under `dir` but the owner lock a job holds on its checkpoint directory
+// (ckpt/checkpoint_dir_lock.h), which stays by design.
 std::vector<std::string> files_under(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
-  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) out.push_back(e.path().string());
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec))
+    if (e.path().filename() != ".keel-owner") out.push_back(e.path().string());
   return out;
 }
 

@@ -80,7 +80,9 @@ TEST(WorkerSignals, NonFiniteLossStopsTheRunNamingTheStep) {
   EXPECT_EQ(r.exit_code, 4) << r.output;
   EXPECT_TRUE(contains(r.output, "not finite")) << r.output;
   EXPECT_TRUE(contains(r.output, "step ")) << r.output;
-  EXPECT_TRUE(r.report.empty());
+  // The job ends with its report all the same: stopped, saying why.
+  EXPECT_TRUE(contains(r.report, "\"stopped\": true")) << r.report;
+  EXPECT_TRUE(contains(json_string_field(r.report, "stop_reason"), "not finite")) << r.report;
   EXPECT_EQ(r.leftover_processes, 0);
   EXPECT_TRUE(r.leftover_shm.empty());
 }

@@ -38,6 +38,7 @@ struct EtcdClient::Impl {
   std::unique_ptr<etcdserverpb::Lease::Stub> lease;
   std::unique_ptr<etcdserverpb::Watch::Stub> watch;
   std::unique_ptr<etcdserverpb::Maintenance::Stub> maintenance;
+  std::unique_ptr<etcdserverpb::Cluster::Stub> cluster;
 
   // Throws the typed error for a failed call `what`.
   [[noreturn]] void fail(const std::string& what, const grpc::Status& status,

@@ -1,0 +1,125 @@
+#include "launcher/controller/etcd_control_state.h"
+
+#include <thread>
+
+#include "launcher/etcd/etcd_error.h"
+#include "proto/store_keys.h"
+#include "runtime/logging.h"
+
+namespace keel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Between the tries of a write etcd did not take: short against the quorum timeout, long
+// against a member's reply.
+constexpr std::chrono::milliseconds kRetryPause{200};
+// One campaign's wait when the leadership is to be won again.
+constexpr std::chrono::milliseconds kCampaignWait{2000};
+
+}  // namespace
+
+EtcdControlState::EtcdControlState(EtcdClient* client, const std::string& job,
+                                   const state::Leader& leader, std::chrono::seconds ttl,
+                                   std::chrono::milliseconds quorum_timeout,
+                                   std::function<void()> idle)
+    : client_(client),
+      job_(job),
+      leader_value_(leader.SerializeAsString()),
+      ttl_(ttl),
+      quorum_timeout_(quorum_timeout),
+      idle_(std::move(idle)) {
+  lead(Clock::now() + quorum_timeout_);
+  // Numbers continue after those a controller before this one took.
+  commands_ = int64_t(client_->get_prefix(keys::state::root(job_) + "command/").size());
+}
+
+EtcdControlState::~EtcdControlState() {
+  // Steps down at the job's end: the next job's candidates have nothing to wait for.
+  try {
+    if (election_) election_->resign();
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "etcd: resigning the leadership: " << e.what();
+  }
+}
+
+int64_t EtcdControlState::term() const {
+  return election_ ? election_->guard().create_revision : 0;
+}
+
+void EtcdControlState::lead(Clock::time_point deadline) {
+  while (!election_ || !election_->is_leader()) {
+    try {
+      // A candidacy that ended (its lease lapsed while etcd was out of reach) cannot lead
+      // again: a new one stands. (The one candidate of a job today: failover's standbys come.)
+      election_.reset();
+      election_ =
+          std::make_unique<LeaderElection>(*client_, keys::state::leader_prefix(job_), ttl_);
+      if (election_->campaign(leader_value_, kCampaignWait)) break;
+    } catch (const std::exception& e) {
+      if (Clock::now() > deadline)
+        throw QuorumLost(detail::concat("etcd (", client_->endpoints().size(),
+                                        " member(s)) took no write for ", quorum_timeout_.count(),
+                                        " ms (detect.quorum_timeout_ms): ", e.what()));
+    }
+    if (Clock::now() > deadline)
+      throw QuorumLost(detail::concat("the controller could not win the job's leadership within ",
+                                      quorum_timeout_.count(), " ms (detect.quorum_timeout_ms)"));
+    if (idle_) idle_();
+    std::this_thread::sleep_for(kRetryPause);
+  }
+}
+
+void EtcdControlState::write(const std::string& key, const std::string& value) {
+  const auto deadline = Clock::now() + quorum_timeout_;
+  bool said = false;
+  while (true) {
+    try {
+      lead(deadline);
+      election_->fenced_put(key, value);
+      if (said) LOG(WARNING) << "etcd takes writes again";
+      return;
+    } catch (const QuorumLost&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (Clock::now() > deadline)
+        throw QuorumLost(detail::concat("etcd took no write of ", key, " for ",
+                                        quorum_timeout_.count(),
+                                        " ms (detect.quorum_timeout_ms): ", e.what()));
+      if (!said)
+        LOG(WARNING) << "etcd does not take the write of " << key << " (" << e.what()
+                     << "): decisions wait, training goes on";
+      said = true;
+    }
+    if (idle_) idle_();
+    std::this_thread::sleep_for(kRetryPause);
+  }
+}
+
+void EtcdControlState::spec(const state::JobSpec& s) {
+  write(keys::state::spec(job_), s.SerializeAsString());
+}
+
+void EtcdControlState::membership(const membership::Membership& m) {
+  write(keys::state::membership(job_), m.SerializeAsString());
+}
+
+void EtcdControlState::plugin(const store::Plugin& p) {
+  write(keys::state::plugin(job_), p.SerializeAsString());
+}
+
+void EtcdControlState::incident(int64_t n, const report::Incident& inc) {
+  write(keys::state::incident(job_, n), inc.SerializeAsString());
+}
+
+void EtcdControlState::update(const report::Update& u) {
+  write(keys::state::update(job_, u.id()), u.SerializeAsString());
+}
+
+int64_t EtcdControlState::command(const control::Envelope& request) {
+  const int64_t n = commands_++;
+  write(keys::state::command(job_, n), request.SerializeAsString());
+  return n;
+}
+
+}  // namespace keel

@@ -1,0 +1,76 @@
+// The leader controller's writes of the job's control state to etcd (DESIGN.md, Control state
+// and failover; keys in proto/store_keys.h, keys::state): the job spec, the Membership of
+// every epoch, the incidents, the updates, the plugin in force and the numbered command log,
+// each a protobuf message. Every write is a transaction fenced on the leadership
+// (launcher/etcd/leader_election.h), so a controller that is no longer the leader writes
+// nothing. Nothing here runs on the step path: writes come with an epoch transition, an
+// update, a keel-ctl command.
+//
+// etcd unreachable or without quorum pauses the writer, never the training: a write is
+// tried again (the controller's `idle` runs between tries, so the agents keep hearing from
+// it) until detect.quorum_timeout_ms, then QuorumLost ends the job cleanly.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "launcher/etcd/etcd_client.h"
+#include "launcher/etcd/leader_election.h"
+#include "proto/control.pb.h"
+#include "proto/control_state.pb.h"
+#include "proto/membership.pb.h"
+#include "proto/report.pb.h"
+#include "proto/store_values.pb.h"
+#include "runtime/check.h"
+
+namespace keel {
+
+// No write reached a quorum of etcd within detect.quorum_timeout_ms.
+class QuorumLost : public Error {
+ public:
+  using Error::Error;
+};
+
+class EtcdControlState {
+ public:
+  // Campaigns under the job's leader prefix as `leader` (waiting up to `quorum_timeout` for
+  // the leadership) and keeps it with a lease of `ttl`. `idle` runs between the tries of a
+  // write etcd did not take (the agents' messages answered). `client` must outlive this.
+  EtcdControlState(EtcdClient* client, const std::string& job, const state::Leader& leader,
+                   std::chrono::seconds ttl, std::chrono::milliseconds quorum_timeout,
+                   std::function<void()> idle);
+  ~EtcdControlState();
+
+  void spec(const state::JobSpec& s);
+  void membership(const membership::Membership& m);
+  void plugin(const store::Plugin& p);
+  void incident(int64_t n, const report::Incident& inc);
+  void update(const report::Update& u);
+  // Appends a keel-ctl request to the command log; its number.
+  int64_t command(const control::Envelope& request);
+
+  // KV writes sent to etcd so far (to measure writes per recovery and per step).
+  uint64_t writes() const { return client_->writes(); }
+  // The leadership's term (its key's create revision).
+  int64_t term() const;
+
+ private:
+  // Writes key = value fenced on the leadership, trying again as the header says.
+  void write(const std::string& key, const std::string& value);
+  // Leads, campaigning anew if the lease lapsed (etcd was out of reach longer than it).
+  void lead(std::chrono::steady_clock::time_point deadline);
+
+  EtcdClient* client_;
+  const std::string job_;
+  const std::string leader_value_;
+  const std::chrono::seconds ttl_;
+  const std::chrono::milliseconds quorum_timeout_;
+  std::unique_ptr<LeaderElection> election_;
+  std::function<void()> idle_;
+  int64_t commands_ = 0;
+};
+
+}  // namespace keel

@@ -1,0 +1,86 @@
+#include "launcher/controller/job_etcd.h"
+
+#include <cstdio>
+#include <sstream>
+#include <thread>
+
+#include "launcher/controller/agent_host.h"
+#include "runtime/check.h"
+
+namespace keel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long the agents get to start their members' processes (a fork and an exec each).
+constexpr std::chrono::milliseconds kMemberStartWait{10000};
+// The leader's lease: etcd's shortest for keel's members (1.5 election timeouts, whole
+// seconds). It bounds how long a dead controller leads.
+constexpr std::chrono::seconds kLeaderTtl{2};
+// Every etcd call's deadline, and how often a new cluster is asked whether it has a leader.
+constexpr std::chrono::milliseconds kCallTimeout{2000};
+constexpr std::chrono::milliseconds kHealthPoll{50};
+
+std::vector<std::string> split_endpoints(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string e;
+  while (std::getline(in, e, ','))
+    if (!e.empty()) out.push_back(e);
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& e : v) s += (s.empty() ? "" : ",") + e;
+  return s;
+}
+
+}  // namespace
+
+JobEtcd start_job_etcd(AgentHost& agents, const JobEtcdOptions& o,
+                       std::function<void(const std::string&, const EventFields&)> on_event) {
+  JobEtcd j;
+  if (o.endpoints.empty() && o.slots < 3) return j;
+  const auto start = Clock::now();
+  std::vector<std::string> endpoints;
+  std::string where;
+  if (!o.endpoints.empty()) {
+    endpoints = split_endpoints(o.endpoints);
+    where = "the cluster at " + o.endpoints;
+  } else {
+    const int n = std::min(o.members, o.slots);
+    endpoints = agents.start_etcd_members(n, o.data_root, o.log_dir, kMemberStartWait);
+    where = detail::concat(n, " members on slots 0-", n - 1, " (", join(endpoints), ")");
+  }
+  j.client = std::make_unique<EtcdClient>(endpoints, kCallTimeout);
+  // A new cluster takes its first Raft election (seconds: members start apart and wait out an
+  // election timeout) before it takes a write; a lease granted before it would lapse unused.
+  const auto deadline = start + o.quorum_timeout;
+  while (true) {
+    try {
+      if (j.client->status().leader_id != 0) break;
+    } catch (const EtcdUnavailable& e) {
+      if (Clock::now() > deadline)
+        throw QuorumLost(detail::concat("etcd (", where, ") elected no leader within ",
+                                        o.quorum_timeout.count(),
+                                        " ms (detect.quorum_timeout_ms): ", e.what()));
+    }
+    agents.keep_alive();
+    std::this_thread::sleep_for(kHealthPoll);
+  }
+  j.state =
+      std::make_unique<EtcdControlState>(j.client.get(), o.spec.job(), o.leader, kLeaderTtl,
+                                         o.quorum_timeout, [&agents] { agents.keep_alive(); });
+  j.state->spec(o.spec);
+  if (o.endpoints.empty())
+    j.upkeep = std::make_unique<EtcdUpkeep>(&agents, j.client.get(), int(endpoints.size()),
+                                            o.data_root, o.log_dir, std::move(on_event));
+  char took[32];
+  std::snprintf(took, sizeof(took), "%.2f s",
+                std::chrono::duration<double>(Clock::now() - start).count());
+  j.summary = "etcd: " + where + ", up and led in " + took;
+  return j;
+}
+
+}  // namespace keel

@@ -1,0 +1,45 @@
+// The job's etcd, as slot 0's keel-launch sets it up once every slot has registered
+// (DESIGN.md, Control state and failover): members started beside the first 3 (or 5) slots
+// by their agents (or the user's cluster, --etcd), a client over them, the leadership won and
+// the job spec written. A job of 1-2 slots has none: nothing to fail over to.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "launcher/controller/etcd_control_state.h"
+#include "launcher/controller/etcd_upkeep.h"
+#include "launcher/etcd/etcd_client.h"
+
+namespace keel {
+
+class AgentHost;
+
+struct JobEtcdOptions {
+  int slots = 0;          // the job's slots (members start with 3 or more)
+  int members = 3;        // --etcd-members
+  std::string endpoints;  // --etcd: the user's cluster ("" : start members)
+  std::string data_root;  // members' data: DATA_ROOT/slot<k>
+  std::string log_dir;    // members' logs: LOG_DIR/etcd-slot<k>.log
+  std::chrono::milliseconds quorum_timeout{60000};  // detect.quorum_timeout_ms
+  state::Leader leader;                             // this controller
+  state::JobSpec spec;                              // written once the leadership is won
+};
+
+struct JobEtcd {
+  std::unique_ptr<EtcdClient> client;
+  std::unique_ptr<EtcdControlState> state;
+  std::unique_ptr<EtcdUpkeep> upkeep;  // null with the user's cluster (--etcd): theirs to keep
+  // For the console, once: where etcd runs and what its start cost, e.g. "etcd: 3 members on
+  // slots 0-2 (127.0.0.1:40101,...), up and led in 1.42 s".
+  std::string summary;
+};
+
+// Sets the job's etcd up as the header says; an empty JobEtcd for a job of 1-2 slots without
+// --etcd. Throws keel::Error (a member that would not start, no quorum within the quorum
+// timeout) naming what failed.
+JobEtcd start_job_etcd(AgentHost& agents, const JobEtcdOptions& o,
+                       std::function<void(const std::string&, const EventFields&)> on_event);
+
+}  // namespace keel

@@ -1,0 +1,231 @@
+// The job's control state in etcd (issue 28): a job of 3+ slots starts etcd members beside
+// its first slots, its controller wins the leadership and writes what a next leader needs
+// (the spec, each epoch's Membership, the incidents), nothing on the step path writes there,
+// and nothing of etcd outlives the job.
+#include <google/protobuf/util/json_util.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "launcher/etcd/etcd_client.h"
+#include "proto/control_state.pb.h"
+#include "proto/events.pb.h"
+#include "proto/membership.pb.h"
+#include "proto/report.pb.h"
+#include "proto/store_keys.h"
+#include "test_paths.h"
+#include "worker_harness.h"
+
+namespace keel::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// The first event of `kind` in the job's event log.
+std::optional<events::Event> find_event(const std::string& job_dir, const std::string& kind) {
+  std::ifstream in(job_dir + "/events.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    events::Event e;
+    if (google::protobuf::util::JsonStringToMessage(line, &e).ok() && e.kind() == kind) return e;
+  }
+  return std::nullopt;
+}
+
+double number(const events::Event& e, const std::string& field) {
+  auto it = e.data().fields().find(field);
+  return it == e.data().fields().end() ? -1 : it->second.number_value();
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string part;
+  while (std::getline(in, part, ',')) out.push_back(part);
+  return out;
+}
+
+TEST(ControlState, AJobOfThreeSlotsKeepsItsStateInEtcd) {
+  const std::string dir = temp_dir("etcd-state");
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
+  state::JobSpec spec;
+  membership::Membership members;
+  report::Incident incident;
+  std::vector<EtcdKeyValue> leaders;
+  bool read = false;
+  JobRun r =
+      run_launch_job(dir,
+                     "--config " + cfg +
+                         " --local 3 --standby 1 --set train.steps=80 --set train.eval_every=0 "
+                         "--fault crash@step=20,rank=1",
+                     [&](pid_t) {
+                       const std::string job_dir = launched_job_dir(dir);
+                       if (read || job_dir.empty() || !find_event(job_dir, "recovered")) return;
+                       const auto etcd = find_event(job_dir, "etcd");
+                       ASSERT_TRUE(etcd);
+                       EtcdClient c(split(etcd->data().fields().at("endpoints").string_value()));
+                       const std::string job = fs::path(job_dir).filename();
+                       spec.ParseFromString(c.get(keys::state::spec(job)).value().value);
+                       members.ParseFromString(c.get(keys::state::membership(job)).value().value);
+                       incident.ParseFromString(c.get(keys::state::incident(job, 0)).value().value);
+                       leaders = c.get_prefix(keys::state::leader_prefix(job));
+                       read = true;
+                     });
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(read) << r.output;
+  const std::string job_dir = launched_job_dir(dir);
+  // What a next leader needs: the job, the membership of the epoch in force, the incidents.
+  EXPECT_EQ(spec.world(), 2);
+  EXPECT_EQ(spec.slots(), 3);
+  EXPECT_EQ(spec.standby(), 1);
+  EXPECT_EQ(spec.config_hash().size(), 16u);
+  ASSERT_EQ(spec.faults().fault_size(), 1);
+  EXPECT_EQ(members.epoch(), 1);
+  EXPECT_EQ(incident.rank(), 1);
+  EXPECT_EQ(incident.epoch(), 1);
+  // One leader, this job's controller, at the endpoint keel-ctl finds.
+  ASSERT_EQ(leaders.size(), 1u);
+  state::Leader leader;
+  ASSERT_TRUE(leader.ParseFromString(leaders[0].value));
+  std::ifstream controller(job_dir + "/controller");
+  std::string endpoint;
+  std::getline(controller, endpoint);
+  EXPECT_EQ(leader.endpoint(), endpoint);
+  // Writes: the recovery's Membership and incident; none for the 60 steps after it (the job's
+  // total is its start's few and the recovery's).
+  const auto recovered = find_event(job_dir, "recovered");
+  const auto end = find_event(job_dir, "end");
+  ASSERT_TRUE(recovered && end);
+  EXPECT_EQ(number(*recovered, "etcd_writes"), 2);
+  EXPECT_LE(number(*end, "etcd_writes"), 6) << "steps write to etcd";
+  // Nothing of etcd outlives the job: its processes (counted with the job's) and data.
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+  EXPECT_FALSE(fs::exists(job_dir + "/etcd")) << "the members' data outlived the job";
+  EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
+}
+
+// The pid of the job's etcd member `name` ("slot1"), found from outside as an operator would:
+// the etcd process whose command line names it and the job (its cluster token).
+pid_t member_pid(const std::string& job, const std::string& name) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = read_text(e.path().string() + "/cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (contains(cmd, "--name=" + name + " ") && contains(cmd, "--initial-cluster-token=" + job))
+      return pid_t(std::stoi(pid));
+  }
+  return -1;
+}
+
+double event_time(const std::string& job_dir, const std::string& kind) {
+  const auto e = find_event(job_dir, kind);
+  return e ? e->t() : 0;
+}
+
+// etcd failing: a member killed (-9) changes nothing; quorum lost (a second member stopped,
+// -STOP) pauses decisions, never training: the ranks train on, a crash meanwhile waits for
+// its recovery until quorum is back (-CONT), and the job ends every step done.
+TEST(ControlState, EtcdLosingAMemberOrItsQuorumNeverStopsTraining) {
+  const std::string dir = temp_dir("etcd-quorum");
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
+  int phase = 0, stopped_at = -1;
+  pid_t slot1 = -1, slot2 = -1;
+  double paused_s = 0;
+  Clock::time_point detected_seen;
+  JobRun r = run_launch_job(
+      dir,
+      "--config " + cfg +
+          " --local 3 --standby 1 --set train.steps=200 --set train.eval_every=0 "
+          // Paced (20 ms a step), so that phases can be seen from outside; not a degrader.
+          "--fault slow@step=0,rank=0,delay_ms=20 --set detect.slow_round_steps=0 "
+          "--fault crash@step=120,rank=1",
+      [&](pid_t) {
+        const std::string job_dir = launched_job_dir(dir);
+        if (job_dir.empty() || !find_event(job_dir, "etcd")) return;
+        const std::string job = fs::path(job_dir).filename();
+        if (phase == 0) {
+          slot1 = member_pid(job, "slot1");
+          slot2 = member_pid(job, "slot2");
+          phase = slot1 > 0 && slot2 > 0 && kill(slot2, SIGKILL) == 0 ? 1 : -1;
+        } else if (phase == 1) {
+          const int step = launched_job_step(job_dir);
+          if (step < 60) return;
+          if (kill(slot1, SIGSTOP) != 0) phase = -1;  // 1 of 3 left: no quorum
+          stopped_at = step;
+          if (phase == 1) phase = 2;
+        } else if (phase == 2) {
+          if (!find_event(job_dir, "detected")) {
+            detected_seen = Clock::now();
+            return;
+          }
+          if (Clock::now() - detected_seen < std::chrono::milliseconds(1500)) return;
+          // Decisions wait for quorum: no recovery yet.
+          EXPECT_FALSE(find_event(job_dir, "recovered"));
+          paused_s = std::chrono::duration<double>(Clock::now() - detected_seen).count();
+          phase = kill(slot1, SIGCONT) == 0 ? 3 : -1;
+        }
+      });
+  if (slot1 > 0) kill(slot1, SIGCONT);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(phase, 3) << "the member processes were not found or could not be signalled\n"
+                      << r.output;
+  EXPECT_GE(paused_s, 1.5);
+  const std::string job_dir = launched_job_dir(dir);
+  const auto recovered = find_event(job_dir, "recovered");
+  ASSERT_TRUE(recovered) << r.output;
+  // The Membership and the incident, the leadership won again (its lease lapsed while etcd had
+  // no quorum to refresh it), and the tries etcd did not take: a handful, not one per step.
+  EXPECT_GE(number(*recovered, "etcd_writes"), 3);
+  EXPECT_LE(number(*recovered, "etcd_writes"), 8);
+  EXPECT_GE(recovered->t() - event_time(job_dir, "detected"), 1.5) << "recovered without quorum";
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 200) << r.report;
+  const std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(inc[0], "restored_from"), "memory") << inc[0];
+  // The ranks trained on without quorum, from the stop up to the crash.
+  EXPECT_GE(json_number_field(inc[0], "step") - stopped_at, 30) << "stopped at " << stopped_at;
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+}
+
+// Two of the three slots that host etcd members lost, one after the other: each loss alone
+// leaves a quorum, and the first member lost is replaced on a live slot before the second
+// goes, so the job keeps a quorum (2 of 3) and recovers both times. Without the replacement
+// only slot 0's member would be left and the second recovery would wait for a quorum that
+// never comes.
+TEST(ControlState, AMemberOfALostSlotIsReplaced) {
+  const std::string dir = temp_dir("etcd-upkeep");
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
+  // Paced (20 ms a step): etcd changes its members only once its leader has had a quorum for
+  // 5 s (its health check), so the second loss comes seconds after the first, as machines fail.
+  JobRun r =
+      run_launch_job(dir, "--config " + cfg +
+                              " --local 4 --standby 2 --set train.steps=400 "
+                              "--set train.eval_every=0 --set detect.quorum_timeout_ms=15000 "
+                              "--fault slow@step=0,rank=0,delay_ms=20 "
+                              "--set detect.slow_round_steps=0 "
+                              "--fault slot_loss@step=20,rank=1 "
+                              "--fault slot_loss@step=350,rank=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string job_dir = launched_job_dir(dir);
+  // Slot 1's member was replaced by one on slot 3, the only live slot that ran none.
+  const auto replaced = find_event(job_dir, "etcd_member");
+  ASSERT_TRUE(replaced) << read_text(job_dir + "/events.jsonl");
+  EXPECT_EQ(replaced->data().fields().at("removed").string_value(), "slot1");
+  EXPECT_EQ(number(*replaced, "slot"), 3);
+  const std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 2u) << r.report;
+  for (const auto& i : inc) EXPECT_EQ(json_string_field(i, "kind"), "slot_loss") << i;
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 400);
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+}
+
+}  // namespace
+}  // namespace keel::test
