@@ -22,7 +22,12 @@ SoakCluster::SoakCluster(bool netns, int slots) : slots_(slots) {
 SoakCluster::~SoakCluster() = default;
 
 std::vector<std::string> SoakCluster::layout_args() const {
-  return {netns() ? "--slots" : "--local", std::to_string(slots_)};
+  std::vector<std::string> a = {netns() ? "--slots" : "--local", std::to_string(slots_)};
+  // A fault every second or so on any slot: 3 etcd members lose their quorum as soon as two
+  // of their slots fail within the seconds it takes to replace the first; 5 ride out two
+  // (launcher/controller/etcd_upkeep.h). A real cluster fails hours apart.
+  if (slots_ >= 5) a.insert(a.end(), {"--etcd-members", "5"});
+  return a;
 }
 
 pid_t SoakCluster::start(int slot, const std::vector<std::string>& args, const std::string& tag,
