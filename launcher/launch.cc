@@ -317,8 +317,10 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   agents.set_pump([&] { controller.pump(); });
   int code = 0;
   JobEtcd etcd;
-  const std::string etcd_data =
-      o.etcd_data == "shm" ? "/dev/shm/keel-" + job + "-etcd" : (dir / "etcd").string();
+  // Under --local every member shares one machine: its disk buys no durability that /dev/shm
+  // does not have, and costs fsyncs (the first election takes seconds longer on disk).
+  const bool etcd_shm = o.etcd_data == "shm" || (o.etcd_data.empty() && fork_slots);
+  const std::string etcd_data = etcd_shm ? etcd_shm_dir(job) : (dir / "etcd").string();
   if (!agents.wait_for_slots(kRegisterWait, reinterpret_cast<const volatile int*>(&g_signal))) {
     LOG(ERROR) << "not every slot registered with the controller within " << kRegisterWait.count()
                << " s";

@@ -67,8 +67,9 @@ void add_launch_flags(LaunchCli* c, LaunchOptions* o) {
                  "state instead of starting members")
       ->type_name("ENDPOINTS");
   app.add_option("--etcd-data", o->etcd_data,
-                 "where the members keep their data: run (runs/<job>/etcd/, the default) or shm "
-                 "(/dev/shm: no disk writes, gone with the machine)")
+                 "where the members keep their data: run (runs/<job>/etcd/) or shm (/dev/shm: no "
+                 "disk writes, gone with the machine); default: shm under --local (one machine "
+                 "either way), run otherwise")
       ->type_name("run|shm");
 }
 
@@ -87,7 +88,7 @@ std::optional<int> parse_launch_options(int argc, char** argv, LaunchOptions* o)
   if (o->etcd_members != 3 && o->etcd_members != 5)
     return cli::usage_error(c.app, "--etcd-members " + std::to_string(o->etcd_members) +
                                        ": 3 or 5 (a quorum survives the loss of 1 or 2)");
-  if (o->etcd_data != "run" && o->etcd_data != "shm")
+  if (!o->etcd_data.empty() && o->etcd_data != "run" && o->etcd_data != "shm")
     return cli::usage_error(c.app, "--etcd-data " + o->etcd_data + ": run or shm");
   o->config_path = c.job.config;
   o->overrides = c.job.set;

@@ -29,9 +29,9 @@ struct LaunchOptions {
   bool quiet = false;
   // The job's control state in etcd (jobs of 3+ slots): members keel starts beside the first
   // slots, or an existing cluster's endpoints, and where members keep their data.
-  int etcd_members = 3;           // --etcd-members 3|5
-  std::string etcd;               // --etcd host:port,...
-  std::string etcd_data = "run";  // --etcd-data run|shm
+  int etcd_members = 3;   // --etcd-members 3|5
+  std::string etcd;       // --etcd host:port,...
+  std::string etcd_data;  // --etcd-data run|shm ("": shm under --local, else run)
 };
 
 // Parses argv (CLI11, runtime/cli.h). Returns nothing to go on, or the exit status to end

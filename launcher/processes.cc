@@ -7,7 +7,9 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <set>
+#include <vector>
 
 #include "ckpt/snapshot_region.h"
 #include "launcher/job_env.h"
@@ -69,13 +71,24 @@ pid_t spawn_child(const std::vector<std::string>& argv,
   _exit(127);
 }
 
+std::string etcd_shm_dir(const std::string& job) {
+  return "/dev/shm/keel-etcd-" + job;
+}
+
 void remove_stale_segments() {
   DIR* dir = ::opendir("/dev/shm");
   if (!dir) return;
   std::set<std::string> stale;
+  std::vector<std::string> stale_etcd;
   while (dirent* e = ::readdir(dir)) {
-    // "keel-<job>-<kind>...", the job id "<pid>-<8 hex digits>" (make_job_id).
-    const std::string name = e->d_name, prefix = "keel-";
+    // "keel-<job>-<kind>...", the job id "<pid>-<8 hex digits>" (make_job_id); an etcd
+    // member's data of a killed job, "keel-etcd-<job>".
+    const std::string name = e->d_name, prefix = "keel-", etcd = "keel-etcd-";
+    if (name.compare(0, etcd.size(), etcd) == 0) {
+      const std::optional<int> pid = job_owner_pid(name.substr(etcd.size()));
+      if (pid && ::kill(*pid, 0) != 0 && errno == ESRCH) stale_etcd.push_back(name);
+      continue;
+    }
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
     const std::string rest = name.substr(prefix.size());
     const std::optional<int> pid = job_owner_pid(rest);
@@ -84,6 +97,11 @@ void remove_stale_segments() {
     if (::kill(*pid, 0) != 0 && errno == ESRCH) stale.insert(rest.substr(0, tag_end));
   }
   ::closedir(dir);
+  for (const auto& name : stale_etcd) {
+    std::error_code ec;
+    std::filesystem::remove_all("/dev/shm/" + name, ec);
+    if (!ec) LOG(INFO) << "removed the etcd data of ended job " << name.substr(10);
+  }
   for (const auto& job : stale) {
     const int n = unlink_job_segments(job);
     if (n > 0) LOG(INFO) << "removed " << n << " shared-memory segment(s) of ended job " << job;

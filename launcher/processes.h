@@ -36,4 +36,9 @@ void set_process_name(const char* name);
 // their job id starts with its PID, and a PID with no process is a job that is over.
 void remove_stale_segments();
 
+// Where a --local job's etcd members keep their data (--etcd-data shm): /dev/shm/keel-etcd-<job>,
+// a name that is no shared-memory segment of the job's, removed by remove_stale_segments once
+// the job's process is gone.
+std::string etcd_shm_dir(const std::string& job);
+
 }  // namespace keel

@@ -1,7 +1,11 @@
 #include "test_paths.h"
 
+#include <sys/wait.h>
+
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <vector>
 
@@ -37,6 +41,21 @@ std::string temp_dir(const std::string& tag) {
   if (!dir) std::abort();
   g_dirs->push_back(dir);
   return dir;
+}
+
+Ran run_in(const std::string& dir, const std::string& command, int timeout_s) {
+  const std::string cmd = "cd " + dir + " && timeout " + std::to_string(timeout_s) + " " + command +
+                          " > " + dir + "/out.txt 2> " + dir + "/err.txt";
+  const int st = std::system(cmd.c_str());
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  Ran r;
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.out = read(dir + "/out.txt");
+  r.err = read(dir + "/err.txt");
+  return r;
 }
 
 }  // namespace keel::test

@@ -1,5 +1,7 @@
 #include "launcher/controller/etcd_upkeep.h"
 
+#include <algorithm>
+
 #include "launcher/controller/agent_host.h"
 #include "runtime/logging.h"
 
@@ -8,17 +10,6 @@ namespace {
 
 // How long the new member's agent gets to start its process.
 constexpr std::chrono::milliseconds kStartWait{5000};
-
-// The --initial-cluster value from etcd's own list after an add (the new member has no name
-// yet: it is given `name`).
-std::string cluster_of(const std::vector<EtcdMemberInfo>& members, uint64_t id,
-                       const std::string& name) {
-  std::string out;
-  for (const auto& m : members)
-    for (const auto& url : m.peer_urls)
-      out += (out.empty() ? "" : ",") + (m.id == id ? name : m.name) + "=" + url;
-  return out;
-}
 
 }  // namespace
 
@@ -30,43 +21,84 @@ EtcdUpkeep::EtcdUpkeep(AgentHost* agents, EtcdClient* client, int members, std::
       data_root_(std::move(data_root)),
       log_dir_(std::move(log_dir)),
       on_event_(std::move(on_event)) {
-  for (int k = 0; k < members; ++k) names_[k] = "slot" + std::to_string(k);
+  for (int k = 0; k < members; ++k)
+    members_[k] = Member{"slot" + std::to_string(k), agents_->etcd_peer_url(k)};
+}
+
+bool EtcdUpkeep::started(const std::vector<EtcdMemberInfo>& listed) const {
+  for (const auto& m : listed)
+    if (m.name.empty()) return false;
+  return true;
 }
 
 void EtcdUpkeep::maintain() {
   int lost = -1;
-  for (const auto& [slot, name] : names_)
+  for (const auto& [slot, m] : members_)
     if (agents_->slot_lost(slot)) lost = slot;
   if (lost < 0) return;
   int to = -1;
   for (int k = 0; k < agents_->slot_count() && to < 0; ++k)
-    if (agents_->slot_up(k) && !names_.count(k)) to = k;
+    if (agents_->slot_up(k) && !members_.count(k)) to = k;
   if (to < 0) return;  // no live slot without a member: wait for one
-  const std::string old_name = names_.at(lost);
-  const std::string name = "slot" + std::to_string(to) + "-" + std::to_string(replaced_ + 1);
+  const Member old = members_.at(lost);
+  const Member next{"slot" + std::to_string(to) + "-" + std::to_string(replaced_ + 1),
+                    agents_->etcd_peer_url(to)};
   try {
-    for (const auto& m : client_->member_list())
-      if (m.name == old_name) client_->member_remove(m.id);
-    names_.erase(lost);
+    std::vector<EtcdMemberInfo> listed = client_->member_list();
+    // An add whose answer was lost (the member it went through died) took effect all the
+    // same: a member keel never started, which would count against the quorum forever.
+    std::vector<EtcdMemberInfo> kept;
+    for (const auto& m : listed) {
+      bool ours = false;
+      for (const auto& [slot, mine] : members_)
+        ours = ours || std::find(m.peer_urls.begin(), m.peer_urls.end(), mine.peer_url) !=
+                           m.peer_urls.end();
+      if (m.name.empty() && !ours)
+        client_->member_remove(m.id);
+      else
+        kept.push_back(m);
+    }
+    listed = kept;
+    // One change at a time: every member but the lost one must have started (etcd names a
+    // member once it runs) before the next, or two members short would cost the quorum.
+    std::vector<EtcdMemberInfo> others;
+    for (const auto& m : listed)
+      if (std::find(m.peer_urls.begin(), m.peer_urls.end(), old.peer_url) == m.peer_urls.end())
+        others.push_back(m);
+    if (!started(others)) return;
+    for (const auto& m : listed)
+      if (others.size() < listed.size() &&
+          std::find(m.peer_urls.begin(), m.peer_urls.end(), old.peer_url) != m.peer_urls.end())
+        client_->member_remove(m.id);
+    members_.erase(lost);
     uint64_t id = 0;
-    const auto members = client_->member_add(agents_->etcd_peer_url(to), &id);
-    agents_->start_etcd_member(to, name, cluster_of(members, id, name), data_root_, log_dir_,
-                               kStartWait);
-    names_[to] = name;
+    const auto after = client_->member_add(next.peer_url, &id);
+    members_[to] = next;
+    // Its --initial-cluster: every member under the name keel gave it.
+    std::string cluster;
+    for (const auto& m : after)
+      for (const auto& url : m.peer_urls) {
+        std::string name = m.name;
+        for (const auto& [slot, mine] : members_)
+          if (mine.peer_url == url) name = mine.name;
+        cluster += (cluster.empty() ? "" : ",") + name + "=" + url;
+      }
+    agents_->start_etcd_member(to, next.name, cluster, data_root_, log_dir_, kStartWait);
     ++replaced_;
-    LOG(WARNING) << "etcd member " << old_name << " (slot " << lost << ", lost) replaced by "
-                 << name << " on slot " << to;
+    LOG(WARNING) << "etcd member " << old.name << " (slot " << lost << ", lost) replaced by "
+                 << next.name << " on slot " << to;
     if (on_event_)
       on_event_("etcd_member", EventFields()
-                                   .add("removed", old_name)
-                                   .add("added", name)
+                                   .add("removed", old.name)
+                                   .add("added", next.name)
                                    .add("slot", to)
                                    .add("lost_slot", lost));
   } catch (const std::exception& e) {
-    // Tried again at the next call; the loss stays recorded until a change succeeds.
-    LOG(WARNING) << "etcd: replacing member " << old_name << " of lost slot " << lost << ": "
+    // Tried again at a later call from what etcd lists then: a member removed stays removed,
+    // one added but not started is the lost one of its slot next time.
+    LOG(WARNING) << "etcd: replacing member " << old.name << " of lost slot " << lost << ": "
                  << e.what();
-    if (!names_.count(lost) && !names_.count(to)) names_[lost] = old_name;
+    if (!members_.count(lost) && !members_.count(to)) members_[lost] = old;
   }
 }
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "launcher/controller/event_fields.h"
 #include "launcher/etcd/etcd_client.h"
@@ -38,7 +39,13 @@ class EtcdUpkeep {
   EtcdClient* client_;
   const std::string data_root_, log_dir_;
   std::function<void(const std::string&, const EventFields&)> on_event_;
-  std::map<int, std::string> names_;  // slot -> the member it runs
+  // Whether every member listed has started (etcd lists a member's name once it runs).
+  bool started(const std::vector<EtcdMemberInfo>& listed) const;
+
+  struct Member {
+    std::string name, peer_url;
+  };
+  std::map<int, Member> members_;  // slot -> the member keel started there
   int replaced_ = 0;
 };
 

@@ -16,22 +16,9 @@
 namespace keel::test {
 namespace {
 
-struct Ran {
-  int rc = -1;
-  std::string out, err;
-};
-
-// Runs keel-bench with `args`; its stdout and stderr apart.
+// Runs keel-bench with `args` in a folder of its own; its stdout and stderr apart.
 Ran keel_bench(const std::string& args) {
-  const std::string dir = temp_dir("keel_bench_cli");
-  const std::string cmd = "timeout 60 " + bin_dir() + "/keel-bench " + args + " > " + dir +
-                          "/out.txt 2> " + dir + "/err.txt";
-  const int st = std::system(cmd.c_str());
-  Ran r;
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-  r.out = read_text(dir + "/out.txt");
-  r.err = read_text(dir + "/err.txt");
-  return r;
+  return run_in(temp_dir("keel_bench_cli"), bin_dir() + "/keel-bench " + args);
 }
 
 TEST(KeelBenchCli, HelpNamesEverySubcommandAndItsFlags) {

@@ -19,16 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Ran {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
@@ -37,14 +27,7 @@ bool has(const std::string& text, const std::string& part) {
 Ran prepare_data(const std::string& dir, const std::string& args) {
   const std::string bin = bin_dir() + "/keel-prepare-data";
   EXPECT_TRUE(fs::exists(bin)) << bin << " is not built (cmake --build: keel-prepare-data)";
-  const std::string cmd = "cd " + dir + " && timeout 30 " + bin + " " + args + " > " + dir +
-                          "/out.txt 2> " + dir + "/err.txt";
-  const int st = std::system(cmd.c_str());
-  Ran r;
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-  r.out = read_all(dir + "/out.txt");
-  r.err = read_all(dir + "/err.txt");
-  return r;
+  return run_in(dir, bin + " " + args, 30);
 }
 
 TEST(PrepareDataCli, BadInputIsRefusedNamingTheFileOrFlag) {
