@@ -36,6 +36,7 @@
 #include "runtime/backend.h"
 #include "runtime/check.h"
 #include "runtime/logging.h"
+#include "runtime/text.h"
 
 namespace keel {
 namespace {
@@ -338,10 +339,9 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     }
     if (!etcd.summary.empty()) {
       if (!o.quiet) std::printf("keel-launch: %s\n", etcd.summary.c_str());
-      std::string endpoints;
-      for (const auto& e : etcd.client->endpoints())
-        endpoints += (endpoints.empty() ? "" : ",") + e;
-      events.write("etcd", EventFields().add("summary", etcd.summary).add("endpoints", endpoints));
+      events.write("etcd", EventFields()
+                               .add("summary", etcd.summary)
+                               .add("endpoints", join(etcd.client->endpoints(), ',')));
     }
     std::fflush(stdout);
     controller.set_control_state(etcd.state.get(), etcd.upkeep.get());

@@ -1,5 +1,5 @@
-// Small text helpers shared by the command lines and the environment values the processes
-// pass each other.
+// Small text helpers shared by the command lines, the environment values the processes pass
+// each other and lists of addresses (etcd endpoints).
 #pragma once
 
 #include <string>
@@ -20,6 +20,16 @@ inline std::vector<std::string> split(const std::string& text, char sep, bool sk
     if (at == std::string::npos) return out;
     from = at + 1;
   }
+}
+
+// `parts` with `sep` between them: split's inverse ("a", "b" gives "a,b").
+inline std::string join(const std::vector<std::string>& parts, char sep) {
+  std::string out;
+  for (const auto& p : parts) {
+    if (!out.empty()) out += sep;
+    out += p;
+  }
+  return out;
 }
 
 }  // namespace keel

@@ -1,11 +1,11 @@
 #include "launcher/controller/job_etcd.h"
 
 #include <cstdio>
-#include <sstream>
 #include <thread>
 
 #include "launcher/controller/agent_host.h"
 #include "runtime/check.h"
+#include "runtime/text.h"
 
 namespace keel {
 namespace {
@@ -21,21 +21,6 @@ constexpr std::chrono::seconds kLeaderTtl{2};
 constexpr std::chrono::milliseconds kCallTimeout{2000};
 constexpr std::chrono::milliseconds kHealthPoll{50};
 
-std::vector<std::string> split_endpoints(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string e;
-  while (std::getline(in, e, ','))
-    if (!e.empty()) out.push_back(e);
-  return out;
-}
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& e : v) s += (s.empty() ? "" : ",") + e;
-  return s;
-}
-
 }  // namespace
 
 JobEtcd start_job_etcd(AgentHost& agents, const JobEtcdOptions& o,
@@ -46,12 +31,12 @@ JobEtcd start_job_etcd(AgentHost& agents, const JobEtcdOptions& o,
   std::vector<std::string> endpoints;
   std::string where;
   if (!o.endpoints.empty()) {
-    endpoints = split_endpoints(o.endpoints);
+    endpoints = split(o.endpoints, ',', /*skip_empty=*/true);
     where = "the cluster at " + o.endpoints;
   } else {
     const int n = std::min(o.members, o.slots);
     endpoints = agents.start_etcd_members(n, o.data_root, o.log_dir, kMemberStartWait);
-    where = detail::concat(n, " members on slots 0-", n - 1, " (", join(endpoints), ")");
+    where = detail::concat(n, " members on slots 0-", n - 1, " (", join(endpoints, ','), ")");
   }
   j.client = std::make_unique<EtcdClient>(endpoints, kCallTimeout);
   // A new cluster takes its first Raft election (seconds: members start apart and wait out an

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "launcher/etcd/etcd_client.h"
 #include "proto/control_state.pb.h"
@@ -19,6 +18,7 @@
 #include "proto/membership.pb.h"
 #include "proto/report.pb.h"
 #include "proto/store_keys.h"
+#include "runtime/text.h"
 #include "test_paths.h"
 #include "worker_harness.h"
 
@@ -44,14 +44,6 @@ double number(const events::Event& e, const std::string& field) {
   return it == e.data().fields().end() ? -1 : it->second.number_value();
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string part;
-  while (std::getline(in, part, ',')) out.push_back(part);
-  return out;
-}
-
 TEST(ControlState, AJobOfThreeSlotsKeepsItsStateInEtcd) {
   const std::string dir = temp_dir("etcd-state");
   const std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
@@ -60,24 +52,24 @@ TEST(ControlState, AJobOfThreeSlotsKeepsItsStateInEtcd) {
   report::Incident incident;
   std::vector<EtcdKeyValue> leaders;
   bool read = false;
-  JobRun r =
-      run_launch_job(dir,
-                     "--config " + cfg +
-                         " --local 3 --standby 1 --set train.steps=80 --set train.eval_every=0 "
-                         "--fault crash@step=20,rank=1",
-                     [&](pid_t) {
-                       const std::string job_dir = launched_job_dir(dir);
-                       if (read || job_dir.empty() || !find_event(job_dir, "recovered")) return;
-                       const auto etcd = find_event(job_dir, "etcd");
-                       ASSERT_TRUE(etcd);
-                       EtcdClient c(split(etcd->data().fields().at("endpoints").string_value()));
-                       const std::string job = fs::path(job_dir).filename();
-                       spec.ParseFromString(c.get(keys::state::spec(job)).value().value);
-                       members.ParseFromString(c.get(keys::state::membership(job)).value().value);
-                       incident.ParseFromString(c.get(keys::state::incident(job, 0)).value().value);
-                       leaders = c.get_prefix(keys::state::leader_prefix(job));
-                       read = true;
-                     });
+  JobRun r = run_launch_job(
+      dir,
+      "--config " + cfg +
+          " --local 3 --standby 1 --set train.steps=80 --set train.eval_every=0 "
+          "--fault crash@step=20,rank=1",
+      [&](pid_t) {
+        const std::string job_dir = launched_job_dir(dir);
+        if (read || job_dir.empty() || !find_event(job_dir, "recovered")) return;
+        const auto etcd = find_event(job_dir, "etcd");
+        ASSERT_TRUE(etcd);
+        EtcdClient c(split(etcd->data().fields().at("endpoints").string_value(), ','));
+        const std::string job = fs::path(job_dir).filename();
+        spec.ParseFromString(c.get(keys::state::spec(job)).value().value);
+        members.ParseFromString(c.get(keys::state::membership(job)).value().value);
+        incident.ParseFromString(c.get(keys::state::incident(job, 0)).value().value);
+        leaders = c.get_prefix(keys::state::leader_prefix(job));
+        read = true;
+      });
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(read) << r.output;
   const std::string job_dir = launched_job_dir(dir);
