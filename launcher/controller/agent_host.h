@@ -129,6 +129,11 @@ class AgentHost : public RankHost {
   void start_standby(int slot, bool initial);
   // Takes up what arrived on the control plane (see on_message).
   void poll_plane();
+  // The command that starts etcd member `name` (data and log under the given folders; existing:
+  // it joins the running cluster).
+  control::Envelope etcd_start(const std::string& name, const std::string& cluster,
+                               const std::string& data_root, const std::string& log_dir,
+                               bool existing) const;
   // Throws if `slot`'s agent did not say its etcd member runs.
   void check_etcd_reply(int slot, std::chrono::milliseconds timeout) const;
   // Waits (polling the control plane) until `done` or `timeout`.

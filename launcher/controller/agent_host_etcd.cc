@@ -1,7 +1,6 @@
 // AgentHost::start_etcd_members: the job's etcd cluster, one member beside each of the first
 // slots (DESIGN.md, Processes), started by their agents on the ports they registered.
 #include <chrono>
-#include <thread>
 
 #include "launcher/control_plane.h"
 #include "launcher/controller/agent_host.h"
@@ -9,6 +8,19 @@
 #include "runtime/check.h"
 
 namespace keel {
+
+control::Envelope AgentHost::etcd_start(const std::string& name, const std::string& cluster,
+                                        const std::string& data_root, const std::string& log_dir,
+                                        bool existing) const {
+  control::Envelope m = command(control::Command::etcd_start);
+  control::EtcdMemberStart* e = m.mutable_command()->mutable_etcd();
+  e->set_name(name);
+  e->set_cluster(cluster);
+  e->set_data_dir(data_root + "/" + name);
+  e->set_log_path(log_dir + "/etcd-" + name + ".log");
+  e->set_existing(existing);
+  return m;
+}
 
 std::vector<std::string> AgentHost::start_etcd_members(int n, const std::string& data_root,
                                                        const std::string& log_dir,
@@ -28,13 +40,7 @@ std::vector<std::string> AgentHost::start_etcd_members(int n, const std::string&
   etcd_replies_.clear();
   std::vector<std::string> endpoints;
   for (int k = 0; k < n; ++k) {
-    control::Envelope m = command(control::Command::etcd_start);
-    control::EtcdMemberStart* e = m.mutable_command()->mutable_etcd();
-    e->set_name(specs[size_t(k)].name);
-    e->set_cluster(cluster);
-    e->set_data_dir(data_root + "/" + specs[size_t(k)].name);
-    e->set_log_path(log_dir + "/etcd-" + specs[size_t(k)].name + ".log");
-    send(k, m);
+    send(k, etcd_start(specs[size_t(k)].name, cluster, data_root, log_dir, /*existing=*/false));
     endpoints.push_back(specs[size_t(k)].host + ":" + std::to_string(specs[size_t(k)].client_port));
   }
   wait_until([&] { return int(etcd_replies_.size()) == n; }, timeout);
@@ -55,14 +61,7 @@ void AgentHost::start_etcd_member(int slot, const std::string& name, const std::
                                   const std::string& data_root, const std::string& log_dir,
                                   std::chrono::milliseconds timeout) {
   etcd_replies_.erase(slot);
-  control::Envelope m = command(control::Command::etcd_start);
-  control::EtcdMemberStart* e = m.mutable_command()->mutable_etcd();
-  e->set_name(name);
-  e->set_cluster(cluster);
-  e->set_data_dir(data_root + "/" + name);
-  e->set_log_path(log_dir + "/etcd-" + name + ".log");
-  e->set_existing(true);
-  send(slot, m);
+  send(slot, etcd_start(name, cluster, data_root, log_dir, /*existing=*/true));
   wait_until([&] { return etcd_replies_.count(slot) > 0; }, timeout);
   check_etcd_reply(slot, timeout);
 }

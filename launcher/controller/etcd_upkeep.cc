@@ -11,6 +11,11 @@ namespace {
 // How long the new member's agent gets to start its process.
 constexpr std::chrono::milliseconds kStartWait{5000};
 
+// Whether etcd's member `m` is the one at `peer_url`.
+bool serves(const EtcdMemberInfo& m, const std::string& peer_url) {
+  return std::find(m.peer_urls.begin(), m.peer_urls.end(), peer_url) != m.peer_urls.end();
+}
+
 }  // namespace
 
 EtcdUpkeep::EtcdUpkeep(AgentHost* agents, EtcdClient* client, int members, std::string data_root,
@@ -23,12 +28,6 @@ EtcdUpkeep::EtcdUpkeep(AgentHost* agents, EtcdClient* client, int members, std::
       on_event_(std::move(on_event)) {
   for (int k = 0; k < members; ++k)
     members_[k] = Member{"slot" + std::to_string(k), agents_->etcd_peer_url(k)};
-}
-
-bool EtcdUpkeep::started(const std::vector<EtcdMemberInfo>& listed) const {
-  for (const auto& m : listed)
-    if (m.name.empty()) return false;
-  return true;
 }
 
 void EtcdUpkeep::maintain() {
@@ -44,32 +43,28 @@ void EtcdUpkeep::maintain() {
   const Member next{"slot" + std::to_string(to) + "-" + std::to_string(replaced_ + 1),
                     agents_->etcd_peer_url(to)};
   try {
-    std::vector<EtcdMemberInfo> listed = client_->member_list();
-    // An add whose answer was lost (the member it went through died) took effect all the
-    // same: a member keel never started, which would count against the quorum forever.
-    std::vector<EtcdMemberInfo> kept;
-    for (const auto& m : listed) {
-      bool ours = false;
-      for (const auto& [slot, mine] : members_)
-        ours = ours || std::find(m.peer_urls.begin(), m.peer_urls.end(), mine.peer_url) !=
-                           m.peer_urls.end();
-      if (m.name.empty() && !ours)
+    std::vector<uint64_t> lost_ids;  // the lost member, as etcd lists it (if it still does)
+    bool others_started = true;
+    for (const auto& m : client_->member_list()) {
+      if (serves(m, old.peer_url)) {
+        lost_ids.push_back(m.id);
+        continue;
+      }
+      const bool ours = std::any_of(members_.begin(), members_.end(),
+                                    [&](const auto& s) { return serves(m, s.second.peer_url); });
+      // An add whose answer was lost (the member it went through died) took effect all the
+      // same: a member keel never started, which would count against the quorum forever.
+      if (m.name.empty() && !ours) {
         client_->member_remove(m.id);
-      else
-        kept.push_back(m);
+        continue;
+      }
+      // etcd names a member once it runs.
+      others_started = others_started && !m.name.empty();
     }
-    listed = kept;
-    // One change at a time: every member but the lost one must have started (etcd names a
-    // member once it runs) before the next, or two members short would cost the quorum.
-    std::vector<EtcdMemberInfo> others;
-    for (const auto& m : listed)
-      if (std::find(m.peer_urls.begin(), m.peer_urls.end(), old.peer_url) == m.peer_urls.end())
-        others.push_back(m);
-    if (!started(others)) return;
-    for (const auto& m : listed)
-      if (others.size() < listed.size() &&
-          std::find(m.peer_urls.begin(), m.peer_urls.end(), old.peer_url) != m.peer_urls.end())
-        client_->member_remove(m.id);
+    // One change at a time: every other member must have started before the next, or two
+    // members short would cost the quorum.
+    if (!others_started) return;
+    for (uint64_t id : lost_ids) client_->member_remove(id);
     members_.erase(lost);
     uint64_t id = 0;
     const auto after = client_->member_add(next.peer_url, &id);

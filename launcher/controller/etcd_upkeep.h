@@ -39,9 +39,6 @@ class EtcdUpkeep {
   EtcdClient* client_;
   const std::string data_root_, log_dir_;
   std::function<void(const std::string&, const EventFields&)> on_event_;
-  // Whether every member listed has started (etcd lists a member's name once it runs).
-  bool started(const std::vector<EtcdMemberInfo>& listed) const;
-
   struct Member {
     std::string name, peer_url;
   };
