@@ -89,8 +89,6 @@ int64_t median(std::vector<int64_t> v) {
 // a little; a leak per fault grows without bound and, over a few hundred faults, past this.
 constexpr int64_t kFlatSlackBytes = 4 << 20;
 constexpr double kFlatSlackShare = 0.05;
-// An etcd member of a soak's job: tens of MiB (its store holds a few KiB of keel's state).
-constexpr int64_t kEtcdRssBound = int64_t(256) << 20;
 
 void memory_verdict(const ProcessWatch& watch, double wall_s, SoakReport* rep) {
   for (const auto& [key, p] : watch.seen()) {
@@ -112,17 +110,6 @@ void memory_verdict(const ProcessWatch& watch, double wall_s, SoakReport* rep) {
     m->set_early_rss_bytes(median(early));
     m->set_late_rss_bytes(median(late));
     m->set_growth_bytes(m->late_rss_bytes() - m->early_rss_bytes());
-    if (p.name == "etcd") {
-      // An etcd member is judged by a bound, not by flatness: its Go runtime returns memory
-      // lazily, and a member that replaced a lost one took a snapshot of the whole store;
-      // compaction and Raft snapshots (launcher/etcd/etcd_members.cc) bound the rest.
-      m->set_flat(m->late_rss_bytes() <= kEtcdRssBound);
-      if (!m->flat())
-        rep->add_failures("memory: etcd (" + std::to_string(pid) + ") reached " +
-                          std::to_string(m->late_rss_bytes() >> 20) + " MiB, over its bound of " +
-                          std::to_string(kEtcdRssBound >> 20) + " MiB");
-      continue;
-    }
     m->set_flat(m->growth_bytes() <=
                 kFlatSlackBytes + int64_t(kFlatSlackShare * double(m->early_rss_bytes())));
     if (!m->flat())
@@ -459,9 +446,7 @@ int soak_main(const SoakOptions& given) {
   for (const auto& m : rep.processes())
     std::printf("  %-12s pid %-7d rss %5.1f -> %5.1f MiB %s\n", m.name().c_str(), m.pid(),
                 m.early_rss_bytes() / 1048576.0, m.late_rss_bytes() / 1048576.0,
-                m.name() == "etcd" ? (m.flat() ? "within its bound" : "OVER ITS BOUND")
-                : m.flat()         ? "flat"
-                                   : "GREW");
+                m.flat() ? "flat" : "GREW");
   std::printf("  leftover processes %d, shared memory %d\n", rep.leftover_processes_size(),
               rep.leftover_shm_size());
   for (const std::string& f : rep.failures()) std::printf("  FAILED: %s\n", f.c_str());

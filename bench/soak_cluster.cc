@@ -3,31 +3,60 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "bench/bench_util.h"
 #include "ckpt/snapshot_region.h"
 #include "integration/netns.h"
+#include "launcher/etcd/etcd_members.h"
 #include "runtime/check.h"
+#include "runtime/text.h"
 
 namespace keel::bench {
 
 namespace fs = std::filesystem;
 
+// How long the soak's etcd gets to elect its first leader.
+constexpr std::chrono::seconds kEtcdStartWait{30};
+
 SoakCluster::SoakCluster(bool netns, int slots) : slots_(slots) {
   if (netns) lab_ = std::make_unique<test::NetnsLab>(slots);
+  const std::string host = lab_ ? lab_->bridge_address() : "127.0.0.1";
+  std::string tmp = (fs::temp_directory_path() / "keel-soak-etcd-XXXXXX").string();
+  KEEL_CHECK(::mkdtemp(tmp.data()) != nullptr, "mkdtemp ", tmp, ": ", std::strerror(errno));
+  etcd_dir_ = tmp;
+  const std::vector<int> ports = free_tcp_ports(host, 6);
+  std::vector<EtcdMemberSpec> specs(3);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EtcdMemberSpec& s = specs[i];
+    s.name = "soak" + std::to_string(i);
+    s.host = host;
+    s.client_port = ports[2 * i];
+    s.peer_port = ports[2 * i + 1];
+    s.data_dir = etcd_dir_ + "/" + s.name;
+    s.log_path = etcd_dir_ + "/" + s.name + ".log";
+    s.token = fs::path(etcd_dir_).filename();
+  }
+  for (auto& s : specs) s.cluster = etcd_cluster(specs);
+  for (const auto& s : specs) etcd_.push_back(std::make_unique<EtcdMember>(s));
+  for (const auto& m : etcd_) m->wait_healthy(kEtcdStartWait);
 }
 
-SoakCluster::~SoakCluster() = default;
+SoakCluster::~SoakCluster() {
+  etcd_.clear();  // each member stops and removes its data
+  std::error_code ec;
+  fs::remove_all(etcd_dir_, ec);
+}
 
 std::vector<std::string> SoakCluster::layout_args() const {
-  std::vector<std::string> a = {netns() ? "--slots" : "--local", std::to_string(slots_)};
-  // A fault every second or so on any slot: 3 etcd members lose their quorum as soon as two
-  // of their slots fail within the seconds it takes to replace the first; 5 ride out two
-  // (launcher/controller/etcd_upkeep.h). A real cluster fails hours apart.
-  if (slots_ >= 5) a.insert(a.end(), {"--etcd-members", "5"});
-  return a;
+  std::vector<std::string> endpoints;
+  for (const auto& m : etcd_) endpoints.push_back(m->endpoint());
+  return {netns() ? "--slots" : "--local", std::to_string(slots_), "--etcd", join(endpoints, ',')};
 }
 
 pid_t SoakCluster::start(int slot, const std::vector<std::string>& args, const std::string& tag,

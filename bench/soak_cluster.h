@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+namespace keel {
+class EtcdMember;
+}
 namespace keel::test {
 class NetnsLab;
 }
@@ -31,7 +34,8 @@ class SoakCluster {
   int slots() const { return slots_; }
 
   // What tells slot 0's keel-launch how many slots the job has and where they are:
-  // `--local N` here, `--slots N` (the rest join) in namespaces.
+  // `--local N` here, `--slots N` (the rest join) in namespaces; and the etcd cluster it
+  // keeps its control state in (`--etcd`).
   std::vector<std::string> layout_args() const;
 
   // Starts keel-launch `args` on slot `slot`'s machine in a session of its own, with `tag`
@@ -52,6 +56,13 @@ class SoakCluster {
  private:
   int slots_;
   std::unique_ptr<test::NetnsLab> lab_;
+  // The job's etcd: 3 members on this host (loopback, or the bridge's address in namespaces),
+  // beside the machines the soak fails, as a site runs etcd on its service nodes. The soak
+  // fails a machine every second or so; members on the job's own slots would lose their
+  // quorum whenever two member slots fail within the seconds a replacement takes (the tests
+  // of launcher/controller/etcd_upkeep.h cover in-job members under loss).
+  std::string etcd_dir_;
+  std::vector<std::unique_ptr<EtcdMember>> etcd_;
 };
 
 }  // namespace keel::bench
