@@ -9,7 +9,7 @@
 //              [--policies hot_swap,in_place,restart_all] [--local N --standby K
 //              --workers-per-slot W] [--persistent-every N] [--set key=value ...] --out DIR
 //   keel-bench --soak N --config C --out DIR ...   (bench/soak.h)
-//   keel-bench cpu|recovery|detect|sdc|restore|project ...   (bench/scenarios.h)
+//   keel-bench cpu|recovery|detect|sdc|restore|reshard|project ...   (bench/scenarios.h)
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
@@ -308,7 +308,8 @@ int main(int argc, char** argv) {
   add_flags(app, &o);
   const std::vector<Command> commands = {add_cpu_command(app),     add_recovery_command(app),
                                          add_detect_command(app),  add_sdc_command(app),
-                                         add_restore_command(app), add_project_command(app)};
+                                         add_restore_command(app), add_reshard_command(app),
+                                         add_project_command(app)};
   app.require_subcommand(0, 1);
   if (const auto rc = cli::parse(app, argc, argv)) return *rc;
   try {

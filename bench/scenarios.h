@@ -42,6 +42,9 @@ Command add_sdc_command(CLI::App& app);
 // keel-bench restore (bench_restore.cc): restoring one rank from its backup holder, and the
 // host memory of its snapshot and backup segments.
 Command add_restore_command(CLI::App& app);
+// keel-bench reshard (bench_reshard.cc): loading a persistent checkpoint into another layout,
+// against the same layout.
+Command add_reshard_command(CLI::App& app);
 // keel-bench project (projection.cc): the expected ETTR of each policy at scale.
 Command add_project_command(CLI::App& app);
 

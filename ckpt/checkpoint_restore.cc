@@ -121,10 +121,8 @@ ResumePoint find_resume_point(const std::string& dir, const CheckpointLayout& ex
       if (found != job)
         diffs.push_back(std::string(field) + " = " + found + " (this job: " + job + ")");
     };
-    differ("tp", std::to_string(m.tp()), std::to_string(expected.tp));
-    differ("pp", std::to_string(m.pp()), std::to_string(expected.pp));
-    differ("dp", std::to_string(m.dp()), std::to_string(expected.dp));
-    differ("zero1", m.zero1() ? "true" : "false", expected.zero1 ? "true" : "false");
+    // The layout (tp, pp, dp, zero1, stage layers) may differ: the state is resharded on
+    // load (ckpt/checkpoint_reshard.h). The model and the plugin may not.
     if (!expected.plugin_name.empty()) {
       differ("plugin_name", quoted(m.plugin_name()), quoted(expected.plugin_name));
     }
@@ -135,6 +133,7 @@ ResumePoint find_resume_point(const std::string& dir, const CheckpointLayout& ex
     // not; load_rank's fingerprint check still refuses another layout then).
     if (!expected.model.empty() && m.model_size() > 0) {
       for (const auto& [field, job] : expected.model) {
+        if (field == "parallel.stage_layers") continue;  // the layout, resharded
         std::string found = "(not recorded)";
         for (const auto& f : m.model())
           if (f.name() == field) found = f.value();
@@ -143,7 +142,7 @@ ResumePoint find_resume_point(const std::string& dir, const CheckpointLayout& ex
       }
     }
     if (!diffs.empty()) {
-      std::string text = dir + "/" + name + ": the checkpoint's layout differs from this job's:";
+      std::string text = dir + "/" + name + ": the checkpoint's model differs from this job's:";
       for (const auto& d : diffs) text += " " + d + ";";
       text.pop_back();
       throw InputError(text);
@@ -154,6 +153,50 @@ ResumePoint find_resume_point(const std::string& dir, const CheckpointLayout& ex
   if (reasons.empty()) text += " (no step_* directory)";
   for (const auto& r : reasons) text += "\n  " + r;
   throw InputError(text);
+}
+
+std::vector<CheckpointStep> list_checkpoints(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw InputError(dir + ": no such checkpoint directory");
+  std::vector<CheckpointStep> out;
+  for (const auto& [step, name] : list_steps(dir)) {
+    CheckpointStep s;
+    s.step = step;
+    s.dir = dir + "/" + name;
+    s.problem = verify_step(dir, name, step, "", &s.manifest);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+ResumePoint open_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) throw InputError(path + ": no such checkpoint directory");
+  fs::path p = fs::path(path).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "DIR/step_000040/"
+  std::string parent = p.parent_path().string(), name = p.filename().string();
+  int64_t step = -1;
+  if (fs::exists(p / kManifest)) {
+    for (const auto& [s, n] : list_steps(parent.empty() ? "." : parent))
+      if (n == name) step = s;
+    if (step < 0) throw InputError(path + ": not a step_<digits> directory");
+  } else {
+    parent = p.string();
+    for (const auto& [s, n] : list_steps(parent)) {
+      if (!fs::exists(p / n / kManifest)) continue;  // incomplete: still being written
+      step = s;
+      name = n;
+      break;
+    }
+    if (step < 0)
+      throw InputError(path +
+                       ": no checkpoint with a manifest (no step_* directory, or none complete)");
+  }
+  if (parent.empty()) parent = ".";
+  ckpt::CheckpointManifest m;
+  const std::string why = verify_step(parent, name, step, "", &m);
+  if (!why.empty()) throw InputError(parent + "/" + why);
+  return {parent + "/" + name, step, std::move(m)};
 }
 
 void load_rank(const ResumePoint& point, int rank, TrainState& state) {

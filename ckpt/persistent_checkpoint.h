@@ -40,6 +40,7 @@ struct CheckpointLayout {
   bool zero1 = false;
   std::string plugin_name{};
   std::string plugin_version{};
+  std::string plugin_file{};  // the plugin's path, recorded for keel-ckpt; never compared
   // Written into each manifest; when looking for a checkpoint, only those of this lineage
   // count (others are skipped and said so). Empty: none written, every one counts (a user's
   // --resume names the checkpoint to take).
@@ -160,14 +161,34 @@ struct ResumePoint {
 //   step_000050: no manifest (incomplete)
 //   step_000040/rank_3.bin: checksum mismatch
 // Throws keel::InputError naming `dir` when no checkpoint is usable, or when the newest
-// usable one has another layout or model than `expected` (naming each field that differs
+// usable one has another model or plugin than `expected` (naming each field that differs
 // and both values, e.g. "model.hidden_size = 128 in the checkpoint, 64 in this job").
+// Another layout (tp, pp, dp, zero1, stage layers) is no refusal: load_state
+// (ckpt/checkpoint_reshard.h) reshards it.
 ResumePoint find_resume_point(const std::string& dir, const CheckpointLayout& expected,
                               std::vector<std::string>* skipped = nullptr);
 
 // Reads `rank`'s file of `point` into `state` and sets state.step(). Throws keel::InputError
 // if the file does not match the manifest or the state's layout (nothing is changed then).
+// Only for a state of the checkpoint's own layout; load_state reads any.
 void load_rank(const ResumePoint& point, int rank, TrainState& state);
+
+// One step directory as keel-ckpt inspect shows it: its manifest where it parses, and why
+// it is unusable ("" when every file verifies against the manifest).
+struct CheckpointStep {
+  int64_t step = 0;
+  std::string dir;  // e.g. DIR/step_000040
+  std::string problem;
+  ckpt::CheckpointManifest manifest;
+};
+// Every step directory under `dir`, newest first, each verified (every file read).
+std::vector<CheckpointStep> list_checkpoints(const std::string& dir);
+
+// `path` as a checkpoint to read whole (keel-ckpt export): one step's directory, or
+// checkpoint.dir for its newest step with a manifest. Unlike a resume, a newest step that
+// fails its verification is refused (naming the file and why), never passed over for an
+// older one: an export says exactly which weights it holds.
+ResumePoint open_checkpoint(const std::string& path);
 
 // "step_000040".
 std::string checkpoint_dir_name(int64_t step);

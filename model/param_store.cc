@@ -70,9 +70,16 @@ void full_from_shard(const keel_param_desc& d, int tp_rank, int tp_size, const f
   });
 }
 
-ParamStore::ParamStore(Backend* backend, std::vector<keel_param_desc> descs, int tp_rank,
-                       int tp_size, int align_to)
-    : backend_(backend), tp_rank_(tp_rank), tp_size_(tp_size) {
+std::vector<ShardRun> shard_runs(const keel_param_desc& d, int tp_rank, int tp_size) {
+  std::vector<ShardRun> runs;
+  for_each_run(d, tp_rank, tp_size, [&](size_t lo, size_t go, size_t n) {
+    runs.push_back({lo, go, n});
+  });
+  return runs;
+}
+
+ParamLayout lay_out_params(const std::vector<keel_param_desc>& descs, int tp_size, int align_to) {
+  ParamLayout l;
   size_t offset = 0;
   for (const auto& d : descs) {
     ParamSlot s;
@@ -84,13 +91,22 @@ ParamStore::ParamStore(Backend* backend, std::vector<keel_param_desc> descs, int
     // 16-float (64-byte) alignment keeps every parameter on a cache line / vector boundary.
     s.offset = offset;
     offset += (s.numel + 15) / 16 * 16;
-    slots_.push_back(s);
+    l.slots.push_back(s);
   }
   // Whole 64 KiB digest blocks per ZeRO-1 shard: then the parameters, the moments and every
   // shard start on a block boundary, and the optimizer can checksum what it writes block by
   // block (runtime/block_digest.h).
   size_t unit = kDigestBlockFloats * size_t(std::max(1, align_to));
-  padded_ = (offset + unit - 1) / unit * unit;
+  l.padded = (offset + unit - 1) / unit * unit;
+  return l;
+}
+
+ParamStore::ParamStore(Backend* backend, std::vector<keel_param_desc> descs, int tp_rank,
+                       int tp_size, int align_to)
+    : backend_(backend), tp_rank_(tp_rank), tp_size_(tp_size) {
+  ParamLayout l = lay_out_params(descs, tp_size, align_to);
+  slots_ = std::move(l.slots);
+  padded_ = l.padded;
   params_ = static_cast<float*>(backend_->alloc(padded_ * sizeof(float)));
   grads_ = static_cast<float*>(backend_->alloc(padded_ * sizeof(float)));
 }

@@ -37,6 +37,23 @@ void full_from_shard(const keel_param_desc& d, int tp_rank, int tp_size, const f
                      float* full);
 size_t global_numel(const keel_param_desc& d);
 
+// One contiguous run of a TP shard: `count` elements at `local` in the shard are elements
+// [global, global + count) of the row-major global tensor.
+struct ShardRun {
+  size_t local = 0, global = 0, count = 0;
+};
+// The runs of rank `tp_rank`'s shard, in ascending local (and global) order.
+std::vector<ShardRun> shard_runs(const keel_param_desc& d, int tp_rank, int tp_size);
+
+// Where each parameter of one (tp, pp) coordinate lies in the flat buffers, and their padded
+// size: what ParamStore allocates, computed without allocating (a checkpoint reader plans
+// reads of another layout's files with it).
+struct ParamLayout {
+  std::vector<ParamSlot> slots;
+  size_t padded = 0;
+};
+ParamLayout lay_out_params(const std::vector<keel_param_desc>& descs, int tp_size, int align_to);
+
 class ParamStore {
  public:
   // Lays out the descriptors; `align_to` pads the total so it splits into that many equal

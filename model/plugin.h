@@ -1,5 +1,9 @@
 /* keel model plugin API, version 3.
  *
+ * Version 3, appended (struct_size tells; a plugin built before still loads): keel_plugin
+ * gained hf_tensors and hf_config, how the model's parameters map to a Hugging Face
+ * checkpoint (keel-ckpt export --format hf, model.init_checkpoint of such a directory).
+ *
  * Version 3 (from 2): keel_ops gained the kernels of a Llama-style block, appended after
  * grad_ready: rmsnorm_forward/backward, swiglu_forward/backward and rope_forward/backward
  * (examples/plugins/llama/ uses them). The CUDA backend does not implement them yet: there the
@@ -213,6 +217,25 @@ typedef struct keel_stage_args {
   double loss_sum;        /* forward, last stage: Σ token losses of this micro-batch (out) */
 } keel_stage_args;
 
+/* One tensor of a Hugging Face checkpoint (model.safetensors), made of rows of one keel
+ * parameter: rows [row_begin, row_end) of its dim 0 (a block of a fused weight, or the real
+ * vocabulary of a padded one), the other dims whole. Every row of every parameter must be in
+ * exactly one entry, except padded vocabulary rows (zero when imported). */
+#define KEEL_HF_NAME_MAX 128
+/* Stored transposed, [cols, rows] (2-D only; GPT-2's Conv1D weights). */
+#define KEEL_HF_TRANSPOSE 1u
+/* The rows are heads of head_rows rows each whose rotary pairs keel interleaves
+ * ((x[2i], x[2i+1]), ops.rope_forward); Hugging Face's Llama rotates halves instead, so it
+ * stores each head's even rows, then its odd ones. */
+#define KEEL_HF_ROPE_HALVES 2u
+typedef struct keel_hf_tensor {
+  char name[KEEL_HF_NAME_MAX];     /* e.g. "transformer.h.0.attn.c_attn.weight" */
+  char param[KEEL_PARAM_NAME_MAX]; /* the keel parameter, e.g. "h.0.attn.qkv.weight" */
+  int64_t row_begin, row_end;
+  uint32_t flags;    /* KEEL_HF_* */
+  int32_t head_rows; /* KEEL_HF_ROPE_HALVES: rows per head (even) */
+} keel_hf_tensor;
+
 /* The table a plugin returns. New fields are only ever appended; struct_size tells which. */
 typedef struct keel_plugin {
   uint32_t abi_version; /* KEEL_PLUGIN_ABI_VERSION the plugin was built against */
@@ -234,6 +257,17 @@ typedef struct keel_plugin {
   /* Model FLOPs of forward + backward per token of the whole model (all stages and TP ranks),
    * for MFU: for a GPT, 6·N + 12·L·C·T (the PaLM accounting llm.c uses). */
   double (*flops_per_token)(const keel_model_dims* dims);
+
+  /* ---- Appended in version 3: read only where struct_size covers them; either may be
+   * NULL, and then the model has no Hugging Face counterpart. ---- */
+
+  /* The model's Hugging Face tensors for these dims (see keel_hf_tensor), in the order a
+   * checkpoint lists them: writes up to `capacity` and returns how many there are (call with
+   * capacity 0 to size the array). */
+  int (*hf_tensors)(const keel_model_dims* dims, keel_hf_tensor* out, int capacity);
+  /* Writes the checkpoint's config.json (architectures, model_type, sizes), NUL-terminated,
+   * and returns its length without the NUL: the length needed when out_len is too small. */
+  int (*hf_config)(const keel_model_dims* dims, char* out, size_t out_len);
 } keel_plugin;
 
 /* The one exported symbol. runtime_abi_version lets a plugin serve several ABI versions;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,9 @@
 
 namespace keel {
 namespace {
+
+// The table up to flops_per_token: what every version-3 plugin has.
+constexpr size_t kBaseTableSize = offsetof(keel_plugin, hf_tensors);
 
 std::string exe_dir() {
   char buf[4096];
@@ -149,9 +153,11 @@ void Plugin::open(const std::string& file) {
   if (t.abi_version != KEEL_PLUGIN_ABI_VERSION)
     throw InputError(detail::concat("plugin ", p->path_, ": abi_version is ", t.abi_version,
                                     ", this runtime needs ", KEEL_PLUGIN_ABI_VERSION));
-  if (t.struct_size < sizeof(keel_plugin))
+  // The fields appended to version 3 (hf_tensors, hf_config) are optional: a plugin built
+  // before them has a shorter table and still loads.
+  if (t.struct_size < kBaseTableSize)
     throw InputError(detail::concat("plugin ", p->path_, ": struct_size is ", t.struct_size,
-                                    ", this runtime needs at least ", sizeof(keel_plugin)));
+                                    ", this runtime needs at least ", kBaseTableSize));
   const std::pair<const char*, const void*> fns[] = {
       {"validate", reinterpret_cast<const void*>(t.validate)},
       {"describe_params", reinterpret_cast<const void*>(t.describe_params)},
@@ -220,6 +226,32 @@ std::vector<keel_param_desc> Plugin::describe(const keel_model_dims& dims,
                                     " parameters for the same config"));
   check_param_descs(descs, stage, path_);
   return descs;
+}
+
+bool Plugin::has_hf() const {
+  return table_->struct_size >= sizeof(keel_plugin) && table_->hf_tensors && table_->hf_config;
+}
+
+std::vector<keel_hf_tensor> Plugin::hf_tensors(const keel_model_dims& dims) const {
+  if (!has_hf())
+    throw InputError(detail::concat("plugin ", path_, " (", name(),
+                                    ") declares no Hugging Face names (keel_plugin.hf_tensors)"));
+  const int n = table_->hf_tensors(&dims, nullptr, 0);
+  if (n <= 0) throw InputError(detail::concat("plugin ", path_, ": hf_tensors returned ", n));
+  std::vector<keel_hf_tensor> out(static_cast<size_t>(n));
+  if (table_->hf_tensors(&dims, out.data(), n) != n)
+    throw InputError(detail::concat("plugin ", path_, ": hf_tensors changed its count"));
+  return out;
+}
+
+std::string Plugin::hf_config(const keel_model_dims& dims) const {
+  hf_tensors(dims);  // the same refusal when there is none
+  const int n = table_->hf_config(&dims, nullptr, 0);
+  if (n <= 0) throw InputError(detail::concat("plugin ", path_, ": hf_config returned ", n));
+  std::string out(size_t(n) + 1, '\0');
+  table_->hf_config(&dims, out.data(), out.size());
+  out.resize(size_t(n));
+  return out;
 }
 
 void check_param_descs(const std::vector<keel_param_desc>& descs, const keel_stage& stage,

@@ -35,6 +35,13 @@ class Plugin {
   // validate + describe_params, with the plugin's own message turned into an InputError.
   std::vector<keel_param_desc> describe(const keel_model_dims& dims, const keel_stage& stage) const;
 
+  // Whether the plugin maps its parameters to Hugging Face names (hf_tensors, hf_config).
+  bool has_hf() const;
+  // Its Hugging Face tensors and config.json for these dims; InputError naming the plugin
+  // when it declares none.
+  std::vector<keel_hf_tensor> hf_tensors(const keel_model_dims& dims) const;
+  std::string hf_config(const keel_model_dims& dims) const;
+
  private:
   Plugin() = default;
   // dlopens `file` (the resolved path or a private copy of it) and checks its table; `path_`

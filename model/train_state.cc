@@ -20,8 +20,7 @@ uint64_t fnv(uint64_t h, const void* data, size_t n) {
 TrainState::TrainState(Backend* backend, std::vector<keel_param_desc> descs, int tp_rank,
                        int tp_size, int dp_size, bool zero1)
     : backend_(backend), params_(backend, std::move(descs), tp_rank, tp_size, dp_size) {
-  moment_floats_ =
-      zero1 && dp_size > 1 ? params_.padded_numel() / size_t(dp_size) : params_.padded_numel();
+  moment_floats_ = moment_floats(params_.padded_numel(), dp_size, zero1);
   params_.allocate_moments(moment_floats_);
 }
 
@@ -141,15 +140,24 @@ void TrainState::rewrite_abort() {
 }
 
 uint64_t TrainState::layout_fingerprint() const {
+  return keel::layout_fingerprint(params_.slots(), params_.padded_numel(), moment_floats_);
+}
+
+size_t moment_floats(size_t padded, int dp_size, bool zero1) {
+  return zero1 && dp_size > 1 ? padded / size_t(dp_size) : padded;
+}
+
+uint64_t layout_fingerprint(const std::vector<ParamSlot>& slots, size_t padded,
+                            size_t moment_floats) {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (const ParamSlot& s : params_.slots()) {
+  for (const ParamSlot& s : slots) {
     h = fnv(h, s.name.data(), s.name.size());
     for (int64_t d : s.local_shape) h = fnv(h, &d, sizeof(d));
     h = fnv(h, &s.desc.tp_dim, sizeof(s.desc.tp_dim));
     h = fnv(h, &s.desc.flags, sizeof(s.desc.flags));
     h = fnv(h, &s.offset, sizeof(s.offset));
   }
-  const size_t sizes[2] = {params_.padded_numel(), moment_floats_};
+  const size_t sizes[2] = {padded, moment_floats};
   return fnv(h, sizes, sizeof(sizes));
 }
 

@@ -114,6 +114,15 @@ class TrainState {
   int rewrite_from_ = -1;  // during a rewrite into the other bank: the bank live before it
 };
 
+// The floats of each AdamW moment a rank holds: all `padded` of its parameters' buffer, or
+// with ZeRO-1 over `dp_size` > 1 replicas its equal shard of them.
+size_t moment_floats(size_t padded, int dp_size, bool zero1);
+
+// TrainState::layout_fingerprint() of a state laid out as `slots` with these buffer sizes,
+// computed without one (a checkpoint reader checks another layout's rank files with it).
+uint64_t layout_fingerprint(const std::vector<ParamSlot>& slots, size_t padded,
+                            size_t moment_floats);
+
 // rewrite_begin() ... rewrite_commit() as a scope: leaving it by an exception aborts.
 class StateRewrite {
  public:

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/hf_checkpoint.h"
 #include "model/job_layout.h"
 #include "model/llmc_checkpoint.h"
 #include "model/lr_schedule.h"
@@ -121,6 +122,10 @@ void Trainer::init_params() {
   ParamStore& ps = state_->params();
   if (ckpt.empty()) {
     ps.init(cfg_.train().seed());
+  } else if (is_hf_checkpoint(ckpt)) {
+    ps.load_full(read_hf_checkpoint(ckpt, *plugin_, dims_,
+                                    plugin_->describe(dims_, single_rank_stage(cfg_))),
+                 ckpt + "/model.safetensors");
   } else {
     ps.load_full(read_llmc_checkpoint(ckpt, dims_), ckpt);
   }

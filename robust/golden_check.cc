@@ -7,6 +7,8 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -146,6 +148,23 @@ std::string hex(uint64_t v) {
 
 }  // namespace
 
+std::shared_ptr<Plugin> golden_plugin() {
+  // Loaded once: the SDC tie-break may ask from a rank's step thread while nothing else does,
+  // and a second dlopen of the same file would give the same code anyway.
+  static std::mutex mu;
+  static std::shared_ptr<Plugin> plugin;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!plugin) {
+    // The copy installed with this executable, never one the working directory happens to
+    // hold: the repo's digests are of the GPT this build ships.
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    KEEL_CHECK(!ec, "golden check: cannot find the running executable: ", ec.message());
+    plugin = Plugin::load((exe.parent_path() / "libkeel_gpt.so").string());
+  }
+  return plugin;
+}
+
 std::string golden_key(const Backend& backend, Precision precision) {
   if (backend.kind() == DeviceKind::kCpu) return "cpu fp32 " + blas_path().core;
   // "cuda:0 NVIDIA H200" → "NVIDIA H200": the card's model, not its index, decides the digest.
@@ -189,6 +208,21 @@ GoldenCheckResult golden_check(Backend& backend, std::shared_ptr<Plugin> plugin,
                                " did not complete: ", e.what());
   }
   return r;
+}
+
+GoldenCheckResult golden_check(Backend& backend, const TrainerHooks& hooks,
+                               std::optional<uint64_t> reference, Precision precision) {
+  std::shared_ptr<Plugin> plugin;
+  try {
+    plugin = golden_plugin();
+  } catch (const std::exception& e) {
+    // A build without its GPT cannot vouch for any machine: a failed check, never a pass.
+    GoldenCheckResult r;
+    r.compared = reference.has_value();
+    r.message = detail::concat("golden mini-GPT: keel's GPT plugin cannot be loaded: ", e.what());
+    return r;
+  }
+  return golden_check(backend, std::move(plugin), hooks, reference, precision);
 }
 
 }  // namespace keel

@@ -6,6 +6,14 @@
 // mode any wrong bit anywhere in forward, backward or the optimizer changes the digest.
 // Standbys and readmitted machines run it before they may train; the in-flight SDC check runs
 // it as a third opinion when two DP replicas disagree (it takes a few ms on CPU).
+//
+// The check tests the machine, not the job's model: it always trains keel's own GPT
+// (golden_plugin()), whatever plugin the job trains. A digest only means something against a
+// reference computed from the same code, and the repo can only hold references for code it
+// ships; the other way, a digest each job first computes for its own plugin on a trusted
+// machine, would need a machine known to be good before any machine has been checked, and a
+// wrong reference from it would mark every good standby defective. So a third-party plugin
+// gets standbys, readmission and the SDC tie-break without recording anything.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +37,12 @@ struct GoldenCheckResult {
   std::string message;    // one line saying what was compared and how it came out
 };
 
+// The model every golden check in the runtime trains: keel's GPT plugin as shipped beside the
+// running executable (libkeel_gpt.so in the same bin/ folder), so neither the job's plugin nor
+// a file of that name in the working directory can change the reference. Loaded once per
+// process; throws InputError when the file is missing or untrusted (model/plugin_loader.h).
+std::shared_ptr<Plugin> golden_plugin();
+
 // Trains the fixed mini GPT of `plugin` (one rank: tp = pp = dp = 1; fixed config, seed and
 // synthetic tokens; 3 AdamW steps, two micro-batches each, clipping and weight decay on) on
 // `backend` and compares the block digest of its parameters with `reference` when given,
@@ -41,6 +55,12 @@ struct GoldenCheckResult {
 // result does not depend on the machine's core count.
 GoldenCheckResult golden_check(Backend& backend, std::shared_ptr<Plugin> plugin,
                                const TrainerHooks& hooks = {},
+                               std::optional<uint64_t> reference = std::nullopt,
+                               Precision precision = Precision::kFp32);
+
+// The same on golden_plugin(): what standbys, diagnostics and the SDC tie-break run. A
+// golden plugin that cannot be loaded is a failed check whose message says why.
+GoldenCheckResult golden_check(Backend& backend, const TrainerHooks& hooks = {},
                                std::optional<uint64_t> reference = std::nullopt,
                                Precision precision = Precision::kFp32);
 

@@ -25,16 +25,15 @@ StandbyIdentity standby_identity(const std::string& listen_host) {
   return id;
 }
 
-StandbyAssignment park_as_standby(Backend& backend, std::shared_ptr<Plugin> plugin,
-                                  Precision precision,
+StandbyAssignment park_as_standby(Backend& backend, Precision precision,
                                   const std::function<std::shared_ptr<Store>()>& connect,
                                   const StandbyIdentity& id, const TrainerHooks& golden_hooks) {
   std::shared_ptr<Store> store = connect();
   const SelfCheckResult gemm = gemm_self_check(backend, precision);
   std::unique_ptr<Backend> one_thread;
   if (backend.kind() == DeviceKind::kCpu) one_thread = make_cpu_backend(1);
-  const GoldenCheckResult golden = golden_check(
-      one_thread ? *one_thread : backend, std::move(plugin), golden_hooks, std::nullopt, precision);
+  const GoldenCheckResult golden =
+      golden_check(one_thread ? *one_thread : backend, golden_hooks, std::nullopt, precision);
   one_thread.reset();
   const SelfCheckResult coll = collective_self_check(
       connect(), id.group, id.group_rank, id.group_size, id.host, kStandbyCollectiveTimeout,

@@ -1,6 +1,7 @@
 // A warm standby worker (keel-launch --standby): it starts like any worker (backend, plugin,
 // data), checks itself (robust/self_check.h: GEMM and all-reduce; robust/golden_check.h: the
-// golden mini-GPT, bitwise against the repo's digest), says so in the job's store, and parks
+// golden mini-GPT, bitwise against the repo's digest, whatever model the job trains), says so
+// in the job's store, and parks
 // until the controller promotes it to a rank that a lost or evicted slot vacated. Then it joins
 // that rank's epoch like a restarted rank and restores its state from the backup holder.
 //
@@ -18,7 +19,6 @@
 #include <memory>
 #include <string>
 
-#include "model/plugin_loader.h"
 #include "model/trainer.h"
 #include "parallel/store.h"
 #include "proto/membership.pb.h"
@@ -53,12 +53,12 @@ inline constexpr std::chrono::hours kParkWait{1};
 
 // Runs the self-checks, publishes the result and waits for a promotion. A standby that
 // fails its checks throws keel::Error (the worker exits; the slot is not used). The golden
-// check trains `plugin` on `backend` (`precision`: its GEMM precision, which picks the repo
-// digest), or on CPU on a one-thread backend of its own, whose result does not depend on the
-// machine's core count. A key the repo has no digest for passes, and the message says so.
-// `golden_hooks` reach the golden run (a machine's injected defect: robust/fault_injector.h).
-StandbyAssignment park_as_standby(Backend& backend, std::shared_ptr<Plugin> plugin,
-                                  Precision precision,
+// check trains keel's own GPT (golden_plugin(), not the job's plugin: it tests the machine, so
+// a standby for any model is ready) on `backend` (`precision`: its GEMM precision, which picks
+// the repo digest), or on CPU on a one-thread backend of its own, whose result does not depend
+// on the machine's core count. A key the repo has no digest for passes, and the message says
+// so. `golden_hooks` reach the golden run (a machine's injected defect: robust/fault_injector.h).
+StandbyAssignment park_as_standby(Backend& backend, Precision precision,
                                   const std::function<std::shared_ptr<Store>()>& connect,
                                   const StandbyIdentity& id, const TrainerHooks& golden_hooks = {});
 

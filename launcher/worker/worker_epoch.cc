@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "ckpt/checkpoint_reshard.h"
 #include "ckpt/restore.h"
 #include "launcher/worker/worker_impl.h"
 #include "model/job_layout.h"
@@ -143,6 +144,7 @@ CheckpointLayout Worker::checkpoint_layout() const {
   l.zero1 = cfg_.parallel().zero1();
   l.plugin_name = plugin_->name();
   l.plugin_version = plugin_->version();
+  l.plugin_file = plugin_->path();
   l.lineage = env_.lineage;
   l.model = describe_model(cfg_);
   return l;
@@ -179,11 +181,12 @@ void Worker::load_start_state() {
       for (const auto& s : skipped)
         LOG(WARNING) << "rank " << o_.rank << ": skipped checkpoint " << s;
       StateRewrite rw(*state_);
-      load_rank(p, o_.rank, *state_);
+      load_state(p, *plugin_, cfg_, members_.topo(), o_.rank, *state_);
       rw.commit();
       if (leader_ && !o_.quiet)
-        std::printf("keel: resumed from %s (step %lld)\n", p.dir.c_str(),
-                    static_cast<long long>(p.step));
+        std::printf("keel: resumed from %s (step %lld, written at tp %d pp %d dp %d%s)\n",
+                    p.dir.c_str(), static_cast<long long>(p.step), p.manifest.tp(), p.manifest.pp(),
+                    p.manifest.dp(), p.manifest.zero1() ? " zero1" : "");
       return;
     } catch (const InputError&) {
       if (!o_.resume_dir.empty()) throw;  // asked for by the user: it must be there
@@ -207,7 +210,7 @@ void Worker::restore(const membership::Rebuild& rb) {
       throw Error(detail::concat("the controller restores the persistent checkpoint of step ", S,
                                  " but the newest complete one in ", dir, " is step ", p.step));
     StateRewrite rw(*state_);
-    load_rank(p, o_.rank, *state_);
+    load_state(p, *plugin_, cfg_, members_.topo(), o_.rank, *state_);
     rw.commit();
     source = membership::persistent;
     from = "the persistent checkpoint " + p.dir;

@@ -48,6 +48,8 @@ const keel_plugin kTable = {
     &forward,
     &backward,
     &flops_per_token,
+    &hf_tensors,
+    &hf_config,
 };
 
 }  // namespace

@@ -54,6 +54,10 @@ struct ParamIndex {
 };
 ParamIndex param_index(const Shape& s);
 
+// Hugging Face GPT2LMHeadModel names and config.json (gpt_hf.cc; model/plugin.h).
+int hf_tensors(const keel_model_dims* dims, keel_hf_tensor* out, int capacity);
+int hf_config(const keel_model_dims* dims, char* out, size_t out_len);
+
 int describe_params(const keel_model_dims* dims, const keel_stage* stage, keel_param_desc* out,
                     int capacity);
 

@@ -164,17 +164,18 @@ TEST(PersistentCheckpoint, MissingManifestIsIncomplete) {
              dir + "/nope: no such checkpoint directory");
 }
 
-TEST(PersistentCheckpoint, LayoutMismatchNamesTheFields) {
+// Another layout is no refusal (the state is resharded on load, ckpt/checkpoint_reshard.h);
+// another plugin version is.
+TEST(PersistentCheckpoint, AnotherLayoutIsFoundAnotherPluginIsNot) {
   std::string dir = test::temp_dir("pckpt_layout");
   save_steps(dir, {10});
   CheckpointLayout other = two_ranks();
   other.tp = 2;
   other.dp = 1;
+  EXPECT_EQ(find_resume_point(dir, other).step, 10);
   other.plugin_version = "2";
   std::string msg = input_error_of([&] { find_resume_point(dir, other); });
-  EXPECT_HAS(msg, dir + "/step_000010: the checkpoint's layout differs from this job's:");
-  EXPECT_HAS(msg, "tp = 1 (this job: 2)");
-  EXPECT_HAS(msg, "dp = 2 (this job: 1)");
+  EXPECT_HAS(msg, dir + "/step_000010: the checkpoint's model differs from this job's:");
   EXPECT_HAS(msg, "plugin_version = \"1\" (this job: \"2\")");
 
   // A rank state of another model is refused by its layout fingerprint.
@@ -379,7 +380,8 @@ TEST(PersistentCheckpoint, ModelMismatchNamesTheField) {
   expected.model = describe_model(job);
   const std::string msg = input_error_of([&] { find_resume_point(dir, expected); });
   EXPECT_HAS(msg, "model.hidden_size = 128 in the checkpoint, 64 in this job");
-  EXPECT_HAS(msg, "parallel.stage_layers = [] in the checkpoint, [2] in this job");
+  // Stage layers are the layout, resharded on load: not compared.
+  EXPECT_EQ(msg.find("parallel.stage_layers"), std::string::npos) << msg;
   EXPECT_EQ(msg.find("model.ffn_hidden_size"), std::string::npos) << msg;
   expected.model = describe_model(written);
   EXPECT_EQ(find_resume_point(dir, expected).step, 3);

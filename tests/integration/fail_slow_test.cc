@@ -22,25 +22,32 @@ constexpr int kFaultStep = 60;
 constexpr int kRound = 10;  // detect.slow_round_steps
 
 std::string job_args(const std::string& dir, const std::string& extra, int steps = kSteps,
-                     int standbys = 2) {
-  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
+                     int standbys = 2, TestModel model = TestModel::kGpt) {
+  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}}, model);
   return "--config " + cfg + " --local " + std::to_string(4 + standbys) +
          " --workers-per-slot 2 --standby " + std::to_string(standbys) +
          " --set train.eval_every=0 --set train.steps=" + std::to_string(steps) +
          " --set detect.slow_round_steps=" + std::to_string(kRound) + " " + extra;
 }
 
-const JobRun& fault_free() {
-  static const JobRun r = [] {
-    std::string dir = temp_dir("slow-clean");
-    return run_launch_job(dir, job_args(dir, ""));
-  }();
-  return r;
+JobRun run_fault_free(TestModel model) {
+  std::string dir = temp_dir("slow-clean-" + test_model_name(model));
+  return run_launch_job(dir, job_args(dir, "", kSteps, 2, model));
+}
+
+// Run once per model, and only by the tests that need it.
+const JobRun& fault_free(TestModel model = TestModel::kGpt) {
+  if (model == TestModel::kLlama) {
+    static const JobRun llama = run_fault_free(TestModel::kLlama);
+    return llama;
+  }
+  static const JobRun gpt = run_fault_free(TestModel::kGpt);
+  return gpt;
 }
 
 // A healthy step of this job, in ms.
-int step_ms() {
-  const double wall = json_number_field(fault_free().report, "wall_s");
+int step_ms(TestModel model = TestModel::kGpt) {
+  const double wall = json_number_field(fault_free(model).report, "wall_s");
   return std::max(5, int(1000 * wall / kSteps));
 }
 
@@ -54,10 +61,11 @@ std::vector<std::string> incidents_of(const JobRun& r, const std::string& kind) 
 // The degrader named, its slot swapped for a standby, the job back at the step it was at (from
 // memory: the moved ranks from their backups, the others from their live state), bitwise
 // equal to the fault-free run.
-void expect_swapped(const JobRun& r, const std::string& kind, int rank) {
+void expect_swapped(const JobRun& r, const std::string& kind, int rank,
+                    TestModel model = TestModel::kGpt) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(json_string_field(r.report, "param_checksum"),
-            json_string_field(fault_free().report, "param_checksum"))
+            json_string_field(fault_free(model).report, "param_checksum"))
       << r.output;
   const std::vector<std::string> inc = incidents_of(r, kind);
   ASSERT_EQ(inc.size(), 1u) << r.report;
@@ -89,17 +97,27 @@ void expect_swapped(const JobRun& r, const std::string& kind, int rank) {
   EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
 }
 
-TEST(FailSlow, AFourTimesSlowerRankIsSwappedForAStandby) {
-  ASSERT_EQ(fault_free().exit_code, 0) << fault_free().output;
-  EXPECT_TRUE(json_object_array(fault_free().report, "incidents").empty()) << fault_free().report;
+// For every model: the rank's figures, the standby's self-check and the swap do not depend on
+// the plugin the job trains.
+class FailSlowModels : public testing::TestWithParam<TestModel> {};
+
+TEST_P(FailSlowModels, AFourTimesSlowerRankIsSwappedForAStandby) {
+  const TestModel model = GetParam();
+  const JobRun& base = fault_free(model);
+  ASSERT_EQ(base.exit_code, 0) << base.output;
+  EXPECT_TRUE(json_object_array(base.report, "incidents").empty()) << base.report;
   const std::string dir = temp_dir("slow-rank");
   const std::string fault = "slow@step=" + std::to_string(kFaultStep) +
-                            ",rank=5,delay_ms=" + std::to_string(3 * step_ms());
-  JobRun r = run_launch_job(dir, job_args(dir, "--fault " + fault));
-  expect_swapped(r, "slow", 5);
+                            ",rank=5,delay_ms=" + std::to_string(3 * step_ms(model));
+  JobRun r = run_launch_job(dir, job_args(dir, "--fault " + fault, kSteps, 2, model));
+  expect_swapped(r, "slow", 5, model);
   // Every rank's figures reach the report.
   EXPECT_EQ(json_object_array(r.report, "rank_perf").size(), 8u) << r.report;
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, FailSlowModels,
+                         testing::Values(TestModel::kGpt, TestModel::kLlama),
+                         [](const auto& p) { return test_model_name(p.param); });
 
 TEST(FailSlow, ASlowLinkIsPinnedOnItsRank) {
   ASSERT_EQ(fault_free().exit_code, 0) << fault_free().output;

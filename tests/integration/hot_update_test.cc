@@ -21,19 +21,27 @@ namespace {
 
 constexpr int kSteps = 300;
 
-std::string job_args(const std::string& dir, const std::string& extra = "") {
-  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
+std::string job_args(const std::string& dir, const std::string& extra = "",
+                     TestModel model = TestModel::kGpt) {
+  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}}, model);
   return "--config " + cfg + " --local 5 --workers-per-slot 2 --standby 1" +
          " --set train.eval_every=0 --set train.steps=" + std::to_string(kSteps) +
          " --set parallel.comm_timeout_ms=60000 " + extra;
 }
 
-const JobRun& never_updated() {
-  static const JobRun r = [] {
-    std::string dir = temp_dir("update-clean");
-    return run_launch_job(dir, job_args(dir));
-  }();
-  return r;
+JobRun run_never_updated(TestModel model) {
+  std::string dir = temp_dir("update-clean-" + test_model_name(model));
+  return run_launch_job(dir, job_args(dir, "", model));
+}
+
+// Run once per model, and only by the tests that need it.
+const JobRun& never_updated(TestModel model = TestModel::kGpt) {
+  if (model == TestModel::kLlama) {
+    static const JobRun llama = run_never_updated(TestModel::kLlama);
+    return llama;
+  }
+  static const JobRun gpt = run_never_updated(TestModel::kGpt);
+  return gpt;
 }
 
 struct Ctl {
@@ -43,12 +51,13 @@ struct Ctl {
 
 // Runs the job; once it has done `at` steps, runs each keel-ctl command (with --run added).
 JobRun run_with(const std::string& dir, const std::string& extra,
-                const std::vector<std::string>& commands, std::vector<Ctl>* results, int at = 20) {
+                const std::vector<std::string>& commands, std::vector<Ctl>* results, int at = 20,
+                TestModel model = TestModel::kGpt) {
   std::string job_dir;
   size_t next = 0;
   results->assign(commands.size(), {});
   return run_launch_job(
-      dir, job_args(dir, extra),
+      dir, job_args(dir, extra, model),
       [&](pid_t) {
         if (next >= commands.size()) return;
         if (job_dir.empty()) job_dir = launched_job_dir(dir);
@@ -75,22 +84,31 @@ std::vector<std::string> incidents_of(const JobRun& r, const std::string& kind) 
   return out;
 }
 
-void expect_bitwise_and_whole(const JobRun& r) {
-  ASSERT_EQ(never_updated().exit_code, 0) << never_updated().output;
+void expect_bitwise_and_whole(const JobRun& r, TestModel model = TestModel::kGpt) {
+  const JobRun& base = never_updated(model);
+  ASSERT_EQ(base.exit_code, 0) << base.output;
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(json_number_field(r.report, "steps_completed"), kSteps);
   EXPECT_EQ(json_string_field(r.report, "param_checksum"),
-            json_string_field(never_updated().report, "param_checksum"))
+            json_string_field(base.report, "param_checksum"))
       << r.output;
   EXPECT_EQ(r.leftover_processes, 0) << r.output;
 }
 
-TEST(HotUpdate, AnotherBuildIsAppliedInPlaceWithNoProcessRestarted) {
+// For every model: another build of the job's own plugin (libkeel_<model>_proxy.so, the same
+// code as a different file) is applied through the public plugin table alone.
+class HotUpdateModels : public testing::TestWithParam<TestModel> {};
+
+TEST_P(HotUpdateModels, AnotherBuildIsAppliedInPlaceWithNoProcessRestarted) {
+  const TestModel model = GetParam();
   std::string dir = temp_dir("update-apply");
   std::vector<Ctl> ctl;
-  JobRun r = run_with(dir, "", {"update --plugin " + bin_dir() + "/libkeel_gpt_proxy.so"}, &ctl);
+  JobRun r = run_with(
+      dir, "",
+      {"update --plugin " + bin_dir() + "/libkeel_" + test_model_name(model) + "_proxy.so"}, &ctl,
+      20, model);
   ASSERT_EQ(ctl[0].rc, 0) << ctl[0].out;
-  expect_bitwise_and_whole(r);
+  expect_bitwise_and_whole(r, model);
   const std::vector<std::string> ups = json_object_array(r.report, "updates");
   ASSERT_EQ(ups.size(), 1u) << r.report;
   EXPECT_EQ(json_string_field(ups[0], "outcome"), "applied") << ups[0];
@@ -100,6 +118,10 @@ TEST(HotUpdate, AnotherBuildIsAppliedInPlaceWithNoProcessRestarted) {
   for (const auto& rank : json_object_array(r.report, "ranks"))
     EXPECT_EQ(json_array_field(rank, "pids").size(), 1u) << rank;
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, HotUpdateModels,
+                         testing::Values(TestModel::kGpt, TestModel::kLlama),
+                         [](const auto& p) { return test_model_name(p.param); });
 
 TEST(HotUpdate, CodeThatCrashesOnProbationIsRolledBack) {
   std::string dir = temp_dir("update-crash");

@@ -22,8 +22,9 @@ namespace {
 constexpr int kSteps = 30;
 constexpr int kEvery = 5;  // checks run in the steps with (step + 1) % 5 == 0 (0-based)
 
-std::string job_args(const std::string& dir, const std::string& extra, int steps = kSteps) {
-  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
+std::string job_args(const std::string& dir, const std::string& extra, int steps = kSteps,
+                     TestModel model = TestModel::kGpt) {
+  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}}, model);
   return "--config " + cfg +
          " --local 6 --workers-per-slot 2 --standby 2 --set train.eval_every=0" +
          " --set train.steps=" + std::to_string(steps) +
@@ -31,12 +32,19 @@ std::string job_args(const std::string& dir, const std::string& extra, int steps
          " --set parallel.comm_timeout_ms=60000 " + extra;
 }
 
-const JobRun& fault_free() {
-  static const JobRun r = [] {
-    std::string dir = temp_dir("sdc-clean");
-    return run_launch_job(dir, job_args(dir, ""));
-  }();
-  return r;
+JobRun run_fault_free(TestModel model) {
+  std::string dir = temp_dir("sdc-clean-" + test_model_name(model));
+  return run_launch_job(dir, job_args(dir, "", kSteps, model));
+}
+
+// Run once per model, and only by the tests that need it.
+const JobRun& fault_free(TestModel model = TestModel::kGpt) {
+  if (model == TestModel::kLlama) {
+    static const JobRun llama = run_fault_free(TestModel::kLlama);
+    return llama;
+  }
+  static const JobRun gpt = run_fault_free(TestModel::kGpt);
+  return gpt;
 }
 
 std::vector<std::string> sdc_incidents(const JobRun& r) {
@@ -51,6 +59,7 @@ struct Case {
   const char* fault;  // --fault value
   int rank, step;     // the fault's
   const char* found_by;
+  TestModel model = TestModel::kGpt;
 };
 
 // GoogleTest shows a case by its name and fault (the raw bytes of its pointers otherwise,
@@ -66,14 +75,15 @@ class SdcCaught : public testing::TestWithParam<Case> {};
 // own snapshot, the moved ranks from their replica), and the run bitwise the fault-free one.
 TEST_P(SdcCaught, NamedEvictedRolledBackAndBitwiseEqual) {
   const Case& c = GetParam();
-  ASSERT_EQ(fault_free().exit_code, 0) << fault_free().output;
-  EXPECT_TRUE(sdc_incidents(fault_free()).empty()) << fault_free().report;
+  const JobRun& base = fault_free(c.model);
+  ASSERT_EQ(base.exit_code, 0) << base.output;
+  EXPECT_TRUE(sdc_incidents(base).empty()) << base.report;
   std::string dir = temp_dir(std::string("sdc-") + c.name);
-  JobRun r = run_launch_job(dir, job_args(dir, std::string("--fault ") + c.fault));
+  JobRun r = run_launch_job(dir, job_args(dir, std::string("--fault ") + c.fault, kSteps, c.model));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(json_number_field(r.report, "steps_completed"), kSteps);
   EXPECT_EQ(json_string_field(r.report, "param_checksum"),
-            json_string_field(fault_free().report, "param_checksum"))
+            json_string_field(base.report, "param_checksum"))
       << r.output;
   std::vector<std::string> inc = sdc_incidents(r);
   ASSERT_EQ(inc.size(), 1u) << r.report;
@@ -104,6 +114,9 @@ TEST_P(SdcCaught, NamedEvictedRolledBackAndBitwiseEqual) {
 // Persistent faults from step 12 are first checked at step 14; `once` faults sit where a check
 // covers them: a gradient or activation flip in a check step's first micro-batch, a parameter
 // or moment flip right before a check step (the check finds the memory changed at rest).
+// The Llama job's persistent gradient fault goes the longest way: the replicas tie, every rank
+// runs the golden check (keel's GPT, whatever the job trains) and the culprit's unit fails it;
+// its standby passed the same check to be ready at all.
 INSTANTIATE_TEST_SUITE_P(
     Targets, SdcCaught,
     testing::Values(Case{"grad", "sdc@step=12,rank=5", 5, 12, "golden"},
@@ -115,7 +128,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"param_once", "sdc@step=13,rank=5,target=param,once", 5, 13, "at_rest"},
                     Case{"optimizer", "sdc@step=12,rank=6,target=optimizer", 6, 12, "at_rest"},
                     Case{"optimizer_once", "sdc@step=13,rank=6,target=optimizer,once", 6, 13,
-                         "at_rest"}),
+                         "at_rest"},
+                    Case{"llama_grad", "sdc@step=12,rank=5", 5, 12, "golden", TestModel::kLlama}),
     [](const testing::TestParamInfo<Case>& p) { return std::string(p.param.name); });
 
 // Coverage rule: the recompute compares the first micro-batch of check steps only. A transient

@@ -23,22 +23,29 @@ namespace {
 
 constexpr int kSteps = 16;
 
-std::string job_args(const std::string& dir, int standby, const std::string& extra) {
-  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
+std::string job_args(const std::string& dir, int standby, const std::string& extra,
+                     TestModel model = TestModel::kGpt) {
+  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}}, model);
   return "--config " + cfg + " --local " + std::to_string(4 + standby) +
          " --workers-per-slot 2 --standby " + std::to_string(standby) +
          " --set train.steps=" + std::to_string(kSteps) +
          " --set detect.slot_timeout_ms=1000 --set parallel.comm_timeout_ms=60000 " + extra;
 }
 
-const JobRun& fault_free() {
-  static const JobRun r = [] {
-    std::string dir = temp_dir("standby-base");
-    std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
-    return run_job(dir,
-                   "--config " + cfg + " --nproc 8 --set train.steps=" + std::to_string(kSteps));
-  }();
-  return r;
+JobRun run_fault_free(TestModel model) {
+  std::string dir = temp_dir("standby-base-" + test_model_name(model));
+  std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}}, model);
+  return run_job(dir, "--config " + cfg + " --nproc 8 --set train.steps=" + std::to_string(kSteps));
+}
+
+// Run once per model, and only by the tests that need it.
+const JobRun& fault_free(TestModel model = TestModel::kGpt) {
+  if (model == TestModel::kLlama) {
+    static const JobRun llama = run_fault_free(TestModel::kLlama);
+    return llama;
+  }
+  static const JobRun gpt = run_fault_free(TestModel::kGpt);
+  return gpt;
 }
 
 // One incident of a swap: the step its fault was injected at (as its rank began it), the ranks
@@ -53,11 +60,13 @@ struct Swap {
 // Finished bitwise equal to the fault-free run, one incident per swap, in order; each swap's
 // moved ranks were served by two processes (the lost one and the promoted standby), every other
 // rank by one all along; nothing left.
-void expect_swapped(const JobRun& r, const std::vector<Swap>& swaps) {
-  ASSERT_EQ(fault_free().exit_code, 0) << fault_free().output;
+void expect_swapped(const JobRun& r, const std::vector<Swap>& swaps,
+                    TestModel model = TestModel::kGpt) {
+  const JobRun& base = fault_free(model);
+  ASSERT_EQ(base.exit_code, 0) << base.output;
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(json_string_field(r.report, "param_checksum"),
-            json_string_field(fault_free().report, "param_checksum"))
+            json_string_field(base.report, "param_checksum"))
       << r.output;
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), swaps.size()) << r.report;
@@ -104,16 +113,23 @@ void expect_swapped(const JobRun& r, const std::vector<Swap>& swaps) {
   EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
 }
 
-TEST(Standby, LostSlotIsReplacedByAWarmStandby) {
+// For every model: the standby's self-check tests the machine, not the job's plugin (its
+// golden run is keel's GPT), so a Llama job's standby is ready and takes over like a GPT's.
+class StandbyModels : public testing::TestWithParam<TestModel> {};
+
+TEST_P(StandbyModels, LostSlotIsReplacedByAWarmStandby) {
   std::string dir = temp_dir("standby-loss");
-  JobRun r = run_launch_job(dir, job_args(dir, 1, "--fault slot_loss@step=6,rank=5"));
-  expect_swapped(r, {{6, {4, 5}}});
+  JobRun r = run_launch_job(dir, job_args(dir, 1, "--fault slot_loss@step=6,rank=5", GetParam()));
+  expect_swapped(r, {{6, {4, 5}}}, GetParam());
   EXPECT_TRUE(contains(r.output, "standby slot 4 takes its ranks")) << r.output;
   std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u);
   EXPECT_EQ(json_string_field(inc[0], "kind"), "slot_loss");
   EXPECT_EQ(json_array_field(inc[0], "slots_evicted"), std::vector<double>{2});
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, StandbyModels, testing::Values(TestModel::kGpt, TestModel::kLlama),
+                         [](const auto& p) { return test_model_name(p.param); });
 
 TEST(Standby, TwoLossesAtDifferentStepsUseTwoStandbys) {
   std::string dir = temp_dir("standby-two");

@@ -53,14 +53,26 @@ const std::string& demo_data_dir() {
   return dir;
 }
 
-std::string write_config(const std::string& dir, const std::map<std::string, std::string>& extra) {
+std::string test_model_name(TestModel m) {
+  return m == TestModel::kLlama ? "llama" : "gpt";
+}
+
+void PrintTo(TestModel m, std::ostream* os) {
+  *os << test_model_name(m);
+}
+
+std::string write_config(const std::string& dir, const std::map<std::string, std::string>& extra,
+                         TestModel model) {
   auto more = [&](const std::string& section) {
     auto it = extra.find(section);
     return it == extra.end() ? std::string() : " " + it->second;
   };
+  // SwiGLU's width: ~8/3 of hidden_size, a multiple of 16 (the GPT derives its own 4x).
+  const std::string plugin =
+      model == TestModel::kLlama ? "libkeel_llama.so\" ffn_hidden_size: 96" : "libkeel_gpt.so\"";
   std::string path = dir + "/job.pbtxt";
   std::ofstream f(path);
-  f << "model { plugin: \"" << bin_dir() << "/libkeel_gpt.so\" num_layers: 2 hidden_size: 32 "
+  f << "model { plugin: \"" << bin_dir() << "/" << plugin << " num_layers: 2 hidden_size: 32 "
     << "num_heads: 4 seq_len: 32 vocab_size: 256" << more("model") << " }\n"
     << "train { micro_batch_size: 2 global_batch_size: 8 steps: 10 seed: 1234 eval_every: 5 "
     << "eval_batches: 2" << more("train") << " }\n"

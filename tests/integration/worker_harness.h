@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <iosfwd>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,12 +27,22 @@ std::string read_text(const std::string& path);
 // A folder with train_000000.bin / val_000000.bin made from Debian's fortunes text.
 const std::string& demo_data_dir();
 
+// The model a test trains. Every robustness feature must hold whatever plugin the job loads
+// (issue 30), so the tests that prove hot swap, SDC, fail-slow and hot update run for both.
+enum class TestModel { kGpt, kLlama };
+// "gpt" or "llama": a parametrized test's name suffix.
+std::string test_model_name(TestModel m);
+// GoogleTest shows a model by its name, not its raw value.
+void PrintTo(TestModel m, std::ostream* os);
+
 // A config for the tiny test GPT on demo_data_dir(), one section a line, in this order:
 // model (line 1), train, optim, data, parallel, runtime (line 6). `extra` adds fields to
 // sections by name, e.g. {{"parallel", "dp: 2"}} (text format does not merge a repeated
-// section, so extra fields must go inside it).
+// section, so extra fields must go inside it). With TestModel::kLlama, the Llama example
+// plugin (examples/plugins/llama/) in the same shape, its SwiGLU width 96.
 std::string write_config(const std::string& dir,
-                         const std::map<std::string, std::string>& extra = {});
+                         const std::map<std::string, std::string>& extra = {},
+                         TestModel model = TestModel::kGpt);
 
 // Runs `keel-worker <args>` (with --report into `dir`) and waits for it.
 WorkerRun run_worker(const std::string& dir, const std::string& args);

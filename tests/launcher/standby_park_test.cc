@@ -9,7 +9,6 @@
 #include "parallel/hash_store.h"
 #include "proto/store_values.pb.h"
 #include "robust/golden_check.h"
-#include "tests/test_paths.h"
 
 namespace keel {
 namespace {
@@ -31,9 +30,8 @@ TEST(StandbyPark, PublishesGemmGoldenAndAllReduceResultsThenTakesItsPromotion) {
   assign.mutable_membership()->set_dp(4);
   set_message(*store, keys::standby_assign_key(id.slot, id.index, id.gen), assign);
   auto backend = make_cpu_backend(2);
-  auto plugin = Plugin::load(test::bin_dir() + "/libkeel_gpt.so");
 
-  const StandbyAssignment a = park_as_standby(*backend, plugin, Precision::kFp32, connect, id);
+  const StandbyAssignment a = park_as_standby(*backend, Precision::kFp32, connect, id);
   EXPECT_EQ(a.rank, 7);
   EXPECT_EQ(a.epoch, 3);
   EXPECT_EQ(a.world(), 8);
@@ -64,7 +62,6 @@ TEST(StandbyPark, ADefectiveMachineFailsTheGoldenCheckAndStaysOut) {
   StandbyIdentity id;
   id.slot = 2;
   auto backend = make_cpu_backend(1);
-  auto plugin = Plugin::load(test::bin_dir() + "/libkeel_gpt.so");
   TrainerHooks defect;
   defect.computed = [](int64_t, TensorClass c, float* d, size_t n, bool) {
     if (c != TensorClass::kGrad || n == 0) return;
@@ -73,7 +70,7 @@ TEST(StandbyPark, ADefectiveMachineFailsTheGoldenCheckAndStaysOut) {
     bits ^= 1u << 20;
     std::memcpy(d, &bits, sizeof(bits));
   };
-  EXPECT_THROW(park_as_standby(*backend, plugin, Precision::kFp32, connect, id, defect), Error);
+  EXPECT_THROW(park_as_standby(*backend, Precision::kFp32, connect, id, defect), Error);
   const auto check = get_message<store::StandbyCheck>(
       *store, keys::standby_ready_key(id.slot, id.index, id.gen), std::chrono::seconds(1));
   const std::string& ready = check.checks();

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "runtime/cpu/blas_core.h"
 #include "tests/test_paths.h"
@@ -121,6 +122,24 @@ TEST_F(GoldenCheckTest, ARunThatThrowsIsAFailedCheckNotAnException) {
   ASSERT_NO_THROW(r = golden_check(*backend_, plugin_, hooks));
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.message.find("did not complete"), std::string::npos) << r.message;
+}
+
+// The runtime's check (standbys, diagnostics, the SDC tie-break) trains keel's GPT as shipped
+// beside the executable, whatever the job's plugin: a Llama job's standby gets the GPT's digest,
+// and so does a machine whose working directory holds another libkeel_gpt.so.
+TEST_F(GoldenCheckTest, TheRuntimeCheckTrainsKeelsGptWhateverTheJobTrains) {
+  const std::shared_ptr<Plugin> golden = golden_plugin();
+  EXPECT_EQ(golden->name(), plugin_->name());
+  EXPECT_TRUE(std::filesystem::equivalent(golden->path(), test::bin_dir() + "/libkeel_gpt.so"))
+      << golden->path();
+  EXPECT_EQ(golden_plugin(), golden) << "loaded once per process";
+  const GoldenCheckResult gpt = golden_check(*backend_, plugin_);
+  const GoldenCheckResult runtime = golden_check(*backend_);
+  EXPECT_EQ(runtime.digest, gpt.digest) << runtime.message;
+  EXPECT_EQ(runtime.ok, gpt.ok) << runtime.message;
+  // The Llama trains to another digest: that one is no reference for the machine.
+  auto llama = Plugin::load(test::bin_dir() + "/libkeel_llama.so");
+  EXPECT_NE(golden_check(*backend_, llama, {}, gpt.digest).digest, gpt.digest);
 }
 
 // The run's token shard lives in a private folder that is gone when the check returns.

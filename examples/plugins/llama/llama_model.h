@@ -26,6 +26,9 @@ struct Shape {
 };
 
 int validate(const keel_model_dims* dims, const keel_stage* stage, char* err, size_t err_len);
+// Hugging Face LlamaForCausalLM names and config.json (llama_hf.cc; model/plugin.h).
+int hf_tensors(const keel_model_dims* dims, keel_hf_tensor* out, int capacity);
+int hf_config(const keel_model_dims* dims, char* out, size_t out_len);
 Shape make_shape(const keel_model_dims& dims, const keel_stage& stage);
 
 // Per-layer parameters, in describe order. No biases anywhere (Llama has none).

@@ -66,6 +66,8 @@ const keel_plugin kTable = {
     &run,
 #endif
     &flops,
+    nullptr,  // hf_tensors: no Hugging Face counterpart
+    nullptr,  // hf_config
 };
 
 }  // namespace

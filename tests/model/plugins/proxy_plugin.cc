@@ -1,7 +1,9 @@
 // Another build of the GPT plugin, for the hot-update tests: it loads libkeel_gpt.so from the
 // running keel binary's directory and serves the same table (so it fits the same state and computes
-// the same bits), as a different file with a different hash. Built twice:
+// the same bits), as a different file with a different hash. Built four times:
 //   libkeel_gpt_proxy.so     the same model, nothing else
+//   libkeel_llama_proxy.so   the same for the Llama example plugin (KEEL_PROXY_INNER): a hot
+//                            update of a plugin keel knows nothing about
 //   libkeel_gpt_crashing.so  raises SIGSEGV in its 4th forward call (code that breaks after
 //                            a few steps: the update's probation must roll it back)
 //   libkeel_gpt_renamed.so   describes its first parameter under another name (code that no
@@ -15,6 +17,10 @@
 #include <string>
 
 #include "model/plugin.h"
+
+#ifndef KEEL_PROXY_INNER
+#define KEEL_PROXY_INNER "libkeel_gpt.so"  // the plugin this build serves
+#endif
 
 namespace {
 
@@ -44,7 +50,7 @@ const keel_plugin* load_inner(uint32_t abi) {
   if (n <= 0) return nullptr;
   std::string dir(exe, size_t(n));
   dir = dir.substr(0, dir.rfind('/') + 1);
-  void* h = dlopen((dir + "libkeel_gpt.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* h = dlopen((dir + KEEL_PROXY_INNER).c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h) return nullptr;
   auto entry = reinterpret_cast<keel_plugin_entry_fn>(dlsym(h, KEEL_PLUGIN_ENTRY_SYMBOL));
   return entry ? entry(abi) : nullptr;
