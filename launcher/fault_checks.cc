@@ -18,6 +18,11 @@ void check_faults(const FaultPlan& plan, const FaultJob& job, int first_new, boo
       throw InputError(name +
                        ": sdc faults are given when the job starts (--fault or --inject), not "
                        "while it runs");
+    if (f.kind() == faults::Fault::controller_crash && !job.failover)
+      throw InputError(name +
+                       ": a controller crash needs a job whose controller can fail over: "
+                       "keel-launch --local or --slots with 3 or more slots (or --etcd), "
+                       "not mpirun or keel-worker --nproc");
     const bool slot_fault =
         f.kind() == faults::Fault::slot_loss || f.kind() == faults::Fault::partition;
     if (!slot_fault) continue;
@@ -26,10 +31,11 @@ void check_faults(const FaultPlan& plan, const FaultJob& job, int first_new, boo
       throw InputError(detail::concat(name, ": rank ", f.rank(),
                                       " has no slot (slots are keel-launch's: run the job "
                                       "with keel-launch, not keel-worker --nproc)"));
-    if (slot == 0)
+    if (slot == 0 && !job.slot0_losable)
       throw InputError(detail::concat(name, ": rank ", f.rank(),
                                       " is on slot 0, which hosts the controller and cannot be "
-                                      "lost yet; pick a rank of another slot"));
+                                      "lost without etcd (a job of 3 or more slots, or --etcd); "
+                                      "pick a rank of another slot"));
     if (f.kind() == faults::Fault::partition && !job.own_interfaces)
       throw InputError(name +
                        ": a partition fault needs each slot on its own network interface, named "

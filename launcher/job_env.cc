@@ -8,6 +8,7 @@
 #include <random>
 
 #include "runtime/check.h"
+#include "runtime/text.h"
 
 namespace keel {
 namespace {
@@ -29,8 +30,8 @@ int integer(const char* name, int fallback, int lo, int hi) {
   int x = 0;
   auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
   if (ec != std::errc() || end != v.data() + v.size() || x < lo || x > hi)
-    throw InputError(detail::concat(name, " = '", v, "': expected an integer in [", lo, ", ", hi,
-                                    "]"));
+    throw InputError(
+        detail::concat(name, " = '", v, "': expected an integer in [", lo, ", ", hi, "]"));
   return x;
 }
 
@@ -65,6 +66,7 @@ JobEnv JobEnv::read() {
   e.resume_latest = text(env::kResumeLatest);
   e.lineage = var(env::kLineage);
   e.controller = text(env::kController);
+  e.etcd = split(text(env::kEtcd), ',', /*skip_empty=*/true);
   e.slot = integer(env::kSlot, -1, 0, kMaxInt);
   e.local_world_size = integer(env::kLocalWorldSize, 0, 1, kMaxInt);
   e.ifname = text(env::kIfname);

@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ckpt/persistent_checkpoint.h"
 
@@ -16,15 +17,18 @@ namespace keel {
 
 // The variables, by name.
 namespace env {
-inline constexpr const char* kJobId = "KEEL_JOB_ID";              // names the job's memory
-inline constexpr const char* kSupervised = "KEEL_SUPERVISED";      // "1": a controller runs it
-inline constexpr const char* kEpoch = "KEEL_EPOCH";                // the epoch it starts in
-inline constexpr const char* kRestarted = "KEEL_RESTARTED";        // "1": replaces a dead rank
-inline constexpr const char* kJobStart = "KEEL_JOB_START";         // unix seconds (ETTR)
+inline constexpr const char* kJobId = "KEEL_JOB_ID";                // names the job's memory
+inline constexpr const char* kSupervised = "KEEL_SUPERVISED";       // "1": a controller runs it
+inline constexpr const char* kEpoch = "KEEL_EPOCH";                 // the epoch it starts in
+inline constexpr const char* kRestarted = "KEEL_RESTARTED";         // "1": replaces a dead rank
+inline constexpr const char* kJobStart = "KEEL_JOB_START";          // unix seconds (ETTR)
 inline constexpr const char* kResumeLatest = "KEEL_RESUME_LATEST";  // restart_all's checkpoints
-inline constexpr const char* kLineage = "KEEL_LINEAGE";            // of the job's checkpoints
-inline constexpr const char* kController = "KEEL_CONTROLLER";      // control-plane endpoint
-inline constexpr const char* kSlot = "KEEL_SLOT";                  // the slot it runs on
+inline constexpr const char* kLineage = "KEEL_LINEAGE";             // of the job's checkpoints
+inline constexpr const char* kController = "KEEL_CONTROLLER";       // control-plane endpoint
+// The job's etcd ("host:port,..."), when it has one: the leader controller is found there
+// (a new one takes over when it dies), and the job's store lives there.
+inline constexpr const char* kEtcd = "KEEL_ETCD";
+inline constexpr const char* kSlot = "KEEL_SLOT";                        // the slot it runs on
 inline constexpr const char* kLocalWorldSize = "KEEL_LOCAL_WORLD_SIZE";  // workers per slot
 inline constexpr const char* kIfname = "KEEL_IFNAME";  // the slot's own network interface
 // A parked standby worker (launcher/worker/standby.h).
@@ -46,15 +50,16 @@ struct JobEnv {
   std::string job;          // "" : the process is a job of its own
   bool supervised = false;  // a controller restarts ranks and runs the recovery protocol
   int epoch = 0;
-  bool restarted = false;       // this process replaces a rank that died in epoch - 1
-  double job_start = 0;         // unix seconds the job started (0: not given)
-  std::string resume_latest;    // restart_all: resume from the newest checkpoint here
+  bool restarted = false;              // this process replaces a rank that died in epoch - 1
+  double job_start = 0;                // unix seconds the job started (0: not given)
+  std::string resume_latest;           // restart_all: resume from the newest checkpoint here
   std::optional<std::string> lineage;  // of the job's persistent checkpoints
-  std::string controller;       // the control plane's endpoint ("" : none)
-  int slot = -1;                // the slot (machine) it runs on; -1: no slots
-  int local_world_size = 0;     // workers sharing this machine (0: not given)
-  std::string ifname;           // the slot's own network interface ("" : none)
-  bool standby = false;         // a parked standby worker
+  std::string controller;              // the control plane's endpoint ("" : none)
+  std::vector<std::string> etcd;       // the job's etcd endpoints (empty: none)
+  int slot = -1;                       // the slot (machine) it runs on; -1: no slots
+  int local_world_size = 0;            // workers sharing this machine (0: not given)
+  std::string ifname;                  // the slot's own network interface ("" : none)
+  bool standby = false;                // a parked standby worker
   int standby_index = 0, standby_gen = 0;
   std::string standby_group;
   int standby_group_rank = 0, standby_group_size = 1;

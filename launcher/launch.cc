@@ -1,13 +1,16 @@
 #include "launcher/launch.h"
 
+#include <fcntl.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,23 +18,22 @@
 #include <optional>
 #include <thread>
 
-#include "ckpt/backup_placement.h"
 #include "ckpt/checkpoint_dir_lock.h"
 #include "ckpt/persistent_checkpoint.h"
 #include "ckpt/snapshot_region.h"
 #include "launcher/agent/agent.h"
 #include "launcher/control_plane.h"
-#include "launcher/controller/agent_host.h"
-#include "launcher/controller/controller.h"
-#include "launcher/controller/event_log.h"
-#include "launcher/controller/job_etcd.h"
-#include "launcher/controller/local_host.h"
+#include "launcher/etcd/etcd_client.h"
 #include "launcher/fault_checks.h"
 #include "launcher/job_env.h"
+#include "launcher/lead.h"
+#include "launcher/processes.h"
 #include "launcher/recovery_protocol.h"
 #include "parallel/net_address.h"
-#include "parallel/tcp_store.h"
+#include "parallel/topology.h"
 #include "proto/config_loader.h"
+#include "proto/control_state.pb.h"
+#include "proto/store_keys.h"
 #include "robust/fault_spec.h"
 #include "runtime/backend.h"
 #include "runtime/check.h"
@@ -52,9 +54,10 @@ std::string self_dir() {
   return fs::path(self_exe_path()).parent_path().string();
 }
 
-// How long slot 0 waits for every slot to register: machines of a cluster start their
-// launchers within seconds of each other; a minute means one will not come.
-constexpr std::chrono::seconds kRegisterWait{60};
+// After the controller died: how often keel-launch asks etcd whether a later leader ended
+// the job, and each call's deadline.
+constexpr std::chrono::milliseconds kEndPoll{100};
+constexpr std::chrono::milliseconds kEndPollTimeout{2000};
 // At the end: how long the forked slots' agents get to stop on the shutdown command before
 // they are signalled, and how often they are looked at meanwhile.
 constexpr std::chrono::milliseconds kShutdownGrace{1000};
@@ -71,6 +74,29 @@ uint32_t load_le32(const char* p) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= uint32_t(uint8_t(p[i])) << (8 * i);
   return v;
+}
+
+// The whole buffer through a pipe, across short reads and writes and signals; false at EOF
+// or on an error.
+bool write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+bool read_all(int fd, char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= size_t(r);
+  }
+  return true;
 }
 
 // --workers-per-slot, else one worker per GPU of this machine on CUDA, else 1. Every slot
@@ -111,39 +137,6 @@ void resolve_resume(LaunchOptions* o) {
   o->resume = fs::absolute(ck).string();
 }
 
-// The job's etcd as launcher/controller/job_etcd.h sets it up, with the job spec it writes.
-JobEtcdOptions etcd_options(const LaunchOptions& o, const config::JobConfig& cfg,
-                            const ControllerOptions& co, int nslots, int W,
-                            const std::string& data_root, const FaultPlan& plan) {
-  JobEtcdOptions e;
-  e.slots = nslots;
-  e.members = o.etcd_members;
-  e.endpoints = o.etcd;
-  e.data_root = data_root;
-  e.log_dir = (fs::path(co.run_dir) / "logs").string();
-  e.quorum_timeout = std::chrono::milliseconds(cfg.detect().quorum_timeout_ms());
-  e.leader.set_endpoint(co.controller_endpoint);
-  e.leader.set_slot(0);
-  e.leader.set_pid(int(getpid()));
-  state::JobSpec& s = e.spec;
-  s.set_job(co.job);
-  s.set_config(config_to_text(cfg));
-  char hash[17];
-  std::snprintf(hash, sizeof(hash), "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(s.config().data(), s.config().size())));
-  s.set_config_hash(hash);
-  s.set_world(cfg.parallel().tp() * cfg.parallel().pp() * cfg.parallel().dp());
-  s.set_slots(nslots);
-  s.set_standby(o.standby);
-  s.set_workers_per_slot(W);
-  *s.mutable_faults() = plan.schedule;
-  s.set_lineage(co.lineage);
-  s.set_job_start(co.job_start);
-  s.set_run_dir(co.run_dir);
-  s.set_report_path(co.report_path);
-  return e;
-}
-
 int run_agent(const LaunchOptions& o, const config::JobConfig& cfg, int slot,
               const std::string& endpoint, const std::string& job, const std::string& host) {
   AgentOptions a;
@@ -160,9 +153,255 @@ int run_agent(const LaunchOptions& o, const config::JobConfig& cfg, int slot,
   return agent.run(reinterpret_cast<const volatile int*>(&g_signal));
 }
 
-// Slot 0 of `nslots`: the controller and slot 0's agent. Under mpirun the other slots learn
-// the controller's address from MPI; with `fork_slots` (--local) this process starts them on
-// this machine; otherwise (--slots) they are started by hand with --join.
+// The job as etcd records it and every controller reads it (proto/control_state.proto).
+state::JobSpec job_spec(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, int W,
+                        const FaultPlan& plan, const std::string& job, const std::string& lineage,
+                        double job_start, const fs::path& dir, const std::string& report,
+                        const std::vector<std::string>& worker_argv) {
+  state::JobSpec s;
+  s.set_job(job);
+  s.set_config(config_to_text(cfg));
+  char hash[17];
+  std::snprintf(hash, sizeof(hash), "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(s.config().data(), s.config().size())));
+  s.set_config_hash(hash);
+  s.set_world(cfg.parallel().tp() * cfg.parallel().pp() * cfg.parallel().dp());
+  s.set_slots(nslots);
+  s.set_standby(o.standby);
+  s.set_workers_per_slot(W);
+  *s.mutable_faults() = plan.schedule;
+  s.set_lineage(lineage);
+  s.set_job_start(job_start);
+  s.set_run_dir(dir.string());
+  s.set_report_path(report);
+  for (const auto& a : worker_argv) s.add_worker_argv(a);
+  // What a parked standby worker knows before it has a rank (launcher/worker/standby.h); the
+  // store, the etcd and the controller's endpoint are added by the controller that starts it.
+  char start[32];
+  std::snprintf(start, sizeof(start), "%.6f", job_start);
+  auto& env = *s.mutable_standby_env();
+  env["KEEL_WORLD_SIZE"] = std::to_string(s.world());
+  env[env::kJobId] = job;
+  env[env::kSupervised] = "1";
+  env[env::kJobStart] = start;
+  env[env::kLineage] = lineage;
+  env["OMP_WAIT_POLICY"] = "PASSIVE";
+  s.set_console_progress(!o.quiet);
+  return s;
+}
+
+// keel-launch's controller process tells keel-launch its endpoint, then where the job's etcd
+// runs, over a pipe: a length (4 bytes, little-endian) and a control::Bootstrap.
+void write_bootstrap(int fd, const control::Bootstrap& b) {
+  std::string buf = b.SerializeAsString();
+  buf.insert(0, std::string(4, '\0'));
+  store_le32(buf.data(), uint32_t(buf.size() - 4));
+  KEEL_CHECK(write_all(fd, buf.data(), buf.size()), "the bootstrap pipe to keel-launch");
+}
+
+// nullopt when the controller's process closed the pipe (it ended) before saying it.
+std::optional<control::Bootstrap> read_bootstrap(int fd) {
+  char len[4];
+  if (!read_all(fd, len, 4)) return std::nullopt;
+  std::string buf(load_le32(len), '\0');
+  control::Bootstrap b;
+  if (buf.size() > kBootstrapBytes || !read_all(fd, buf.data(), buf.size()) ||
+      !b.ParseFromString(buf))
+    return std::nullopt;
+  return b;
+}
+
+// Under mpirun the controller runs in MPI rank 0's process beside slot 0's agent (a fork after
+// MPI_Init is not safe): the job has no controller to fail over to.
+int lead_under_mpi(FirstLead f, const LaunchOptions& o, const config::JobConfig& cfg,
+                   const std::string& job, const std::string& host) {
+  std::thread agent0;
+  f.slot0_pid = int(getpid());
+  f.on_endpoint = [&](const std::string& endpoint) {
+    control::Bootstrap b;
+    b.set_controller(endpoint);
+    b.set_job(job);
+    std::string buf = b.SerializeAsString();
+    KEEL_CHECK(buf.size() + 4 <= kBootstrapBytes, "the bootstrap message is too long");
+    buf.insert(0, std::string(4, '\0'));
+    store_le32(buf.data(), uint32_t(buf.size() - 4));
+    buf.resize(kBootstrapBytes);
+    MPI_Bcast(buf.data(), int(buf.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
+    MPI_Finalize();  // MPI is for starting only: it cannot survive a dead peer
+    agent0 = std::thread([&o, &cfg, endpoint, job, host] {
+      pthread_setname_np(pthread_self(), "keel-agent");  // for top -H; the name always fits
+      run_agent(o, cfg, 0, endpoint, job, host);
+    });
+  };
+  const int code = lead_first(f);
+  g_signal = g_signal ? g_signal : SIGTERM;  // slot 0's agent took the shutdown, or stops now
+  if (agent0.joinable()) agent0.join();
+  return code;
+}
+
+// Waits for the job's controller process; a stop signal that keel-launch alone got (kill
+// PID) is passed on to it once.
+int wait_controller(pid_t controller) {
+  bool passed = false;
+  while (true) {
+    int st = 0;
+    const pid_t r = waitpid(controller, &st, 0);
+    if (r == controller) return st;
+    KEEL_CHECK(r < 0 && errno == EINTR, "waitpid of the controller (pid ", controller,
+               "): ", std::strerror(errno));
+    if (g_signal && !passed) {
+      ::kill(controller, int(g_signal));
+      passed = true;
+    }
+  }
+}
+
+// The controller keel-launch started died; a candidate beside another member leads the job
+// now (DESIGN.md, Control state and failover). Waits for the job's end as that leader says
+// it: in etcd, or in the exit status of this machine's slots, which take it with their
+// shutdown (the members may be gone with them before etcd is read).
+int await_new_leader(const std::string& job, const std::vector<std::string>& etcd, int sig,
+                     std::vector<pid_t>* slots, const std::atomic<int>& agent0_code,
+                     bool agent0_here) {
+  std::printf(
+      "keel-launch: the job's controller died (%s); a candidate on another slot takes "
+      "over, training goes on\n",
+      strsignal(sig));
+  std::fflush(stdout);
+  EtcdClient client(etcd, kEndPollTimeout);
+  std::optional<int> slot_code;  // the first slot's that ended with the job's status
+  while (true) {
+    std::erase_if(*slots, [&slot_code](pid_t p) {
+      int st = 0;
+      if (waitpid(p, &st, WNOHANG) != p) return false;
+      if (!slot_code && WIFEXITED(st) && WEXITSTATUS(st) != kExitControllerLost)
+        slot_code = WEXITSTATUS(st);
+      return true;
+    });
+    if (agent0_here && agent0_code.load() >= 0 && agent0_code.load() != kExitControllerLost)
+      slot_code = agent0_code.load();
+    if (slot_code) return *slot_code;
+    try {
+      if (auto kv = client.get(keys::state::end(job))) {
+        state::JobEnd end;
+        if (end.ParseFromString(kv->value)) return end.code();
+      }
+    } catch (const EtcdUnavailable& e) {
+      LOG(WARNING) << "etcd: reading the job's end: " << e.what();
+    }
+    if (agent0_here ? agent0_code.load() >= 0 : slots->empty()) {
+      LOG(ERROR) << "every slot of this machine ended without the job's end from a leader";
+      return 1;
+    }
+    if (g_signal) return 128 + int(g_signal);
+    std::this_thread::sleep_for(kEndPoll);
+  }
+}
+
+// keel-launch (not mpirun): the job's first controller runs in a child process, so that it
+// can die alone while the slots train on and a candidate takes over. This process starts the
+// slots once the controller says where it listens, and waits for the job's end: the
+// controller's exit status, or, if it died, the end a later leader writes to etcd.
+int supervise(FirstLead f, const LaunchOptions& o, const config::JobConfig& cfg, int nslots,
+              bool fork_slots, const std::string& job, const std::string& host) {
+  int fds[2];
+  KEEL_CHECK_ERRNO(pipe2(fds, O_CLOEXEC));
+  std::fflush(nullptr);
+  const pid_t parent = getpid();
+  const pid_t controller = fork();
+  KEEL_CHECK_ERRNO(controller);
+  if (controller == 0) {
+    close(fds[0]);
+    // It goes with keel-launch (slot 0's machine): a controller cut loose would lead alone.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
+    set_process_name("keel-controller");
+    if (!fork_slots) f.slot0_pid = int(parent);  // --slots: slot 0's agent is keel-launch
+    f.on_endpoint = [fd = fds[1], &job](const std::string& endpoint) {
+      control::Bootstrap b;
+      b.set_controller(endpoint);
+      b.set_job(job);
+      write_bootstrap(fd, b);
+    };
+    f.on_etcd = [fd = fds[1]](const std::vector<std::string>& etcd) {
+      control::Bootstrap b;
+      b.set_etcd_known(true);
+      for (const auto& e : etcd) b.add_etcd_endpoints(e);
+      write_bootstrap(fd, b);
+    };
+    int code = 1;
+    try {
+      code = lead_first(f);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "keel-launch: error: %s\n", e.what());
+    }
+    std::fflush(nullptr);
+    _exit(code);  // not return: this process's copies of keel-launch's objects are not its own
+  }
+  close(fds[1]);
+  std::vector<pid_t> slots;
+  std::thread agent0;
+  std::atomic<int> agent0_code{-1};  // slot 0's agent's exit status once it ended
+  std::vector<std::string> etcd;
+  if (const auto b = read_bootstrap(fds[0])) {
+    if (fork_slots) {
+      for (int k = 0; k < nslots; ++k) {
+        // The real path, not /proc/self/exe: ps shows what each process is.
+        std::vector<std::string> argv = {
+            self_exe_path(), "--join", b->controller(), "--slot",      std::to_string(k),
+            "--job",         job,      "--config",      o.config_path, "--run-dir",
+            o.run_dir};
+        for (const auto& s : o.overrides) argv.insert(argv.end(), {"--set", s});
+        if (o.workers_per_slot > 0)
+          argv.insert(argv.end(), {"--workers-per-slot", std::to_string(o.workers_per_slot)});
+        // SIGTERM, not SIGKILL, when keel-launch dies: the slot's agent then stops its workers
+        // and removes the job's shared memory before it goes (launcher/agent/agent.h).
+        slots.push_back(spawn_child(argv, {}, "", SIGTERM));
+      }
+    } else {
+      agent0 = std::thread([&o, &cfg, &agent0_code, endpoint = b->controller(), &job, &host] {
+        pthread_setname_np(pthread_self(), "keel-agent");
+        agent0_code = run_agent(o, cfg, 0, endpoint, job, host);
+      });
+    }
+    if (const auto e = read_bootstrap(fds[0]))
+      etcd.assign(e->etcd_endpoints().begin(), e->etcd_endpoints().end());
+  }
+  close(fds[0]);
+  const int st = wait_controller(controller);
+  int code = 1;
+  if (WIFEXITED(st)) {
+    code = WEXITSTATUS(st);
+  } else if (!etcd.empty()) {
+    code = await_new_leader(job, etcd, WTERMSIG(st), &slots, agent0_code, agent0.joinable());
+  } else {
+    code = 128 + WTERMSIG(st);
+    LOG(ERROR) << "the job's controller (pid " << controller << ") died of signal " << WTERMSIG(st)
+               << ", and a job without etcd has no other to take over";
+  }
+  // The slots' agents took the shutdown and end by themselves; one that has not within the
+  // grace is told again by signal.
+  const auto grace_end = std::chrono::steady_clock::now() + kShutdownGrace;
+  while (!slots.empty() && std::chrono::steady_clock::now() < grace_end) {
+    std::erase_if(slots, [](pid_t p) {
+      int s = 0;
+      return waitpid(p, &s, WNOHANG) == p;
+    });
+    if (!slots.empty()) std::this_thread::sleep_for(kReapPoll);
+  }
+  g_signal = g_signal ? g_signal : SIGTERM;
+  if (agent0.joinable()) agent0.join();
+  for (pid_t p : slots) {
+    ::kill(p, SIGTERM);
+    int s = 0;
+    waitpid(p, &s, 0);
+  }
+  return code;
+}
+
+// Slot 0 of `nslots`: the job's first controller (in a process of its own, so that it can die
+// alone and be replaced) and slot 0's agent. Under mpirun the other slots learn the
+// controller's address from MPI; with `fork_slots` (--local) this process starts every slot
+// on this machine; otherwise (--slots) they are started by hand with --join.
 int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, bool mpi,
               bool fork_slots) {
   const Topology topo(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
@@ -184,11 +423,14 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     if (o.worker_args[i] == "--fault") add_fault_flag(&plan, o.worker_args[i + 1]);
     if (o.worker_args[i] == "--inject") add_fault_file(&plan, o.worker_args[i + 1]);
   }
+  const bool failover = !mpi && (nslots >= 3 || !o.etcd.empty());
   check_faults(plan,
                FaultJob{.world = world,
                         .steps = cfg.train().steps(),
                         .slot_of = [W](int rank) { return rank / W; },
-                        .own_interfaces = !JobEnv::get().ifname.empty()},
+                        .own_interfaces = !JobEnv::get().ifname.empty(),
+                        .slot0_losable = fork_slots || failover,
+                        .failover = failover},
                0, /*running=*/false);
   std::optional<ResumePoint> resumed;
   if (!o.resume.empty()) {
@@ -214,7 +456,6 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   const fs::path dir = fs::path(o.run_dir) / job;
   fs::create_directories(dir / "logs");
   std::ofstream(dir / "config.pbtxt") << config_to_text(cfg);
-  EventLog events((dir / "events.jsonl").string());
 
   // Every slot on this machine: loopback; across machines (KEEL_IFNAME names the interface
   // they share): this machine's reachable address.
@@ -233,43 +474,6 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
       }
   }
   remove_stale_segments();
-  TcpStoreServer store_server(host, 0);
-  ControlServer control(host, 0);
-  const std::string store_addr = host + ":" + std::to_string(store_server.port());
-  std::ofstream(dir / "controller") << control.endpoint() << "\n" << job << "\n";
-  events.write("launch", EventFields().add("job", job).add("slots", nslots).add("world", world));
-
-  std::vector<pid_t> children;
-  if (mpi) {
-    control::Bootstrap b;
-    b.set_controller(control.endpoint());
-    b.set_job(job);
-    std::string buf = b.SerializeAsString();
-    KEEL_CHECK(buf.size() + 4 <= kBootstrapBytes, "the bootstrap message is too long");
-    buf.insert(0, std::string(4, '\0'));
-    store_le32(buf.data(), uint32_t(buf.size() - 4));
-    buf.resize(kBootstrapBytes);
-    MPI_Bcast(buf.data(), int(buf.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
-    MPI_Finalize();  // MPI is for starting only: it cannot survive a dead peer
-  } else if (fork_slots) {
-    for (int k = 1; k < nslots; ++k) {
-      // The real path, not /proc/self/exe: ps shows what each process is.
-      std::vector<std::string> argv = {
-          self_exe_path(), "--join", control.endpoint(), "--slot",      std::to_string(k),
-          "--job",         job,      "--config",         o.config_path, "--run-dir",
-          o.run_dir};
-      for (const auto& s : o.overrides) argv.insert(argv.end(), {"--set", s});
-      if (o.workers_per_slot > 0)
-        argv.insert(argv.end(), {"--workers-per-slot", std::to_string(o.workers_per_slot)});
-      // SIGTERM, not SIGKILL, when slot 0 dies: the slot's agent then stops its workers and
-      // removes the job's shared memory before it goes (launcher/agent/agent.h).
-      children.push_back(spawn_child(argv, {}, "", SIGTERM));
-    }
-  }
-  std::thread agent0([&] {
-    pthread_setname_np(pthread_self(), "keel-agent");  // for top -H; the name always fits
-    run_agent(o, cfg, 0, control.endpoint(), job, host);
-  });
 
   std::vector<std::string> worker_argv = {self_dir() + "/keel-worker", "--config",
                                           fs::absolute(o.config_path).string()};
@@ -282,108 +486,27 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   if (report == fs::absolute(dir / "report.json").string())
     worker_argv.insert(worker_argv.end(), {"--report", report});
 
-  const double job_start = recovery::unix_now();
-  auto store = std::make_shared<TcpStore>(host, store_server.port());
-  // What a parked standby worker knows before it has a rank (launcher/worker/standby.h).
-  char start[32];
-  std::snprintf(start, sizeof(start), "%.6f", job_start);
-  const std::map<std::string, std::string> standby_env = {
-      {"KEEL_WORLD_SIZE", std::to_string(world)},
-      {"KEEL_STORE_ADDR", store_addr},
-      {"KEEL_JOB_ID", job},
-      {"KEEL_SUPERVISED", "1"},
-      {"KEEL_CONTROLLER", control.endpoint()},
-      {"KEEL_JOB_START", start},
-      {"KEEL_LINEAGE", lineage},
-      {"OMP_WAIT_POLICY", "PASSIVE"}};
-  AgentHost agents(&control, store, world, W, nslots, o.standby, worker_argv, standby_env,
-                   std::chrono::milliseconds(cfg.detect().slot_timeout_ms()));
-  agents.set_job(job);  // a --join with another job's id is refused, not taken
-  ControllerOptions co;
-  co.cfg = cfg;
-  co.job = job;
-  co.lineage = lineage;
-  co.job_start = job_start;
-  co.store_addr = store_addr;
-  co.controller_endpoint = control.endpoint();
-  co.run_dir = dir.string();
-  co.report_path = report;
-  co.faults = plan.schedule;
-  co.console_progress = !o.quiet;
-  co.stop_signal = &g_signal;
-  co.on_event = [&](const std::string& k, const EventFields& f) { events.write(k, f); };
-  Controller controller(co, &agents, store, &control);
-  controller.set_agent_handler(
-      [&](const std::string& id, const control::Envelope& m) { agents.on_message(id, m); });
-  agents.set_pump([&] { controller.pump(); });
-  int code = 0;
-  JobEtcd etcd;
-  // Under --local every member shares one machine: its disk buys no durability that /dev/shm
-  // does not have, and costs fsyncs (the first election takes seconds longer on disk).
-  const bool etcd_shm = o.etcd_data == "shm" || (o.etcd_data.empty() && fork_slots);
-  const std::string etcd_data = etcd_shm ? etcd_shm_dir(job) : (dir / "etcd").string();
-  if (!agents.wait_for_slots(kRegisterWait, reinterpret_cast<const volatile int*>(&g_signal))) {
-    LOG(ERROR) << "not every slot registered with the controller within " << kRegisterWait.count()
-               << " s";
-    code = 1;
-  } else {
-    if (!o.quiet)
-      std::printf("keel-launch: job %s: %d slot(s) x %d worker(s), run directory %s\n", job.c_str(),
-                  nslots, W, dir.c_str());
-    try {
-      etcd =
-          start_job_etcd(agents, etcd_options(o, cfg, co, nslots, W, etcd_data, plan), co.on_event);
-    } catch (const std::exception& e) {
-      LOG(ERROR) << "the job's etcd: " << e.what();
-      code = 1;
-    }
-    if (!etcd.summary.empty()) {
-      if (!o.quiet) std::printf("keel-launch: %s\n", etcd.summary.c_str());
-      events.write("etcd", EventFields()
-                               .add("summary", etcd.summary)
-                               .add("endpoints", join(etcd.client->endpoints(), ',')));
-    }
-    std::fflush(stdout);
-    controller.set_control_state(etcd.state.get(), etcd.upkeep.get());
-    if (code == 0) code = controller.run();
-  }
-  // The etcd writes of the whole job: with those of each recovery (the `recovered` events),
-  // they show that nothing on the step path writes to etcd.
-  events.write("end", EventFields()
-                          .add("code", code)
-                          .add("etcd_writes", etcd.client ? int64_t(etcd.client->writes()) : 0));
-  agents.stop_all(SIGKILL, std::chrono::milliseconds(0));
-  etcd.state.reset();  // resigns, while the members still run
-  agents.finish();
-  // The forked slots' agents took the shutdown and end by themselves; one that has not within
-  // the grace is told again by signal.
-  const auto grace_end = std::chrono::steady_clock::now() + kShutdownGrace;
-  std::vector<pid_t> left = children;
-  while (!left.empty() && std::chrono::steady_clock::now() < grace_end) {
-    std::erase_if(left, [](pid_t p) {
-      int st = 0;
-      return waitpid(p, &st, WNOHANG) == p;
-    });
-    if (!left.empty()) std::this_thread::sleep_for(kReapPoll);
-  }
-  g_signal = g_signal ? g_signal : SIGTERM;
-  agent0.join();
-  for (pid_t p : left) {
-    kill(p, SIGTERM);
-    int st = 0;
-    waitpid(p, &st, 0);
-  }
+  FirstLead f;
+  f.o = o;
+  f.cfg = cfg;
+  f.spec = job_spec(o, cfg, nslots, W, plan, job, lineage, recovery::unix_now(), dir, report,
+                    worker_argv);
+  f.host = host;
+  f.fork_slots = fork_slots;
+  f.stop = &g_signal;
+  const int code = mpi ? lead_under_mpi(f, o, cfg, job, host)
+                       : supervise(f, o, cfg, nslots, fork_slots, job, host);
   if (!mpi) unlink_job_segments(job);
   // Each member removed its own data; the folder they shared goes too.
+  const bool shm = o.etcd_data == "shm" || (o.etcd_data.empty() && fork_slots);
   std::error_code ec;
-  fs::remove(etcd_data, ec);
+  fs::remove(shm ? fs::path(etcd_shm_dir(job)) : dir / "etcd", ec);
   if (!o.quiet && code == 0) std::printf("keel-launch: done; report %s\n", report.c_str());
   if (code != 0 && fs::exists(report, ec))
     std::fprintf(stderr, "keel-launch: the job was stopped (exit %d); report %s\n", code,
                  report.c_str());
   return code;
 }
-
 }  // namespace
 
 int run_launch(const LaunchOptions& opts) {
@@ -395,6 +518,7 @@ int run_launch(const LaunchOptions& opts) {
   // ps and top tell the processes apart: "keel-launch" runs slot 0 (the controller),
   // "keel-agent" any other slot.
   set_process_name(opts.join.empty() ? "keel-launch" : "keel-agent");
+  if (opts.candidate) return lead_as_candidate(opts, &g_signal);
   LaunchOptions o = opts;
   if (!o.resume.empty() && o.join.empty()) resolve_resume(&o);
   if (o.config_path.empty())

@@ -57,6 +57,11 @@ void add_launch_flags(LaunchCli* c, LaunchOptions* o) {
       ->check(cli::range(0, cli::kMaxCount));
   app.add_option("--job", o->job, "the job to join (with --join)")->type_name("ID");
   app.add_flag("--quiet", o->quiet, "no per-step lines");
+  app.add_flag("--candidate", o->candidate,
+               "internal: a slot's controller candidate (its agent starts it once the job's "
+               "etcd is up); needs --job, --slot, --host and --etcd");
+  app.add_option("--host", o->host, "internal: the candidate's slot address (with --candidate)")
+      ->type_name("ADDR");
   app.add_option("--etcd-members", o->etcd_members,
                  "a job of 3+ slots keeps its control state in etcd: this many members (3 or 5) "
                  "start beside the first slots (a job of 1-2 slots keeps it in keel-launch's "
@@ -79,7 +84,9 @@ std::optional<int> parse_launch_options(int argc, char** argv, LaunchOptions* o)
   LaunchCli c;
   add_launch_flags(&c, o);
   if (auto rc = cli::parse(c.app, argc, argv)) return rc;
-  if (c.job.config.empty() && o->resume.empty())
+  if (o->candidate && (o->job.empty() || o->slot < 0 || o->host.empty() || o->etcd.empty()))
+    return cli::usage_error(c.app, "--candidate needs --job, --slot, --host and --etcd");
+  if (c.job.config.empty() && o->resume.empty() && !o->candidate)
     return cli::usage_error(c.app, "--config FILE is required (or --resume runs/<job>)");
   if (o->slots > 0 && (c.slots.local > 0 || !o->join.empty()))
     return cli::usage_error(c.app, "--slots N cannot be combined with --local or --join");

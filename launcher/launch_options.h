@@ -32,6 +32,11 @@ struct LaunchOptions {
   int etcd_members = 3;   // --etcd-members 3|5
   std::string etcd;       // --etcd host:port,...
   std::string etcd_data;  // --etcd-data run|shm ("": shm under --local, else run)
+  // --candidate: a controller candidate of job --job on slot --slot (started by the slot's
+  // agent, never by hand): it campaigns in --etcd, and if it wins, leads the job from what
+  // etcd holds. --host: its slot's address, where its control plane listens.
+  bool candidate = false;
+  std::string host;
 };
 
 // Parses argv (CLI11, runtime/cli.h). Returns nothing to go on, or the exit status to end

@@ -235,6 +235,14 @@ inline std::string leader_prefix(const std::string& job) {
 inline std::string spec(const std::string& job) {  // state::JobSpec
   return root(job) + "spec";
 }
+// The job's rendezvous store (launcher/etcd/etcd_store.h): every key of the sections above,
+// under this prefix.
+inline std::string store_prefix(const std::string& job) {
+  return root(job) + "store/";
+}
+inline std::string end(const std::string& job) {  // state::JobEnd, once the job ended
+  return root(job) + "end";
+}
 inline std::string membership(const std::string& job) {  // membership::Membership in force
   return root(job) + "membership";
 }

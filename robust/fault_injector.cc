@@ -188,6 +188,13 @@ void FaultInjector::before_step(int64_t step) {
         act();
         break;
       }
+      case faults::Fault::controller_crash:
+        KEEL_CHECK(slot_.kill_controller, "a controller_crash fault at step ", step,
+                   " needs keel-launch with etcd (a controller that fails over)");
+        if (!claim(i)) break;
+        record(f, step);
+        slot_.kill_controller();
+        break;
       case faults::Fault::corrupt_snapshot:
       case faults::Fault::lose_snapshot: {
         const bool corrupt = f.kind() == faults::Fault::corrupt_snapshot;

@@ -68,8 +68,9 @@ class FaultInjector {
   // What slot_loss and partition do (keel-launch's worker provides them: the injector only
   // says when). Without them those faults are refused when they fire.
   struct SlotActions {
-    std::function<void()> kill_slot;    // the slot's launcher, workers and shared memory go
-    std::function<void()> cut_network;  // the slot's interface goes down
+    std::function<void()> kill_slot;        // the slot's launcher, workers and shared memory go
+    std::function<void()> cut_network;      // the slot's interface goes down
+    std::function<void()> kill_controller;  // the leader controller's process is SIGKILLed
   };
   void set_slot_actions(SlotActions actions) { slot_ = std::move(actions); }
 

@@ -26,6 +26,7 @@
 #include "runtime/check.h"
 #include "runtime/cpu/blas_core.h"
 #include "runtime/logging.h"
+#include "runtime/text.h"
 
 namespace keel {
 namespace {
@@ -88,7 +89,7 @@ void Agent::remove_shared_memory() {
 // job cannot go on here, and nothing of it must linger on this machine.
 int Agent::stop_without_controller(std::chrono::milliseconds silent) {
   const std::string why = detail::concat(
-      "slot ", o_.slot, ": no word from the controller at ", o_.controller, " for ", silent.count(),
+      "slot ", o_.slot, ": no word from the controller at ", controller_, " for ", silent.count(),
       " ms: stopping this slot's workers and removing its shared memory");
   LOG(ERROR) << why;
   std::ofstream(o_.log_dir + "/slot" + std::to_string(o_.slot) + "-agent.log", std::ios::app)
@@ -123,11 +124,20 @@ Agent::Agent(AgentOptions o) : o_(std::move(o)) {
   etcd_ports_ = free_tcp_ports(o_.host, 2);
 }
 
-Agent::~Agent() = default;  // stops the etcd member (and removes its data)
+Agent::~Agent() {
+  // The leadership's watch goes before the member it may be served by (stopped next, with its
+  // data removed).
+  leader_link_.reset();
+}
 
-void Agent::send_register() {
+void Agent::send_register(bool rejoin) {
   control::Envelope r = make_envelope(0);
   auto* reg = r.mutable_registration();
+  reg->set_rejoin(rejoin);
+  if (rejoin) {
+    for (const auto& [rank, pid] : workers_) (*reg->mutable_running())[rank] = int(pid);
+    for (const auto& [index, pid] : parked_) reg->add_parked(index);
+  }
   reg->set_slot(o_.slot);
   reg->set_host(o_.host);
   reg->set_pid(int(getpid()));
@@ -136,6 +146,56 @@ void Agent::send_register() {
   reg->set_etcd_client_port(etcd_ports_[0]);
   reg->set_etcd_peer_port(etcd_ports_[1]);
   client_->send(r);
+}
+
+void Agent::follow(const control::Command& c) {
+  if (c.etcd_endpoints().empty() || leader_link_) return;
+  etcd_endpoints_.assign(c.etcd_endpoints().begin(), c.etcd_endpoints().end());
+  try {
+    leader_link_ =
+        std::make_unique<LeaderLink>(etcd_endpoints_, o_.job, [this](const state::Leader& l) {
+          std::lock_guard<std::mutex> g(leader_mu_);
+          leader_endpoint_ = l.endpoint();
+        });
+  } catch (const std::exception& e) {
+    LOG(ERROR) << "slot " << o_.slot
+               << ": cannot follow the job's leadership in etcd: " << e.what();
+    return;
+  }
+  if (!c.candidate() || candidate_ > 0) return;
+  // A process of its own beside the agent: a controller that crashes takes no worker with it,
+  // and one that loses its slot goes with it (it dies with the agent).
+  const std::vector<std::string> argv = {
+      self_exe_path(),         "--candidate", "--job", o_.job,   "--slot",
+      std::to_string(o_.slot), "--host",      o_.host, "--etcd", join(etcd_endpoints_, ',')};
+  candidate_ = spawn_child(
+      argv, {}, o_.log_dir + "/slot" + std::to_string(o_.slot) + "-controller.log", SIGKILL);
+  LOG(INFO) << "slot " << o_.slot << ": controller candidate started (pid " << candidate_ << ")";
+}
+
+bool Agent::switch_leader(std::chrono::steady_clock::duration silent) {
+  std::string next;
+  {
+    std::lock_guard<std::mutex> g(leader_mu_);
+    next = leader_endpoint_;
+  }
+  if (next.empty() || next == controller_ || silent < kLeaderSilence) return false;
+  LOG(WARNING) << "slot " << o_.slot << ": the controller at " << controller_ << " is silent ("
+               << std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()
+               << " ms); following the new leader at " << next;
+  controller_ = next;
+  client_ = std::make_unique<ControlClient>(controller_,
+                                            detail::concat("agent/", o_.slot, "/", getpid()));
+  send_register(/*rejoin=*/true);
+  return true;
+}
+
+void Agent::stop_candidate() {
+  if (candidate_ <= 0) return;
+  ::kill(candidate_, SIGKILL);
+  int st = 0;
+  waitpid(candidate_, &st, 0);
+  candidate_ = 0;
 }
 
 void Agent::on_etcd_start(int epoch, const control::Command& c) {
@@ -282,12 +342,16 @@ std::optional<int> Agent::on_command(int epoch, const control::Command& c) {
   switch (c.kind()) {
     case control::Command::welcome:
       welcomed_ = true;
+      follow(c);
+      break;
+    case control::Command::follow:
+      follow(c);
       break;
     case control::Command::refuse:
       // Said once, in keel-launch's form for bad input (as main() says the others, not
       // through glog); nothing of the job runs here.
       std::fprintf(stderr, "keel-launch: error: the controller at %s refused slot %d: %s\n",
-                   o_.controller.c_str(), o_.slot, c.message().c_str());
+                   controller_.c_str(), o_.slot, c.message().c_str());
       kill_workers();
       return kExitJoinRefused;
     case control::Command::spawn:
@@ -311,9 +375,13 @@ std::optional<int> Agent::on_command(int epoch, const control::Command& c) {
       send_register();
       break;
     case control::Command::shutdown:
+      stop_candidate();
       kill_workers();
       remove_shared_memory();
-      return 0;
+      // A new leader ended the job after keel-launch's machine died with its workers: on one
+      // box (--slots by hand) their segments are here, and no one else is left to remove them.
+      if (controller_process_gone(o_.job)) unlink_job_segments(o_.job);
+      return c.exit_code();  // the job's
     case control::Command::renumber:
       on_renumber(c);
       break;
@@ -363,8 +431,9 @@ int Agent::run(const volatile int* stop) {
   // The pid makes the identity this process's own: another launcher that claims the same
   // slot by mistake must not take over this one's connection (the controller's ROUTER hands
   // an identity over to its newest client), only be refused.
-  ControlClient client(o_.controller, detail::concat("agent/", o_.slot, "/", getpid()));
-  client_ = &client;
+  controller_ = o_.controller;
+  client_ = std::make_unique<ControlClient>(controller_,
+                                            detail::concat("agent/", o_.slot, "/", getpid()));
   send_register();
   const auto register_deadline = Clock::now() + o_.register_timeout;
   auto next_heartbeat = Clock::now();
@@ -376,11 +445,15 @@ int Agent::run(const volatile int* stop) {
                  << " within " << o_.register_timeout.count() / 1000 << " s";
       return 1;
     }
+    if (welcomed_ && leader_link_ && switch_leader(Clock::now() - last_heard))
+      last_heard = Clock::now();  // the new leader's silence counts from now
     if (welcomed_ && o_.controller_timeout.count() > 0 &&
-        Clock::now() - last_heard > o_.controller_timeout)
+        Clock::now() - last_heard > o_.controller_timeout) {
+      stop_candidate();
       return stop_without_controller(
           std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_heard));
-    if (auto m = client.poll(kPoll)) {
+    }
+    if (auto m = client_->poll(kPoll)) {
       last_heard = Clock::now();
       if (m->has_command())
         if (std::optional<int> rc = on_command(m->epoch(), m->command())) return *rc;
@@ -392,9 +465,10 @@ int Agent::run(const volatile int* stop) {
       control::Envelope h = make_envelope(0);
       h.mutable_heartbeat()->set_slot(o_.slot);
       for (const auto& [rank, pid] : workers_) h.mutable_heartbeat()->add_ranks_alive(rank);
-      client.send(h);
+      client_->send(h);
     }
   }
+  stop_candidate();
   kill_workers();
   // Stopped because the controller's process died (a --local slot gets SIGTERM then): no
   // shutdown will come, so the job's shared memory on this machine is this agent's to remove.

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -21,6 +22,7 @@
 
 #include "launcher/control_plane.h"
 #include "launcher/etcd/etcd_members.h"
+#include "launcher/etcd/leader_link.h"
 
 namespace keel {
 
@@ -53,11 +55,11 @@ class Agent {
  public:
   explicit Agent(AgentOptions o);
   ~Agent();
-  // Runs until the controller says shutdown (0), the controller cannot be reached at the
-  // start (1), refuses the registration (kExitJoinRefused, the reason said on stderr), the
-  // controller is silent for controller_timeout (kExitControllerLost), or
-  // `stop` is set (from another thread or a signal handler; 0, and if the controller's
-  // process is gone, the job's shared memory on this machine is removed too).
+  // Runs until the controller says shutdown (the job's exit status), the controller cannot be
+  // reached at the start (1), refuses the registration (kExitJoinRefused, the reason said on
+  // stderr), the controller is silent for controller_timeout (kExitControllerLost), or `stop` is
+  // set (from another thread or a signal handler; 0, and if the controller's process is gone, the
+  // job's shared memory on this machine is removed too).
   int run(const volatile int* stop = nullptr);
 
  private:
@@ -67,10 +69,22 @@ class Agent {
   static constexpr std::chrono::milliseconds kHeartbeatEvery{200};
   // A stacks command without its own timeout: a capture of one worker takes milliseconds.
   static constexpr std::chrono::milliseconds kDefaultStackTimeout{1000};
+  // A new leader is taken up once the current one has been silent this long: it answers
+  // every heartbeat (200 ms), so a live one is never left; a dead one has been silent for its
+  // lease's lapse (2 s) by the time a successor publishes itself.
+  static constexpr std::chrono::milliseconds kLeaderSilence{1000};
 
   AgentOptions o_;
-  ControlClient* client_ = nullptr;  // run()'s, for the handlers
+  std::unique_ptr<ControlClient> client_;  // to the leader controller (controller_)
+  std::string controller_;                 // its endpoint: o_.controller, then each new leader's
   bool welcomed_ = false;
+  // With the job's etcd (Command follow): the leadership followed, a new leader's endpoint
+  // (set by the LeaderLink's thread) taken up by run(); and this slot's controller candidate.
+  std::vector<std::string> etcd_endpoints_;
+  std::unique_ptr<LeaderLink> leader_link_;
+  std::mutex leader_mu_;
+  std::string leader_endpoint_;
+  pid_t candidate_ = 0;
   std::map<int, pid_t> workers_;  // rank -> pid
   std::map<int, pid_t> parked_;   // standby index -> pid of a worker waiting for a rank
   std::set<int> hosted_;          // every rank this slot ran (its shared memory is here)
@@ -79,7 +93,15 @@ class Agent {
   std::vector<int> etcd_ports_;  // client, peer
   std::unique_ptr<EtcdMember> etcd_;
 
-  void send_register();
+  // `rejoin`: to a new leader, with the workers that run (Register.running, parked).
+  void send_register(bool rejoin = false);
+  // Command follow (or a welcome naming the job's etcd): follows the leadership and, if told,
+  // starts this slot's controller candidate.
+  void follow(const control::Command& c);
+  // A new leader published itself and the one this agent talks to has gone quiet: the agent
+  // connects to the new one and registers again. Returns whether it switched.
+  bool switch_leader(std::chrono::steady_clock::duration silent);
+  void stop_candidate();
   // Sends `ev` (its slot filled in) under `epoch`.
   void send_event(int epoch, control::Event ev);
   // One command of the controller; a value: run() returns it.

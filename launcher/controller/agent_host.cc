@@ -72,6 +72,10 @@ AgentHost::AgentHost(ControlServer* server, std::shared_ptr<Store> store, int wo
 void AgentHost::attach(JobMembership* membership, Inbox inbox) {
   KEEL_CHECK(membership && membership->slot_count() == layout_.slots,
              "the membership's slots are not this host's");
+  // Agents that registered before (keel-launch waits for its slots before it starts the job's
+  // etcd and controller) keep their slots' states; a new leader's restored membership (all
+  // pending) is taken as it is.
+  if (unattached_ && !membership->restored()) membership->take_slots_of(*unattached_);
   members_ = membership;
   unattached_.reset();
   inbox_ = std::move(inbox);
@@ -120,15 +124,32 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     a.etcd_peer_port = reg.etcd_peer_port();
     a.last_heartbeat = Clock::now();
     a.closed_at.reset();
-    const bool first_standby_check = members_->initial_standby(k) && members_->standby_gen(k) == 0;
-    const JobMembership::Registered r = members_->register_slot(k);
     control::Envelope w = make_envelope(0);
     w.mutable_command()->set_kind(control::Command::welcome);
+    for (const auto& e : etcd_endpoints_) w.mutable_command()->add_etcd_endpoints(e);
+    w.mutable_command()->set_candidate(k < candidate_slots_);
+    if (reg.rejoin()) {
+      // A new leader: the slot goes on as it was, its workers running.
+      members_->rejoin_slot(k);
+      for (const auto& [rank, pid] : reg.running())
+        if (rank >= 0 && rank < int(alive_.size())) alive_[size_t(rank)] = true;
+      if (members_->state(k) == membership::SlotInfo::standby)
+        a.self_check.assign(size_t(layout_.workers_per_slot), std::nullopt);
+      server_->send(identity, w);
+      LOG(INFO) << "slot " << k << " (" << reg.host() << ") registered with this leader, "
+                << reg.running_size() << " worker(s) running";
+      return;
+    }
+    const bool first_standby_check = members_->initial_standby(k) && members_->standby_gen(k) == 0;
+    const JobMembership::Registered r = members_->register_slot(k);
     server_->send(identity, w);
     if (r.rejoined)
       LOG(INFO) << "slot " << k << " (" << reg.host() << ") rejoined"
                 << (r.start_check ? " as a standby" : "");
-    if (r.start_check) start_standby(k, first_standby_check);
+    if (r.start_check && !store_)
+      deferred_standby_.emplace_back(k, first_standby_check);
+    else if (r.start_check)
+      start_standby(k, first_standby_check);
     return;
   }
   if (m.has_heartbeat()) {
@@ -181,10 +202,14 @@ std::string AgentHost::refusal(const std::string& identity, const control::Regis
   const int last = int(agents_.size()) - 1;
   if (reg.slot() < 0 || reg.slot() > last)
     return detail::concat("slot ", reg.slot(), " is out of range: the job has slots 0..", last);
-  if (reg.slot() == 0 && reg.pid() != int(getpid()))
-    return detail::concat("slot 0 is the controller's own (keel-launch pid ", getpid(),
+  if (reg.slot() == 0 && slot0_pid_ != 0 && reg.pid() != slot0_pid_)
+    return detail::concat("slot 0 is the controller's own (keel-launch pid ", slot0_pid_,
                           "): join as ",
                           last == 1 ? "slot 1" : detail::concat("one of slots 1..", last));
+  if (reg.rejoin() && members_->link(reg.slot()) != JobMembership::Link::kPending)
+    return detail::concat("slot ", reg.slot(), " rejoins a new leader but is ",
+                          JobMembership::state_name(members_->state(reg.slot())),
+                          " here: it was taken as lost");
   const Agent& a = agents_[size_t(reg.slot())];
   if (up(reg.slot()) && identity != a.identity)
     return detail::concat(
@@ -228,6 +253,7 @@ void AgentHost::start_standby(int slot, bool initial) {
 }
 
 void AgentHost::refresh() {
+  if (!store_) return;  // no standby has started yet (set_store)
   for (int k = 0; k < members_->slot_count(); ++k) {
     if (members_->state(k) != membership::SlotInfo::standby || members_->ready(k) ||
         members_->check_failed(k))
@@ -352,6 +378,54 @@ void AgentHost::kill(int rank) {
   killing_.erase(rank);
 }
 
+void AgentHost::set_store(std::shared_ptr<Store> store,
+                          const std::map<std::string, std::string>& env) {
+  store_ = std::move(store);
+  for (const auto& [k, v] : env) worker_env_[k] = v;
+  for (const auto& [slot, initial] : deferred_standby_)
+    if (up(slot)) start_standby(slot, initial);
+  deferred_standby_.clear();
+}
+
+void AgentHost::follow(const std::vector<std::string>& etcd_endpoints, int candidate_slots) {
+  etcd_endpoints_ = etcd_endpoints;
+  candidate_slots_ = candidate_slots;
+  for (int k = 0; k < int(agents_.size()); ++k) {
+    control::Envelope m = command(control::Command::follow);
+    for (const auto& e : etcd_endpoints_) m.mutable_command()->add_etcd_endpoints(e);
+    m.mutable_command()->set_candidate(k < candidate_slots_);
+    send(k, m);
+  }
+}
+
+int AgentHost::await_rejoin(std::chrono::milliseconds timeout) {
+  wait_until(
+      [&] {
+        for (int k = 0; k < members_->slot_count(); ++k)
+          if (members_->link(k) == JobMembership::Link::kPending) return false;
+        return true;
+      },
+      timeout);
+  int lost = 0;
+  for (int k = 0; k < members_->slot_count(); ++k) {
+    if (members_->link(k) != JobMembership::Link::kPending) continue;
+    ++lost;
+    members_->rejoin_slot(k);  // pending -> up -> lost: the usual loss of a slot
+    members_->heartbeat_lost(k);
+    for (int r : ranks_on(k)) {
+      RankExit x;
+      x.rank = r;
+      x.slot = k;
+      x.slot_lost = true;
+      x.lost_by = "heartbeat";
+      x.detail = detail::concat("slot ", k, "'s agent did not register with the new leader within ",
+                                timeout.count(), " ms");
+      exits_.push_back(x);
+    }
+  }
+  return lost;
+}
+
 void AgentHost::check_heartbeats() {
   const auto now = Clock::now();
   // A dead agent's kernel closed its connection: the slot is lost at once (after a grace
@@ -471,8 +545,31 @@ void AgentHost::renumber(const std::map<int, int>& old_to_new, int new_world) {
 }
 
 void AgentHost::finish() {
-  const control::Envelope m = command(control::Command::shutdown);
-  for (int k = 0; k < int(agents_.size()); ++k) send(k, m);
+  control::Envelope m = command(control::Command::shutdown);
+  m.mutable_command()->set_exit_code(exit_code_);
+  for (int k = 0; k < int(agents_.size()); ++k)
+    if (k != own_slot_) send(k, m);
+}
+
+void AgentHost::await_shutdown(std::chrono::milliseconds grace) {
+  std::set<std::string> open;
+  for (int k = 0; k < int(agents_.size()); ++k)
+    if (up(k) && k != own_slot_) open.insert(agents_[size_t(k)].identity);
+  const auto deadline = Clock::now() + grace;
+  while (!open.empty() && Clock::now() < deadline) {
+    while (server_->poll(std::chrono::milliseconds(0))) {
+    }
+    for (const std::string& id : server_->take_closed()) open.erase(id);
+    std::this_thread::sleep_for(kPollPause);
+  }
+  if (own_slot_ < 0 || !up(own_slot_)) return;
+  control::Envelope m = command(control::Command::shutdown);
+  m.mutable_command()->set_exit_code(exit_code_);
+  send(own_slot_, m);
+  // Its agent ends this process once it has the message; until then the message must not be
+  // dropped with the socket.
+  const auto own_deadline = Clock::now() + grace;
+  while (Clock::now() < own_deadline) std::this_thread::sleep_for(kPollPause);
 }
 
 double AgentHost::slot_silence_s(int slot) const {

@@ -40,6 +40,17 @@ class AgentHost : public RankHost {
 
   // The job id every registering agent must present (Register.job); empty: any.
   void set_job(std::string job) { job_ = std::move(job); }
+  // The job's store, once it is known (keel-launch learns it with its etcd, after the slots
+  // registered), and what standby workers' environment gains with it (KEEL_STORE_ADDR,
+  // KEEL_ETCD). Standbys that registered before are started now.
+  void set_store(std::shared_ptr<Store> store, const std::map<std::string, std::string>& env);
+  // The process slot 0's agent must register from (0: any): under mpirun it runs in the
+  // controller's own process, and no other may claim it.
+  void set_slot0_pid(int pid) { slot0_pid_ = pid; }
+  // The job's etcd is up: every agent is told where (Command follow), to follow its
+  // leadership, and the agents of `candidate_slots` start a controller candidate. Agents
+  // that register later learn it with their welcome.
+  void follow(const std::vector<std::string>& etcd_endpoints, int candidate_slots);
 
   // Messages of agents (the controller passes them on). While a call here waits on an agent
   // it polls the control plane itself: the agents' messages it handles, every other one goes
@@ -49,7 +60,9 @@ class AgentHost : public RankHost {
   // its job id is not this job's, its slot is outside 0..slots-1, it claims slot 0 from
   // another process than this one (slot 0 is the controller's own), or its slot is active
   // under another agent (a slot is free again once taken as lost: no heartbeat for the slot
-  // timeout). Heartbeats of an agent that is not its slot's registered one are ignored.
+  // timeout). Heartbeats of an agent that is not its slot's registered one are ignored. A
+  // Register with `rejoin` (its agent followed a new leader) takes the slot back as it was,
+  // with its workers running.
   void on_message(const std::string& identity, const control::Envelope& msg);
   void set_pump(std::function<void()> pump) { pump_ = std::move(pump); }
 
@@ -78,6 +91,16 @@ class AgentHost : public RankHost {
   // (pumping the control plane) up to `timeout` and kStacksTrip for the trip. Each agent's
   // capture is held under half the slot timeout: it sends no heartbeat meanwhile.
   std::map<int, control::RankStacks> capture_stacks(std::chrono::milliseconds timeout) override;
+  int await_rejoin(std::chrono::milliseconds timeout) override;
+  // After finish(): waits up to `grace` until every agent told to shut down has closed its
+  // connection (it took the command and exited), so that the controller's process, ending
+  // next, drops no queued shutdown.
+  void await_shutdown(std::chrono::milliseconds grace);
+  // The job's exit status, carried by the shutdown finish() sends.
+  void set_exit_code(int code) { exit_code_ = code; }
+  // The slot whose agent started this controller (a candidate that leads): finish() leaves it
+  // out, and await_shutdown() tells it last, since that agent ends this process with it.
+  void set_own_slot(int slot) { own_slot_ = slot; }
 
   // Handles the agents' pending messages (heartbeats answered, the rest to the controller's
   // inbox): for a caller that waits on something else (etcd) and must not leave the agents
@@ -142,6 +165,11 @@ class AgentHost : public RankHost {
   ControlServer* server_;
   std::shared_ptr<Store> store_;
   std::string job_;
+  int slot0_pid_ = 0;
+  int exit_code_ = 0;
+  int own_slot_ = -1;
+  std::vector<std::string> etcd_endpoints_;  // follow(): empty until the job's etcd is up
+  int candidate_slots_ = 0;
   SlotLayout layout_;
   JobMembership* members_ = nullptr;  // the controller's (attach)
   // The host's own until attach(): only a host driven without a controller (tests) uses it.
@@ -159,6 +187,8 @@ class AgentHost : public RankHost {
   std::map<int, control::Event> survey_replies_;  // slot -> snapshots event
   std::map<int, control::Event> stacks_replies_;  // slot -> stacks event
   std::map<int, control::Event> etcd_replies_;    // slot -> etcd_started event
+  // Standby slots that registered before the store was known (set_store): slot, initial.
+  std::vector<std::pair<int, bool>> deferred_standby_;
 };
 
 }  // namespace keel

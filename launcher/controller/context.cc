@@ -33,6 +33,7 @@ std::map<std::string, std::string> ControllerContext::rank_env(int rank, bool re
       {env::kLineage, o->lineage},
   };
   if (!o->controller_endpoint.empty()) env[env::kController] = o->controller_endpoint;
+  if (!o->etcd_endpoints.empty()) env[env::kEtcd] = o->etcd_endpoints;
   // Ranks share cores: OpenMP threads that spin while waiting steal them from the rank
   // that has work (measured: a step 5-7x slower at load 9).
   if (world > 1) env["OMP_WAIT_POLICY"] = "PASSIVE";

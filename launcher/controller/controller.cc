@@ -56,8 +56,11 @@ Controller::Impl::Impl(ControllerOptions opts, RankHost* h, std::shared_ptr<Stor
       host(h),
       store(std::move(s)),
       server(srv),
-      members(Topology(o.cfg.parallel().tp(), o.cfg.parallel().pp(), o.cfg.parallel().dp()),
-              o.cfg.parallel().dp(), h->slot_layout()),
+      members(o.takeover
+                  ? JobMembership::restore(*o.takeover, o.cfg.parallel().dp(), h->slot_layout())
+                  : JobMembership(Topology(o.cfg.parallel().tp(), o.cfg.parallel().pp(),
+                                           o.cfg.parallel().dp()),
+                                  o.cfg.parallel().dp(), h->slot_layout())),
       ctx{&o, h, store, &members, [this] { pump(); }},
       detector(ctx, srv != nullptr),
       updates(ctx),
@@ -210,7 +213,9 @@ void Controller::Impl::inject(const std::string& fault, control::InjectReply* r)
                  FaultJob{.world = members.world(),
                           .steps = o.cfg.train().steps(),
                           .slot_of = [this](int rank) { return host->slot_of(rank); },
-                          .own_interfaces = !JobEnv::get().ifname.empty()},
+                          .own_interfaces = !JobEnv::get().ifname.empty(),
+                          .slot0_losable = o.slot0_losable || o.state != nullptr,
+                          .failover = o.state != nullptr},
                  first_new, /*running=*/true);
     const faults::Fault& f = plan.schedule.fault(first_new);
     // A fault at step S fires as its rank starts step S (counted from 0), when the rank
@@ -263,11 +268,15 @@ std::optional<Detected> Controller::Impl::poll_failures(Clock::time_point* next_
 }
 
 int Controller::Impl::run() {
-  // Epoch 0's record: every rank, whenever it starts, finds the membership there.
-  write_rebuild(policy::Plan{}, nullptr);
-  for (int r = 0; r < members.world(); ++r) spawn(r, /*restarted=*/false);
+  if (o.takeover) {
+    take_over();
+  } else {
+    // Epoch 0's record: every rank, whenever it starts, finds the membership there.
+    write_rebuild(policy::Plan{}, nullptr);
+    for (int r = 0; r < members.world(); ++r) spawn(r, /*restarted=*/false);
+    ctx.event("start", EventFields().add("world", members.world()));
+  }
   state = RunState::kTraining;
-  ctx.event("start", EventFields().add("world", members.world()));
   auto next_error_poll = Clock::now(), next_grow_check = Clock::now();
   while (true) {
     if (stopping()) return stop_by_signal();
@@ -328,6 +337,7 @@ int Controller::Impl::stop_after_recovery() {
 }
 
 int Controller::Impl::stop_job(const std::string& why, int code) {
+  stop_why = why;
   LOG(ERROR) << why << "; stopping the job";
   ctx.event("stop", EventFields().add("code", code).add("why", why));
   host->stop_all(SIGTERM, kStopGrace);
@@ -351,11 +361,25 @@ void Controller::set_agent_handler(
 }
 
 int Controller::run() {
+  int code = 0;
   try {
-    return impl_->run();
+    code = impl_->run();
   } catch (const QuorumLost& e) {
-    return impl_->stop_job(e.what(), recovery::kExitStopped);
+    code = impl_->stop_job(e.what(), recovery::kExitStopped);
   }
+  // Before this leader resigns: a candidate that wins the job after it finds it ended, and
+  // keel-launch, if the controller it started is not this one, learns the exit status here.
+  if (impl_->o.state) {
+    try {
+      state::JobEnd end;
+      end.set_code(code);
+      end.set_why(code == 0 ? "done" : impl_->stop_why);
+      impl_->o.state->end(end);
+    } catch (const std::exception& e) {
+      LOG(ERROR) << "etcd: the job's end could not be written: " << e.what();
+    }
+  }
+  return code;
 }
 
 void Controller::pump() {

@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "launcher/controller/event_fields.h"
@@ -30,6 +31,7 @@
 #include "proto/config.pb.h"
 #include "proto/control.pb.h"
 #include "proto/faults.pb.h"
+#include "proto/membership.pb.h"
 #include "proto/report.pb.h"
 
 namespace keel {
@@ -46,6 +48,8 @@ struct ControllerOptions {
   double job_start = 0;             // unix seconds (ETTR counts from here)
   std::string store_addr;           // host:port of the rendezvous store the ranks meet through
   std::string controller_endpoint;  // the control plane's endpoint ("" under --nproc)
+  std::string etcd_endpoints;       // the job's etcd, "host:port,..." ("" : none): the ranks
+                                    // follow the leadership there (launcher/etcd/leader_link.h)
   std::string run_dir;              // runs/<job>: stacks go to run_dir/stacks/<name>/
                                     // ("" : a temporary directory)
   std::string report_path;          // --report: written here when keel stops the job itself
@@ -58,6 +62,13 @@ struct ControllerOptions {
   EtcdControlState* state = nullptr;
   EtcdUpkeep* upkeep =
       nullptr;  // keeps its members at strength (launcher/controller/etcd_upkeep.h)
+  // A new leader (failover): the Membership the previous one last wrote to etcd. run() then
+  // starts no rank: it waits for the agents to register again with their workers running,
+  // takes a slot that does not as lost, and carries on (launcher/controller/takeover.cc).
+  std::optional<membership::Membership> takeover;
+  // Slot 0's agent runs in a process of its own (keel-launch --local): losing it loses no
+  // controller, so keel-ctl inject may lose it.
+  bool slot0_losable = false;
   bool console_progress = false;  // print rank 0's progress every train.log_every steps
   const volatile sig_atomic_t* stop_signal = nullptr;  // set by SIGINT/SIGTERM handlers
   // Called for every event worth a line in the job's event log (launcher/controller/event_log.h).

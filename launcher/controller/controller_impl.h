@@ -80,6 +80,10 @@ struct Controller::Impl {
   void inject(const std::string& fault, control::InjectReply* r);
   void replay_request(control::ReplayReply* r);
   int run();
+  // takeover.cc: a new leader's start. Waits for the agents to register again with their
+  // workers (slots that do not within detect.slot_timeout_ms are lost, their ranks' exits
+  // queued for the loop), and says so in the event log.
+  void take_over();
   // One pass of the loop's periodic checks: a failure to recover from, if any.
   std::optional<Detected> poll_failures(Clock::time_point* next_error_poll,
                                         Clock::time_point* next_grow_check);

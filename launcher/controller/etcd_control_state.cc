@@ -22,14 +22,15 @@ constexpr std::chrono::milliseconds kCampaignWait{2000};
 EtcdControlState::EtcdControlState(EtcdClient* client, const std::string& job,
                                    const state::Leader& leader, std::chrono::seconds ttl,
                                    std::chrono::milliseconds quorum_timeout,
-                                   std::function<void()> idle)
+                                   std::function<void()> idle,
+                                   std::chrono::milliseconds campaign_timeout)
     : client_(client),
       job_(job),
       leader_value_(leader.SerializeAsString()),
       ttl_(ttl),
       quorum_timeout_(quorum_timeout),
       idle_(std::move(idle)) {
-  lead(Clock::now() + quorum_timeout_);
+  lead(Clock::now() + (campaign_timeout.count() > 0 ? campaign_timeout : quorum_timeout_));
   // Numbers continue after those a controller before this one took.
   commands_ = int64_t(client_->get_prefix(keys::state::root(job_) + "command/").size());
 }
@@ -50,12 +51,14 @@ int64_t EtcdControlState::term() const {
 void EtcdControlState::lead(Clock::time_point deadline) {
   while (!election_ || !election_->is_leader()) {
     try {
-      // A candidacy that ended (its lease lapsed while etcd was out of reach) cannot lead
-      // again: a new one stands. (The one candidate of a job today: failover's standbys come.)
-      election_.reset();
-      election_ =
-          std::make_unique<LeaderElection>(*client_, keys::state::leader_prefix(job_), ttl_);
+      // A candidacy keeps its place in line across waits; one that ended (its lease lapsed
+      // while etcd was out of reach) cannot lead again: a new one stands.
+      if (!election_)
+        election_ =
+            std::make_unique<LeaderElection>(*client_, keys::state::leader_prefix(job_), ttl_);
       if (election_->campaign(leader_value_, kCampaignWait)) break;
+    } catch (const LostLeadership&) {
+      election_.reset();
     } catch (const std::exception& e) {
       if (Clock::now() > deadline)
         throw QuorumLost(detail::concat("etcd (", client_->endpoints().size(),
@@ -114,6 +117,10 @@ void EtcdControlState::incident(int64_t n, const report::Incident& inc) {
 
 void EtcdControlState::update(const report::Update& u) {
   write(keys::state::update(job_, u.id()), u.SerializeAsString());
+}
+
+void EtcdControlState::end(const state::JobEnd& e) {
+  write(keys::state::end(job_), e.SerializeAsString());
 }
 
 int64_t EtcdControlState::command(const control::Envelope& request) {

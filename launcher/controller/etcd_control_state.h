@@ -39,9 +39,12 @@ class EtcdControlState {
   // Campaigns under the job's leader prefix as `leader` (waiting up to `quorum_timeout` for
   // the leadership) and keeps it with a lease of `ttl`. `idle` runs between the tries of a
   // write etcd did not take (the agents' messages answered). `client` must outlive this.
+  // `campaign_timeout` (0: the quorum timeout) bounds the first campaign only: a candidate
+  // waits in line as long as the job runs. `idle` may throw to give up waiting.
   EtcdControlState(EtcdClient* client, const std::string& job, const state::Leader& leader,
                    std::chrono::seconds ttl, std::chrono::milliseconds quorum_timeout,
-                   std::function<void()> idle);
+                   std::function<void()> idle,
+                   std::chrono::milliseconds campaign_timeout = std::chrono::milliseconds(0));
   ~EtcdControlState();
 
   void spec(const state::JobSpec& s);
@@ -49,6 +52,8 @@ class EtcdControlState {
   void plugin(const store::Plugin& p);
   void incident(int64_t n, const report::Incident& inc);
   void update(const report::Update& u);
+  // How the job ended (the last write of a job's leader).
+  void end(const state::JobEnd& e);
   // Appends a keel-ctl request to the command log; its number.
   int64_t command(const control::Envelope& request);
 

@@ -1,9 +1,12 @@
 #include "launcher/controller/job_etcd.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 
 #include "launcher/controller/agent_host.h"
+#include "launcher/etcd/etcd_store.h"
+#include "proto/store_keys.h"
 #include "runtime/check.h"
 #include "runtime/text.h"
 
@@ -14,9 +17,6 @@ using Clock = std::chrono::steady_clock;
 
 // How long the agents get to start their members' processes (a fork and an exec each).
 constexpr std::chrono::milliseconds kMemberStartWait{10000};
-// The leader's lease: etcd's shortest for keel's members (1.5 election timeouts, whole
-// seconds). It bounds how long a dead controller leads.
-constexpr std::chrono::seconds kLeaderTtl{2};
 // Every etcd call's deadline, and how often a new cluster is asked whether it has a leader.
 constexpr std::chrono::milliseconds kCallTimeout{2000};
 constexpr std::chrono::milliseconds kHealthPoll{50};
@@ -54,10 +54,18 @@ JobEtcd start_job_etcd(AgentHost& agents, const JobEtcdOptions& o,
     agents.keep_alive();
     std::this_thread::sleep_for(kHealthPoll);
   }
-  j.state =
-      std::make_unique<EtcdControlState>(j.client.get(), o.spec.job(), o.leader, kLeaderTtl,
-                                         o.quorum_timeout, [&agents] { agents.keep_alive(); });
-  j.state->spec(o.spec);
+  j.state = std::make_unique<EtcdControlState>(j.client.get(), o.spec.job(), o.leader,
+                                               kControllerLeaseTtl, o.quorum_timeout,
+                                               [&agents] { agents.keep_alive(); });
+  // The ranks' store lives in etcd too: it outlives any controller (a new leader and every
+  // rank find the same keys).
+  j.store_addr = etcd_store_address(endpoints, keys::state::store_prefix(o.spec.job()));
+  state::JobSpec spec = o.spec;
+  spec.set_store_addr(j.store_addr);
+  j.state->spec(spec);
+  // Beside every member (or the first slots, for the user's cluster), as many as a quorum
+  // of members: one of them is left whichever machine dies.
+  j.candidates = std::min(o.slots, int(o.endpoints.empty() ? endpoints.size() : 3));
   if (o.endpoints.empty())
     j.upkeep = std::make_unique<EtcdUpkeep>(&agents, j.client.get(), int(endpoints.size()),
                                             o.data_root, o.log_dir, std::move(on_event));

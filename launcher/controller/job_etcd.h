@@ -16,6 +16,10 @@ namespace keel {
 
 class AgentHost;
 
+// The leader's lease: etcd's shortest for keel's members (1.5 election timeouts, whole
+// seconds). It bounds how long a dead controller leads, so how long the job goes without one.
+inline constexpr std::chrono::seconds kControllerLeaseTtl{2};
+
 struct JobEtcdOptions {
   int slots = 0;          // the job's slots (members start with 3 or more)
   int members = 3;        // --etcd-members
@@ -31,6 +35,9 @@ struct JobEtcd {
   std::unique_ptr<EtcdClient> client;
   std::unique_ptr<EtcdControlState> state;
   std::unique_ptr<EtcdUpkeep> upkeep;  // null with the user's cluster (--etcd): theirs to keep
+  // The job's store in this etcd (launcher/etcd/etcd_store.h), as the spec records it.
+  std::string store_addr;
+  int candidates = 0;  // the slots that run a controller candidate: 0..candidates-1
   // For the console, once: where etcd runs and what its start cost, e.g. "etcd: 3 members on
   // slots 0-2 (127.0.0.1:40101,...), up and led in 1.42 s".
   std::string summary;

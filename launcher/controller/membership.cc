@@ -219,9 +219,54 @@ membership::Membership JobMembership::to_proto() const {
     membership::SlotInfo* si = m.add_slots();
     si->set_slot(k);
     si->set_state(state(k));
-    si->set_ready(state(k) == membership::SlotInfo::standby && slots_[size_t(k)].ready);
+    const Slot& sl = slots_[size_t(k)];
+    si->set_ready(state(k) == membership::SlotInfo::standby && sl.ready);
+    si->set_role(sl.role == Role::kStandby   ? membership::SlotInfo::role_standby
+                 : sl.role == Role::kEvicted ? membership::SlotInfo::role_evicted
+                                             : membership::SlotInfo::role_active);
+    si->set_standby_gen(sl.gen);
+    si->set_initial_standby(sl.initial_standby);
+    si->set_check_failed(sl.check_failed);
   }
   return m;
+}
+
+JobMembership JobMembership::restore(const membership::Membership& m, int configured_dp,
+                                     const SlotLayout& layout) {
+  JobMembership j(Topology(std::max(1, m.tp()), std::max(1, m.pp()), std::max(1, m.dp())),
+                  configured_dp, layout);
+  if (m.slots_size() != j.slot_count() || m.rank_slot_size() != int(j.rank_slot_.size()))
+    refuse("the stored membership (", m.slots_size(), " slots, ", m.rank_slot_size(),
+           " ranks) is not this job's (", j.slot_count(), " slots, ", j.rank_slot_.size(),
+           " ranks)");
+  j.restored_ = true;
+  j.epoch_ = m.epoch();
+  j.rank_slot_.assign(m.rank_slot().begin(), m.rank_slot().end());
+  for (const membership::SlotInfo& si : m.slots()) {
+    Slot& s = j.at(si.slot());
+    s.link = Link::kPending;  // until its agent registers with this leader
+    s.role = si.role() == membership::SlotInfo::role_standby   ? Role::kStandby
+             : si.role() == membership::SlotInfo::role_evicted ? Role::kEvicted
+                                                               : Role::kActive;
+    s.ready = si.ready();
+    s.gen = si.standby_gen();
+    s.initial_standby = si.initial_standby();
+    s.check_failed = si.check_failed();
+  }
+  return j;
+}
+
+void JobMembership::take_slots_of(const JobMembership& other) {
+  if (other.slot_count() != slot_count())
+    refuse("cannot take the states of ", other.slot_count(), " slots into ", slot_count());
+  slots_ = other.slots_;
+}
+
+void JobMembership::rejoin_slot(int slot) {
+  Slot& s = at(slot);
+  if (s.link != Link::kPending)
+    refuse("slot ", slot, " cannot rejoin a new leader: it is ", state_name(state(slot)));
+  s.link = Link::kUp;
 }
 
 }  // namespace keel

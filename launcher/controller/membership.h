@@ -113,6 +113,21 @@ class JobMembership {
   // Epoch `next` begins. Refused unless next = epoch + 1.
   void next_epoch(int next);
 
+  // The slots' states (links, roles, standby checks) of `other`, a membership of the same
+  // slots: what the host saw of its agents before the controller lent it this one.
+  void take_slots_of(const JobMembership& other);
+
+  // --- a new leader controller (failover) ---
+  // The membership the previous leader last wrote (etcd), every slot pending until its
+  // agent registers with the new leader. Refused: a membership of another shape.
+  static JobMembership restore(const membership::Membership& m, int configured_dp,
+                               const SlotLayout& layout);
+  // Whether it came from restore().
+  bool restored() const { return restored_; }
+  // The slot's agent registered with the new leader, its workers running: pending -> up,
+  // its role and ranks as they were. Refused unless it is pending.
+  void rejoin_slot(int slot);
+
   // The policy's input (robust/recovery_policy.h): the one derivation.
   policy::ClusterView view() const;
   // What every Rebuild and every command to an agent carries.
@@ -137,6 +152,7 @@ class JobMembership {
   int initial_standbys_;
   std::vector<int> rank_slot_;  // rank -> slot (-1: unplaced); empty without slots
   std::vector<Slot> slots_;
+  bool restored_ = false;
 };
 
 }  // namespace keel

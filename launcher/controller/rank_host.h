@@ -98,6 +98,13 @@ class RankHost {
   // Reads what the host learns lazily (standby self-checks, from the store) into the
   // membership; the controller calls it before it reads the membership to decide.
   virtual void refresh() {}
+  // A new leader controller (failover): waits up to `timeout` for every slot's agent to
+  // register again with its workers running; a slot that does not is taken as lost (its
+  // ranks' exits are queued for poll_exit). Returns the slots lost so.
+  virtual int await_rejoin(std::chrono::milliseconds timeout) {
+    (void)timeout;
+    return 0;
+  }
   // Adds the hosts' view (slots, their state and heartbeats) to a keel-ctl status reply.
   virtual void fill_status(control::StatusReply* reply) const { (void)reply; }
   // Hands `rank` (just moved onto a standby slot by the membership) to that slot's parked

@@ -104,11 +104,16 @@ EtcdClient::EtcdClient(const std::vector<std::string>& endpoints, std::chrono::m
 EtcdClient::~EtcdClient() = default;
 
 std::optional<EtcdKeyValue> EtcdClient::get(const std::string& key) {
+  return get(key, steady_clock::now() + timeout_);
+}
+
+std::optional<EtcdKeyValue> EtcdClient::get(const std::string& key,
+                                            std::chrono::steady_clock::time_point deadline) {
   KEEL_CHECK(!key.empty(), "etcd get: empty key");
   etcdserverpb::RangeRequest req;
   req.set_key(key);
   etcdserverpb::RangeResponse resp;
-  impl_->call("get " + key, steady_clock::now() + timeout_,
+  impl_->call("get " + key, deadline,
               [&](grpc::ClientContext& c) { return impl_->kv->Range(&c, req, &resp); });
   if (resp.kvs_size() == 0) return std::nullopt;
   return from_proto(resp.kvs(0));
@@ -224,6 +229,36 @@ bool EtcdClient::erase_if(const EtcdGuard& guard, const std::string& key, bool p
   writes_ += 1;
   bytes_written_ += key.size();
   return resp.succeeded();
+}
+
+bool EtcdClient::put_if_unchanged(const std::string& key, int64_t mod_revision,
+                                  const std::string& value, std::optional<EtcdKeyValue>* current) {
+  KEEL_CHECK(!key.empty(), "etcd put_if_unchanged: empty key");
+  etcdserverpb::TxnRequest txn;
+  // etcd compares an absent key as one whose revisions are all 0.
+  etcdserverpb::Compare* c = txn.add_compare();
+  c->set_result(etcdserverpb::Compare::EQUAL);
+  c->set_target(etcdserverpb::Compare::MOD);
+  c->set_key(key);
+  c->set_mod_revision(mod_revision);
+  etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  // On a lost race, the winner's write comes back in the same round trip.
+  txn.add_failure()->mutable_request_range()->set_key(key);
+  etcdserverpb::TxnResponse resp;
+  impl_->call("put " + key + " if at @" + std::to_string(mod_revision),
+              steady_clock::now() + timeout_,
+              [&](grpc::ClientContext& ctx) { return impl_->kv->Txn(&ctx, txn, &resp); });
+  writes_ += 1;
+  bytes_written_ += key.size() + value.size();
+  if (resp.succeeded()) return true;
+  if (current) {
+    current->reset();
+    if (resp.responses_size() > 0 && resp.responses(0).response_range().kvs_size() > 0)
+      *current = from_proto(resp.responses(0).response_range().kvs(0));
+  }
+  return false;
 }
 
 EtcdLease EtcdClient::lease_grant(std::chrono::seconds ttl) {

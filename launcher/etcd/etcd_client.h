@@ -88,6 +88,10 @@ class EtcdClient {
   // The key, or nullopt if it does not exist. Linearizable: sees every write acknowledged
   // before the call.
   std::optional<EtcdKeyValue> get(const std::string& key);
+  // The same within `deadline` instead of the client's timeout: for a caller whose own
+  // timeout is the shorter one (a store's get must not outlast its caller's timeout).
+  std::optional<EtcdKeyValue> get(const std::string& key,
+                                  std::chrono::steady_clock::time_point deadline);
   // Every key that starts with `prefix`, ordered and cut as `range` says.
   std::vector<EtcdKeyValue> get_prefix(const std::string& prefix, const EtcdRange& range = {});
 
@@ -106,6 +110,15 @@ class EtcdClient {
   bool put_if(const EtcdGuard& guard, const std::string& key, const std::string& value,
               int64_t lease = 0);
   bool erase_if(const EtcdGuard& guard, const std::string& key, bool prefix = false);
+
+  // Compare-and-swap, for a read-modify-write that loses no concurrent update (a counter):
+  // writes key = value only if the key's latest write is still `mod_revision` (0: only if the
+  // key does not exist), in one transaction. Returns true if written; otherwise false, nothing
+  // written, and *current (when given) is the key as it is now (nullopt: absent), to retry from
+  // without another read. Retried like every write: a try whose answer was lost but that was
+  // applied makes the retry report false, *current then holding that try's own write.
+  bool put_if_unchanged(const std::string& key, int64_t mod_revision, const std::string& value,
+                        std::optional<EtcdKeyValue>* current = nullptr);
 
   // A new lease of `ttl` (at least 1 s; etcd may raise it, see EtcdLease).
   EtcdLease lease_grant(std::chrono::seconds ttl);

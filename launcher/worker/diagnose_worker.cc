@@ -1,4 +1,5 @@
 #include "launcher/worker/diagnose_worker.h"
+#include "launcher/worker/store_address.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,7 +12,6 @@
 
 #include "launcher/job_env.h"
 #include "launcher/worker/rank_backend.h"
-#include "model/plugin_loader.h"
 #include "parallel/net_address.h"
 #include "parallel/socket_communicator.h"
 #include "parallel/tcp_store.h"
@@ -202,7 +202,8 @@ void diagnose(const WorkerOptions& o, const DiagnoseTask& de, const std::shared_
   d->set_gemm_max_rel_error(gemm.max_rel_error);
 
   // The machine's recorded defect is armed, so a machine that computes wrong fails here as
-  // it would in training; on CPU with one thread, as the golden digests were recorded.
+  // it would in training; on CPU with one thread, as the golden digests were recorded. Keel's
+  // GPT, whatever the job trains: the check is of the machine (robust/golden_check.h).
   FaultInjector defect(faults::FaultSchedule{}, de.rank, store);
   const int slot = JobEnv::get().slot;
   TrainerHooks hooks;
@@ -213,8 +214,7 @@ void diagnose(const WorkerOptions& o, const DiagnoseTask& de, const std::shared_
   std::unique_ptr<Backend> one_thread;
   if (backend->kind() == DeviceKind::kCpu) one_thread = make_cpu_backend(1);
   const GoldenCheckResult golden =
-      golden_check(one_thread ? *one_thread : *backend, Plugin::load(cfg.model().plugin()), hooks,
-                   std::nullopt, precision);
+      golden_check(one_thread ? *one_thread : *backend, hooks, std::nullopt, precision);
   one_thread.reset();
   d->set_golden_ok(golden.ok);
 
@@ -256,8 +256,9 @@ void diagnose(const WorkerOptions& o, const DiagnoseTask& de, const std::shared_
 int run_diagnose_worker(const WorkerOptions& o) {
   const std::string key = JobEnv::get().diagnose_key;
   KEEL_CHECK(!key.empty(), env::kDiagnose, " is not set");
-  auto [host, port] = parse_host_port(o.store_addr);
-  auto store = std::make_shared<TcpStore>(host, port);
+  const StoreAddress at = store_at(o.store_addr);
+  const std::string host = at.toward_host;
+  std::shared_ptr<Store> store = at.connect();
   // Without its task the stand-in does not know whom it answers for: main() reports that and
   // exits non-zero, and the controller counts this process as silent.
   const DiagnoseTask de = read_task(*store, key, o.rank);

@@ -2,9 +2,10 @@
 // job's workers are parked in the recovery wait, the controller starts one of these on the
 // slot of each job rank to check (the suspects and every peer of their TP, PP and DP groups).
 // It stands in for that rank: it checks the machine's device (GEMM against a double-precision
-// reference), trains the golden mini-GPT (bitwise against the repository's digest) and, with
-// the stand-ins of the rank's peers, runs an all-reduce per group that must add up exactly,
-// measuring its own send rate. robust/diagnostics.h judges the answers.
+// reference), trains keel's golden mini-GPT whatever model the job trains (bitwise against the
+// repository's digest) and, with the stand-ins of the rank's peers, runs an all-reduce per
+// group that must add up exactly, measuring its own send rate. robust/diagnostics.h judges the
+// answers.
 //
 // Started by the agent like a training worker (the same argv) with, in the environment,
 //   KEEL_DIAGNOSE=<key>  the diagnosis's store key K (keys::diagnose_key); its task at

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ckpt/snapshot_region.h"
 #include "ckpt/snapshotter.h"
+#include "proto/control_state.pb.h"
 #include "robust/fault_injector.h"
 
 namespace keel {
@@ -21,8 +23,11 @@ FaultInjector::SnapshotActions snapshot_fault_actions(Snapshotter* snapshotter,
 // holds when the fault fires (the worker's applied Membership: it changes with the job's
 // layout); `ifname` is the slot's own network interface ("" : none, and a partition fault
 // cannot cut it).
+// `leader` says where the job's leader controller runs (nullopt: no etcd, or between two
+// leaders), for controller_crash.
 FaultInjector::SlotActions slot_fault_actions(const std::string& job,
                                               std::function<std::vector<int>()> slot_ranks,
-                                              const std::string& ifname);
+                                              const std::string& ifname,
+                                              std::function<std::optional<state::Leader>()> leader);
 
 }  // namespace keel

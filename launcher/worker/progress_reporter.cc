@@ -78,13 +78,26 @@ void ProgressReporter::set_steps(int64_t steps_completed) {
   p_.set_step(steps_completed);
 }
 
+void ProgressReporter::set_endpoint(const std::string& endpoint) {
+  std::lock_guard<std::mutex> l(mu_);
+  endpoint_ = endpoint;
+  dirty_ = true;
+  cv_.notify_one();
+}
+
 void ProgressReporter::loop() {
-  ControlClient client(endpoint_,
-                       "worker/" + std::to_string(p_.rank()) + "/" + std::to_string(getpid()));
   std::unique_lock<std::mutex> l(mu_);
+  std::string connected = endpoint_;
+  auto client = std::make_unique<ControlClient>(
+      connected, "worker/" + std::to_string(p_.rank()) + "/" + std::to_string(getpid()));
   while (!stop_) {
     cv_.wait_for(l, kReportEvery, [this] { return stop_ || dirty_; });
     if (stop_) break;
+    if (endpoint_ != connected) {
+      connected = endpoint_;
+      client = std::make_unique<ControlClient>(
+          connected, "worker/" + std::to_string(p_.rank()) + "/" + std::to_string(getpid()));
+    }
     dirty_ = false;
     control::Envelope e = make_envelope(epoch_);
     *e.mutable_progress() = p_;
@@ -104,7 +117,7 @@ void ProgressReporter::loop() {
     // is stuck and silent only when the whole process is stopped.
     p->set_alive_at(unix_now());
     l.unlock();
-    client.send(e);
+    client->send(e);
     l.lock();
   }
 }

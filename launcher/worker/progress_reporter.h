@@ -34,6 +34,9 @@ class ProgressReporter {
   void set_epoch(int epoch);
   void set_steps(int64_t steps_completed);
   void set_rank(int rank);
+  // A new leader controller took over (launcher/worker/leader_link.h): reports go to it from
+  // the next one on, on a new connection.
+  void set_endpoint(const std::string& endpoint);
   // A fail-slow round completed (launcher/worker/round_meter.h): every report carries it until the
   // next one, or until the epoch changes.
   void set_round(const control::RoundStats& round);

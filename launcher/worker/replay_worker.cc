@@ -1,4 +1,5 @@
 #include "launcher/worker/replay_worker.h"
+#include "launcher/worker/store_address.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -172,8 +173,9 @@ int run_replay_worker(const WorkerOptions& o) {
   const std::string key = JobEnv::get().replay_key;
   KEEL_CHECK(!key.empty(), env::kReplay, " is not set");
   // Without the store nothing can be published: main() reports that and exits non-zero.
-  auto [host, port] = parse_host_port(o.store_addr);
-  auto store = std::make_shared<TcpStore>(host, port);
+  const StoreAddress at = store_at(o.store_addr);
+  const std::string host = at.toward_host;
+  std::shared_ptr<Store> store = at.connect();
   try {
     return replay(o, key, store, host);
   } catch (const std::exception& e) {

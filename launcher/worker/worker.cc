@@ -15,6 +15,7 @@
 #include "launcher/worker/input_checks.h"
 #include "launcher/worker/rank_backend.h"
 #include "launcher/worker/standby.h"
+#include "launcher/worker/store_address.h"
 #include "launcher/worker/worker_impl.h"
 #include "parallel/hash_store.h"
 #include "parallel/net_address.h"
@@ -51,6 +52,7 @@ RankEnv RankEnv::read() {
   e.lineage = j.lineage.value_or(e.job);
   e.slot = j.slot;
   e.controller = j.controller;
+  e.etcd = j.etcd;
   e.ifname = j.ifname;
   e.standby = j.standby;
   return e;
@@ -145,7 +147,10 @@ std::optional<membership::Rebuild> Worker::setup() {
   snapshots_->open(o_.rank, members_.topo(), state_.get(), *store_, env_.epoch, injector_.get());
   if (injector_ && env_.slot >= 0) {
     injector_->set_slot_actions(slot_fault_actions(
-        env_.job, [this] { return members_.ranks_on_slot(env_.slot); }, env_.ifname));
+        env_.job, [this] { return members_.ranks_on_slot(env_.slot); }, env_.ifname,
+        [this]() -> std::optional<state::Leader> {
+          return leader_link_ ? leader_link_->leader() : std::nullopt;
+        }));
     // A defective unit is the machine's: a replay worker there computes as wrong.
     injector_->set_machine(env_.slot);
   }
@@ -160,7 +165,8 @@ std::optional<membership::Rebuild> Worker::setup() {
 void Worker::make_parts(const FaultPlan& plan) {
   const bool sdc_hook = FaultInjector::has_sdc(plan.schedule);
   // The golden mini-GPT on one thread (a golden digest is reproducible), through this rank's
-  // unit and its injected defect, made the first time replicas tie.
+  // unit and its injected defect, made the first time replicas tie. Keel's GPT, not the job's
+  // plugin: the repo's digests are the GPT's, and the tie-break judges machines.
   auto golden_backend = std::make_shared<std::unique_ptr<Backend>>();
   sdc_ = std::make_unique<SdcChecker>(
       cfg_.sdc().check_every_steps(), cfg_.parallel().zero1(), sdc_hook,
@@ -174,7 +180,7 @@ void Worker::make_parts(const FaultPlan& plan) {
           hooks.computed = [this](int64_t st, TensorClass cls, float* d, size_t n, bool re) {
             injector_->on_computed(st, cls, d, n, re);
           };
-        return golden_check(**golden_backend, plugin_, hooks, std::nullopt, config_precision(cfg_));
+        return golden_check(**golden_backend, hooks, std::nullopt, config_precision(cfg_));
       });
   probation_ =
       std::make_unique<Probation>(cfg_.update().probation_steps(), cfg_.update().max_loss_jump());
@@ -184,11 +190,11 @@ void Worker::make_parts(const FaultPlan& plan) {
 
 void Worker::connect_store() {
   if (o_.world_size > 1) {
-    auto [host, port] = parse_host_port(o_.store_addr);
-    connect_ = [host = host, port = port] { return std::make_shared<TcpStore>(host, port); };
+    const StoreAddress at = store_at(o_.store_addr);
+    connect_ = at.connect;
     // Peers on other machines reach this rank at its machine's address (KEEL_IFNAME's, or
     // the route toward the store), never loopback.
-    listen_host_ = reachable_address(host);
+    listen_host_ = reachable_address(at.toward_host);
   } else {
     auto shared = std::make_shared<HashStore>();
     connect_ = [shared] { return shared; };
@@ -209,7 +215,7 @@ std::optional<membership::Rebuild> Worker::park_as_standby() {
       defect.on_computed(s, c, d, n, r);
     };
   const StandbyAssignment a = keel::park_as_standby(
-      *backend_, plugin_, config_precision(cfg_), connect_,
+      *backend_, config_precision(cfg_), connect_,
       standby_identity(listen_host_.empty() ? "127.0.0.1" : listen_host_), golden_hooks);
   o_.rank = a.rank;
   env_.epoch = a.epoch;
@@ -260,6 +266,13 @@ void Worker::attach_supervision(const FaultPlan& plan) {
                                                    std::make_shared<CommActivity>());
     reporter_->set_epoch(env_.epoch);
   }
+  // With etcd a new leader may take over: the reports follow it (the first call names the
+  // leader of now, which may already not be the one that started this rank).
+  if (!env_.etcd.empty() && env_.supervised)
+    leader_link_ =
+        std::make_unique<LeaderLink>(env_.etcd, env_.job, [this](const state::Leader& l) {
+          if (reporter_ && !l.endpoint().empty()) reporter_->set_endpoint(l.endpoint());
+        });
 }
 
 void Worker::apply_membership(const membership::Membership& m) {

@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 
+#include "launcher/etcd/leader_link.h"
 #include "launcher/job_env.h"
 #include "launcher/recovery_protocol.h"
 #include "launcher/run_report.h"
@@ -59,10 +60,11 @@ struct RankEnv {
   double job_start = 0;
   std::string resume_latest;
   std::string lineage;
-  int slot = -1;           // the slot it runs on (-1: none)
-  std::string controller;  // the control plane's endpoint ("" : none)
-  std::string ifname;      // the slot's own network interface ("" : none)
-  bool standby = false;    // a parked standby until the controller promotes it
+  int slot = -1;                  // the slot it runs on (-1: none)
+  std::string controller;         // the control plane's endpoint ("" : none)
+  std::vector<std::string> etcd;  // the job's etcd: the leader is followed there
+  std::string ifname;             // the slot's own network interface ("" : none)
+  bool standby = false;           // a parked standby until the controller promotes it
 
   static RankEnv read();
 };
@@ -188,7 +190,8 @@ class Worker {
   std::unique_ptr<FaultInjector> injector_;
   std::unique_ptr<RecoveryClient> recovery_;
   std::unique_ptr<ProgressReporter> reporter_;
-  RoundMeter round_meter_{0};  // sized in setup() from detect.slow_round_steps
+  std::unique_ptr<LeaderLink> leader_link_;  // with etcd: where the leader controller is now
+  RoundMeter round_meter_{0};                // sized in setup() from detect.slow_round_steps
   std::unique_ptr<SnapshotSet> snapshots_;
   std::unique_ptr<SdcChecker> sdc_;
   std::unique_ptr<UpdateWatcher> updates_;

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "launcher/etcd/etcd_client.h"
+#include "launcher/etcd/leader_election.h"
 #include "proto/control_state.pb.h"
 #include "proto/events.pb.h"
 #include "proto/membership.pb.h"
@@ -82,10 +83,19 @@ TEST(ControlState, AJobOfThreeSlotsKeepsItsStateInEtcd) {
   EXPECT_EQ(members.epoch(), 1);
   EXPECT_EQ(incident.rank(), 1);
   EXPECT_EQ(incident.epoch(), 1);
-  // One leader, this job's controller, at the endpoint keel-ctl finds.
-  ASSERT_EQ(leaders.size(), 1u);
+  // One leader, this job's controller, at the endpoint keel-ctl finds (the oldest candidacy),
+  // and a candidate beside each of the 3 members waiting in line behind it.
+  ASSERT_EQ(leaders.size(), 4u);
+  std::sort(leaders.begin(), leaders.end(), [](const EtcdKeyValue& a, const EtcdKeyValue& b) {
+    return a.create_revision < b.create_revision;
+  });
   state::Leader leader;
   ASSERT_TRUE(leader.ParseFromString(leaders[0].value));
+  for (size_t i = 1; i < leaders.size(); ++i) {
+    state::Leader candidate;
+    ASSERT_TRUE(candidate.ParseFromString(leaders[i].value));
+    EXPECT_NE(candidate.pid(), leader.pid());
+  }
   std::ifstream controller(job_dir + "/controller");
   std::string endpoint;
   std::getline(controller, endpoint);
@@ -103,6 +113,63 @@ TEST(ControlState, AJobOfThreeSlotsKeepsItsStateInEtcd) {
   EXPECT_FALSE(fs::exists("/dev/shm/keel-etcd-" + fs::path(job_dir).filename().string()))
       << "the members' data outlived the job";
   EXPECT_FALSE(fs::exists(job_dir + "/etcd"));
+  EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
+}
+
+// How many events of `kind` the job's event log holds.
+int count_events(const std::string& job_dir, const std::string& kind) {
+  std::ifstream in(job_dir + "/events.jsonl");
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    events::Event e;
+    if (google::protobuf::util::JsonStringToMessage(line, &e).ok() && e.kind() == kind) ++n;
+  }
+  return n;
+}
+
+// Only the controller dies, twice (issue 28): first by the controller_crash fault, then the
+// leader that took over, killed -9 from outside (the process the election names). Each time a
+// candidate beside another member takes over while the ranks train on: no rank restarts (one
+// PID each), no epoch change, no incident, and the job ends bitwise equal to the same job
+// without the kills.
+TEST(ControlState, TheControllerDiesTwiceAndTrainingNeverStops) {
+  const std::string dir = temp_dir("controller-crash");
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
+  const std::string job = "--config " + cfg +
+                          " --local 3 --standby 1 --set train.steps=300 --set train.eval_every=0 "
+                          "--fault slow@step=0,rank=0,delay_ms=20 --set detect.slow_round_steps=0";
+  JobRun ref = run_launch_job(temp_dir("controller-crash-ref"), job);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  pid_t second = -1;
+  int killed_at = -1;
+  JobRun r = run_launch_job(dir, job + " --fault controller_crash@step=60,rank=1", [&](pid_t) {
+    const std::string job_dir = launched_job_dir(dir);
+    if (killed_at >= 0 || job_dir.empty() || count_events(job_dir, "takeover") < 1) return;
+    const int step = launched_job_step(job_dir);
+    if (step < 150) return;
+    const auto etcd = find_event(job_dir, "etcd");
+    ASSERT_TRUE(etcd);
+    EtcdClient c(split(etcd->data().fields().at("endpoints").string_value(), ','));
+    const auto leader = find_leader(c, keys::state::leader_prefix(fs::path(job_dir).filename()));
+    ASSERT_TRUE(leader);
+    state::Leader l;
+    ASSERT_TRUE(l.ParseFromString(leader->value));
+    second = l.pid();
+    ASSERT_EQ(kill(second, SIGKILL), 0);
+    killed_at = step;
+  });
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_GE(killed_at, 150) << r.output;
+  const std::string job_dir = launched_job_dir(dir);
+  EXPECT_EQ(count_events(job_dir, "takeover"), 2) << read_text(job_dir + "/events.jsonl");
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 300);
+  EXPECT_EQ(json_string_field(r.report, "param_checksum"),
+            json_string_field(ref.report, "param_checksum"));
+  EXPECT_TRUE(json_object_array(r.report, "incidents").empty()) << r.report;
+  for (const std::string& rank : json_object_array(r.report, "ranks"))
+    EXPECT_EQ(json_array_field(rank, "pids").size(), 1u) << "a rank was restarted: " << rank;
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
   EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
 }
 

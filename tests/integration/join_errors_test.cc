@@ -119,7 +119,9 @@ TEST(JoinErrors, RefusedJoinsExitTwoWithTheReasonAndTheJobTrainsOn) {
             {"out of range", join + " --slot 7 --job " + job,
              "slot 7 is out of range: the job has slots 0..1"},
             {"in use", join + " --slot 1 --job " + job, "slot 1 is in use: keel-launch pid "},
-            {"slot 0", join + " --slot 0 --job " + job, "slot 0 is the controller's own"},
+            // Slot 0 is a slot like any other: its controller runs in a process of its own.
+            {"slot 0 in use", join + " --slot 0 --job " + job,
+             "slot 0 is in use: keel-launch pid "},
         };
         step_before = launched_job_step(job_dir);
         for (size_t i = 0; i < cases.size(); ++i)
@@ -183,7 +185,7 @@ TEST(JoinErrors, InjectAtAFutureStepIsTakenAndFires) {
   JobRun r = run_launch_job(
       dir,
       "--config " + cfg +
-          " --local 2 --set train.steps=60 --set detect.slow_round_steps=0"
+          " --local 2 --set train.steps=200 --set detect.slow_round_steps=0"
           " --fault slow@step=0,rank=0,delay_ms=20",
       [&](pid_t) {
         if (at >= 0) return;

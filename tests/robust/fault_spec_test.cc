@@ -84,7 +84,7 @@ TEST(FaultSpec, FlagErrorsNameTheFlagKeyAndValue) {
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crush@step=3,rank=1"); }),
             "--fault 'crush@step=3,rank=1': unknown kind 'crush' (crash, exit, hang, slow, nan, "
             "corrupt_snapshot, lose_snapshot, slot_loss, partition, freeze, hang_in_collective, "
-            "spin, sdc, slow_link, link_error)");
+            "spin, sdc, slow_link, link_error, controller_crash)");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=x,rank=1"); }),
             "--fault 'crash@step=x,rank=1': step = 'x': not an integer");
   EXPECT_EQ(input_error_of([] { parse_fault_flag("crash@step=1,rnk=1"); }),

@@ -1,0 +1,47 @@
+#include "launcher/etcd/leader_link.h"
+
+#include "launcher/etcd/etcd_client.h"
+#include "launcher/etcd/leader_election.h"
+#include "proto/store_keys.h"
+#include "runtime/logging.h"
+
+namespace keel {
+namespace {
+
+// A worker's calls to etcd: it only reads the leadership, off the step path.
+constexpr std::chrono::milliseconds kCallTimeout{5000};
+
+}  // namespace
+
+LeaderLink::LeaderLink(const std::vector<std::string>& endpoints, const std::string& job,
+                       std::function<void(const state::Leader&)> on_change)
+    : on_change_(std::move(on_change)),
+      client_(std::make_unique<EtcdClient>(endpoints, kCallTimeout)) {
+  observer_ = std::make_unique<LeaderObserver>(
+      *client_, keys::state::leader_prefix(job), [this](const std::optional<LeaderInfo>& info) {
+        std::optional<state::Leader> now;
+        if (info) {
+          state::Leader l;
+          if (l.ParseFromString(info->value))
+            now = l;
+          else
+            LOG(WARNING) << "the leader key " << info->key << " holds no state::Leader";
+        }
+        {
+          std::lock_guard<std::mutex> g(mu_);
+          leader_ = now;
+        }
+        if (now && on_change_) on_change_(*now);
+      });
+}
+
+LeaderLink::~LeaderLink() {
+  observer_.reset();  // its thread ends before the client goes
+}
+
+std::optional<state::Leader> LeaderLink::leader() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return leader_;
+}
+
+}  // namespace keel
