@@ -26,6 +26,7 @@
 #include "launcher/etcd/etcd_client.h"
 #include "launcher/fault_checks.h"
 #include "launcher/job_env.h"
+#include "launcher/controller/etcd_control_state.h"
 #include "launcher/lead.h"
 #include "launcher/processes.h"
 #include "launcher/recovery_protocol.h"
@@ -263,10 +264,11 @@ int wait_controller(pid_t controller) {
 int await_new_leader(const std::string& job, const std::vector<std::string>& etcd, int sig,
                      std::vector<pid_t>* slots, const std::atomic<int>& agent0_code,
                      bool agent0_here) {
-  std::printf(
-      "keel-launch: the job's controller died (%s); a candidate on another slot takes "
-      "over, training goes on\n",
-      strsignal(sig));
+  const std::string how = sig ? detail::concat("died (", strsignal(sig), ")")
+                              : "was deposed (it lost its lease and another leads)";
+  std::printf("keel-launch: the job's controller %s; a candidate on another slot takes over, "
+              "training goes on\n",
+              how.c_str());
   std::fflush(stdout);
   EtcdClient client(etcd, kEndPollTimeout);
   std::optional<int> slot_code;  // the first slot's that ended with the job's status
@@ -369,12 +371,14 @@ int supervise(FirstLead f, const LaunchOptions& o, const config::JobConfig& cfg,
   close(fds[0]);
   const int st = wait_controller(controller);
   int code = 1;
-  if (WIFEXITED(st)) {
+  const bool died = !WIFEXITED(st) || WEXITSTATUS(st) == kExitDeposed;
+  if (!died) {
     code = WEXITSTATUS(st);
   } else if (!etcd.empty()) {
-    code = await_new_leader(job, etcd, WTERMSIG(st), &slots, agent0_code, agent0.joinable());
+    code = await_new_leader(job, etcd, WIFEXITED(st) ? 0 : WTERMSIG(st), &slots, agent0_code,
+                            agent0.joinable());
   } else {
-    code = 128 + WTERMSIG(st);
+    code = WIFEXITED(st) ? 1 : 128 + WTERMSIG(st);
     LOG(ERROR) << "the job's controller (pid " << controller << ") died of signal " << WTERMSIG(st)
                << ", and a job without etcd has no other to take over";
   }

@@ -14,6 +14,7 @@
 #include "launcher/controller/controller.h"
 #include "launcher/controller/event_log.h"
 #include "launcher/controller/job_etcd.h"
+#include "launcher/patient_store.h"
 #include "launcher/etcd/etcd_client.h"
 #include "launcher/etcd/etcd_store.h"
 #include "launcher/job_env.h"
@@ -74,6 +75,7 @@ int run_and_end(ControllerOptions co, AgentHost& agents, ControlServer& control,
   agents.set_pump([&] { controller.pump(); });
   controller.set_control_state(state->get(), upkeep);
   const int code = controller.run();
+  if (code == kExitDeposed) return code;  // the job is another leader's now
   // The etcd writes of the whole job: with those of each recovery (the `recovered` events),
   // they show that nothing on the step path writes to etcd.
   events.write(
@@ -173,7 +175,11 @@ int lead_first(const FirstLead& f) {
   std::shared_ptr<Store> store;
   if (etcd.client) {
     spec.set_store_addr(etcd.store_addr);
-    store = connect_etcd_store(etcd.store_addr);
+    store = std::make_shared<PatientStore>(
+        connect_etcd_store(etcd.store_addr), eo.quorum_timeout, [&agents] { agents.keep_alive(); },
+        [&etcd] {
+          if (etcd.state) etcd.state->check_leading();
+        });
   } else {
     tcp = std::make_unique<TcpStoreServer>(f.host, 0);
     spec.set_store_addr(f.host + ":" + std::to_string(tcp->port()));
@@ -186,6 +192,7 @@ int lead_first(const FirstLead& f) {
   co.controller_endpoint = control.endpoint();
   co.etcd_endpoints = etcd_list;
   co.slot0_losable = f.fork_slots;
+  co.controller_slot = f.slot0_pid == int(getpid()) ? 0 : -1;
   co.stop_signal = f.stop;
   const int code = run_and_end(co, agents, control, store, events, &etcd.state, etcd.upkeep.get(),
                                etcd.client.get());
@@ -254,11 +261,21 @@ int lead_as_candidate(const LaunchOptions& o, const volatile sig_atomic_t* stop)
   // keel-ctl finds the job's controller here: this one now (on the machine of the run
   // directory; elsewhere the run directory is this machine's own).
   std::ofstream(dir / "controller") << control.endpoint() << "\n" << job << "\n";
-  std::shared_ptr<Store> store = connect_etcd_store(spec.store_addr());
   const std::vector<std::string> argv(spec.worker_argv().begin(), spec.worker_argv().end());
+  AgentHost* host = nullptr;  // the store's idle answers the agents once they exist
+  std::shared_ptr<Store> store = std::make_shared<PatientStore>(
+      connect_etcd_store(spec.store_addr()),
+      std::chrono::milliseconds(cfg.detect().quorum_timeout_ms()),
+      [&host] {
+        if (host) host->keep_alive();
+      },
+      [&state] {
+        if (state) state->check_leading();
+      });
   AgentHost agents(&control, store, spec.world(), spec.workers_per_slot(), spec.slots(),
                    spec.standby(), argv, worker_env(spec, control.endpoint(), o.etcd),
                    std::chrono::milliseconds(cfg.detect().slot_timeout_ms()));
+  host = &agents;
   agents.set_job(job);
   agents.set_own_slot(o.slot);
   agents.follow(endpoints, 0);  // welcomes name the etcd; the candidates run already

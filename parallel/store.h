@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/comm_error.h"
@@ -18,6 +19,11 @@ class Store {
  public:
   virtual ~Store() = default;
   virtual void set(const std::string& key, const std::string& value) = 0;
+  // Sets every key = value: one call, and for a store that can (etcd) one write, for a batch
+  // of records.
+  virtual void set_all(const std::vector<std::pair<std::string, std::string>>& kvs) {
+    for (const auto& [k, v] : kvs) set(k, v);
+  }
   // Waits until key exists and returns its value; throws CommTimeout after `timeout`.
   virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
   // The value of `key` if it exists now, without waiting: "is it there" is one round trip,
@@ -41,6 +47,11 @@ class PrefixStore : public Store {
       : prefix_(std::move(prefix)), inner_(std::move(inner)) {}
   void set(const std::string& key, const std::string& value) override {
     inner_->set(prefix_ + key, value);
+  }
+  void set_all(const std::vector<std::pair<std::string, std::string>>& kvs) override {
+    std::vector<std::pair<std::string, std::string>> full;
+    for (const auto& [k, v] : kvs) full.emplace_back(prefix_ + k, v);
+    inner_->set_all(full);
   }
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
     return inner_->get(prefix_ + key, timeout);

@@ -83,7 +83,18 @@ void FaultInjector::record(const faults::Fault& f, int64_t step) {
 }
 
 void FaultInjector::poll_runtime_faults() {
-  const int64_t n = store_->add(keys::kRuntimeFaultCount, 0);
+  // A read, not add(0): the store may be etcd, where an add is a write, and this runs on every
+  // rank at every step. A store out of reach (etcd without quorum) skips this step's look:
+  // training goes on, and the faults are found once it answers again.
+  int64_t n = 0;
+  try {
+    Store& s = poll_store_ ? *poll_store_ : *store_;
+    const std::optional<std::string> count = s.try_get(keys::kRuntimeFaultCount);
+    if (!count) return;
+    n = std::stoll(*count);
+  } catch (const CommError&) {
+    return;
+  }
   for (; runtime_seen_ < n; ++runtime_seen_) {
     faults::Fault f;
     try {

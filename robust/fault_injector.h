@@ -74,8 +74,10 @@ class FaultInjector {
   };
   void set_slot_actions(SlotActions actions) { slot_ = std::move(actions); }
 
-  // Faults added while the job runs (keel-ctl inject), read from the store at each step.
+  // Faults added while the job runs (keel-ctl inject), read from the store at each step
+  // (through `poll_store` when set: a client with a short deadline, for the step's path).
   void poll_runtime_faults();
+  void set_poll_store(std::shared_ptr<Store> poll_store) { poll_store_ = std::move(poll_store); }
 
   // Replaces the rank's five communicators by FaultyCommunicators sharing this injector's
   // hang switch. Call again after every rebuild (new communicators are unwrapped).
@@ -129,6 +131,7 @@ class FaultInjector {
 
   faults::FaultSchedule schedule_;
   int rank_;
+  std::shared_ptr<Store> poll_store_;  // null: store_
   std::shared_ptr<Store> store_;
   std::shared_ptr<HangSwitch> hang_ = std::make_shared<HangSwitch>();
   bool wrapped_ = false;

@@ -166,9 +166,9 @@ SlowAction decide_slow(int culprit, const ClusterView& v, const Options& o) {
     a.why = "detect.on_slow = warn";
   } else if (o.recovery.mode() != config::RecoveryConfig::hot_swap || !v.has_slots()) {
     a.why = "no slot to swap (recovery.mode is not hot_swap, or the job runs without slots)";
-  } else if (v.slot_of(culprit) <= 0) {
+  } else if (v.slot_of(culprit) < 0 || v.slot_of(culprit) == v.controller_slot) {
     a.why = detail::concat("its slot ", v.slot_of(culprit),
-                           " hosts the controller and is never evicted");
+                           " hosts the controller in its agent's process and is never evicted");
   } else if (v.ready_standbys.empty()) {
     a.why = "no standby is ready";
   } else {
@@ -343,15 +343,15 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
   const bool swap = mode == config::RecoveryConfig::hot_swap && v.has_slots();
   if (swap) {
     evict = lost_slots;
-    // A hung machine is not trusted again until it has checked itself; slot 0 hosts the
-    // controller and is never evicted.
+    // A hung machine is not trusted again until it has checked itself; the controller's own
+    // slot (mpirun's slot 0) is never evicted.
     if ((f.kind == FailureKind::kHang || f.kind == FailureKind::kSdc ||
          f.kind == FailureKind::kSlow) &&
-        f.culprit >= 0 && v.slot_of(f.culprit) > 0)
+        f.culprit >= 0 && v.slot_of(f.culprit) != v.controller_slot)
       evict.insert(v.slot_of(f.culprit));
-    // Slots that failed the stop-time diagnostics (slot 0 cannot go: it hosts the controller).
+    // Slots that failed the stop-time diagnostics (the controller's own cannot go).
     for (int s : f.failed_slots)
-      if (s > 0) evict.insert(s);
+      if (s != v.controller_slot) evict.insert(s);
     const auto scope = o.recovery.evict();
     int widen = f.culprit;
     if (widen < 0 && !lost_slots.empty() && !v.ranks_on(*lost_slots.begin()).empty())
@@ -365,7 +365,7 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
           if (topo.coord(q).dp == topo.coord(widen).dp) group.push_back(q);
       }
       for (int q : group)
-        if (v.slot_of(q) > 0) evict.insert(v.slot_of(q));
+        if (v.slot_of(q) != v.controller_slot) evict.insert(v.slot_of(q));
     }
   } else if (!lost_slots.empty()) {
     // in_place (or hot_swap without slots to swap): a lost slot's ranks can only come back

@@ -52,8 +52,11 @@ struct ClusterView {
   int configured_dp = 1;
   int workers_per_slot = 1;
   std::vector<int> rank_slot;  // rank -> slot; empty without slots (keel-worker --nproc)
-  // Slot -> state; empty without slots. Slot 0 hosts the controller: never evicted.
+  // Slot -> state; empty without slots.
   std::map<int, membership::SlotInfo::State> slots;
+  // The slot whose machine runs the controller in the same process as its agent (mpirun's
+  // slot 0): never evicted. -1: none (the controller runs in a process of its own).
+  int controller_slot = 0;
   std::set<int> ready_standbys;    // standby slots whose self-check passed
   std::set<int> pending_standbys;  // standby slots still checking themselves
 
@@ -163,7 +166,8 @@ std::optional<Plan> decide_grow(const ClusterView& view, const std::map<int, Hol
                                 const Options& o);
 
 // A fail-slow degrader (robust/slow_rules.h) named `culprit`: whether to evict its slot
-// (detect.on_slow = evict, hot_swap with slots, its slot not slot 0, a standby ready), or
+// (detect.on_slow = evict, hot_swap with slots, its slot not the controller's, a standby
+// ready), or
 // only warn; `why` says which and why.
 struct SlowAction {
   bool evict = false;

@@ -12,6 +12,7 @@
 #include "launcher/controller/controller_impl.h"
 #include "launcher/controller/etcd_control_state.h"
 #include "launcher/controller/etcd_upkeep.h"
+#include "launcher/patient_store.h"
 #include "launcher/controller/stop_report.h"
 #include "launcher/fault_checks.h"
 #include "launcher/job_env.h"
@@ -27,6 +28,8 @@ namespace {
 
 // How often the loop looks for what the ranks report through the store (errors, updates).
 constexpr std::chrono::milliseconds kStorePollEvery{20};
+// After a look at the store that found it out of reach: the next one, a second later.
+constexpr std::chrono::milliseconds kStoreRetryEvery{1000};
 // How often it asks whether a shrunk job can grow back.
 constexpr std::chrono::milliseconds kGrowCheckEvery{200};
 // The loop's pause when nothing happened.
@@ -252,9 +255,17 @@ std::optional<Detected> Controller::Impl::poll_failures(Clock::time_point* next_
                                                         Clock::time_point* next_grow_check) {
   if (Clock::now() >= *next_error_poll) {
     *next_error_poll = Clock::now() + kStorePollEvery;
-    updates.poll(detector.ahead());
-    updates.end_probation(detector.min_step());
-    if (auto d = detector.comm_error()) return d;
+    try {
+      // A store out of reach (etcd without quorum) skips this look: the loop goes on
+      // watching exits and agents, and decisions wait in the epoch transition.
+      const PatientStore::Quick quick;
+      updates.poll(detector.ahead());
+      updates.end_probation(detector.min_step());
+      if (auto d = detector.comm_error()) return d;
+    } catch (const CommError& e) {
+      *next_error_poll = Clock::now() + kStoreRetryEvery;
+      LOG_EVERY_N(WARNING, 10) << "the ranks' errors were not read: " << e.what();
+    }
   }
   if (Clock::now() >= *next_grow_check) {
     *next_grow_check = Clock::now() + kGrowCheckEvery;
@@ -364,6 +375,12 @@ int Controller::run() {
   int code = 0;
   try {
     code = impl_->run();
+  } catch (const Deposed& e) {
+    // Another controller leads: this one stops acting at once (the ranks and agents are the
+    // new leader's), and says nothing of the job's end.
+    LOG(WARNING) << e.what() << ": this controller steps aside";
+    impl_->ctx.event("deposed", EventFields().add("why", e.what()));
+    return kExitDeposed;
   } catch (const QuorumLost& e) {
     code = impl_->stop_job(e.what(), recovery::kExitStopped);
   }

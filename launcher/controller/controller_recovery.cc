@@ -32,7 +32,9 @@ constexpr int64_t kStartState = -2;
 
 policy::ClusterView Controller::Impl::view() {
   host->refresh();
-  return members.view();
+  policy::ClusterView v = members.view();
+  v.controller_slot = o.controller_slot;
+  return v;
 }
 
 int64_t Controller::Impl::progress_now() const {

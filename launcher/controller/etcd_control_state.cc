@@ -48,8 +48,27 @@ int64_t EtcdControlState::term() const {
   return election_ ? election_->guard().create_revision : 0;
 }
 
+void EtcdControlState::check_leading() {
+  if (election_ && election_->is_leader()) return;
+  lead(Clock::now() + quorum_timeout_);
+}
+
 void EtcdControlState::lead(Clock::time_point deadline) {
   while (!election_ || !election_->is_leader()) {
+    if (led_term_ > 0) {
+      // It led before: a candidate that leads now (a later term, not this one's new
+      // candidacy) has taken the job over.
+      std::optional<LeaderInfo> now;
+      try {
+        now = find_leader(*client_, keys::state::leader_prefix(job_));
+      } catch (const std::exception&) {
+        // etcd out of reach: who leads is learnt on a later try
+      }
+      const std::string mine = election_ ? election_->guard().key : "";
+      if (now && now->key != mine && now->term > led_term_)
+        throw Deposed(detail::concat("another controller leads the job now (term ", now->term,
+                                     "; this one led in term ", led_term_, ")"));
+    }
     try {
       // A candidacy keeps its place in line across waits; one that ended (its lease lapsed
       // while etcd was out of reach) cannot lead again: a new one stands.
@@ -71,6 +90,7 @@ void EtcdControlState::lead(Clock::time_point deadline) {
     if (idle_) idle_();
     std::this_thread::sleep_for(kRetryPause);
   }
+  led_term_ = election_->guard().create_revision;
 }
 
 void EtcdControlState::write(const std::string& key, const std::string& value) {
@@ -83,6 +103,8 @@ void EtcdControlState::write(const std::string& key, const std::string& value) {
       if (said) LOG(WARNING) << "etcd takes writes again";
       return;
     } catch (const QuorumLost&) {
+      throw;
+    } catch (const Deposed&) {
       throw;
     } catch (const std::exception& e) {
       if (Clock::now() > deadline)

@@ -19,6 +19,7 @@
 
 #include "launcher/etcd/etcd_client.h"
 #include "launcher/etcd/leader_election.h"
+#include "launcher/patient_store.h"
 #include "proto/control.pb.h"
 #include "proto/control_state.pb.h"
 #include "proto/membership.pb.h"
@@ -28,11 +29,18 @@
 
 namespace keel {
 
-// No write reached a quorum of etcd within detect.quorum_timeout_ms.
-class QuorumLost : public Error {
+
+// This controller led, lost its lease (a pause, a partition, etcd without quorum), and another
+// leads the job now: it must stop acting at once, leaving the job (its ranks, its agents) to
+// the new leader. Never a reason to stop the job.
+class Deposed : public Error {
  public:
   using Error::Error;
 };
+
+// A controller that was deposed exits with this status: keel-launch then waits for the job's
+// end from the leader that took over, as after a crash.
+inline constexpr int kExitDeposed = 76;
 
 class EtcdControlState {
  public:
@@ -57,6 +65,9 @@ class EtcdControlState {
   // Appends a keel-ctl request to the command log; its number.
   int64_t command(const control::Envelope& request);
 
+  // Returns while this controller leads (campaigning again if its lease lapsed); throws
+  // Deposed if another took over meanwhile, QuorumLost as a write does.
+  void check_leading();
   // KV writes sent to etcd so far (to measure writes per recovery and per step).
   uint64_t writes() const { return client_->writes(); }
   // The leadership's term (its key's create revision).
@@ -76,6 +87,7 @@ class EtcdControlState {
   std::unique_ptr<LeaderElection> election_;
   std::function<void()> idle_;
   int64_t commands_ = 0;
+  int64_t led_term_ = 0;  // the term this controller last led in (0: it never led)
 };
 
 }  // namespace keel

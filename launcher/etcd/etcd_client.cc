@@ -52,7 +52,7 @@ void EtcdClient::Impl::fail(const std::string& what, const grpc::Status& status,
   os << "etcd (" << names << "): " << what << ": ";
   const auto code = status.error_code();
   const std::string detail = "gRPC " + std::to_string(int(code)) + " " + status.error_message();
-  if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+  if (out_of_reach(status)) {
     os << "no quorum or no member answered within " << waited.count() << " ms (" << detail << ")";
     throw EtcdUnavailable(os.str(), int(code));
   }
@@ -213,6 +213,26 @@ bool EtcdClient::put_if(const EtcdGuard& guard, const std::string& key, const st
   writes_ += 1;
   bytes_written_ += key.size() + value.size();
   return resp.succeeded();
+}
+
+void EtcdClient::put_all(const std::vector<std::pair<std::string, std::string>>& kvs) {
+  for (size_t first = 0; first < kvs.size(); first += kMaxTxnOps) {
+    etcdserverpb::TxnRequest txn;
+    size_t bytes = 0;
+    for (size_t i = first; i < std::min(kvs.size(), first + kMaxTxnOps); ++i) {
+      KEEL_CHECK(!kvs[i].first.empty(), "etcd put_all: empty key");
+      etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
+      put->set_key(kvs[i].first);
+      put->set_value(kvs[i].second);
+      bytes += kvs[i].first.size() + kvs[i].second.size();
+    }
+    etcdserverpb::TxnResponse resp;
+    impl_->call("put " + std::to_string(txn.success_size()) + " keys from " + kvs[first].first,
+                steady_clock::now() + timeout_,
+                [&](grpc::ClientContext& c) { return impl_->kv->Txn(&c, txn, &resp); });
+    writes_ += 1;
+    bytes_written_ += bytes;
+  }
 }
 
 bool EtcdClient::erase_if(const EtcdGuard& guard, const std::string& key, bool prefix) {

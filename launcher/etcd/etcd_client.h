@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launcher/etcd/etcd_error.h"
@@ -101,6 +102,10 @@ class EtcdClient {
   // Creates key = value only if the key does not exist. Returns its create revision, or 0
   // when it existed already (nothing written): the "exactly once" of a numbered entry.
   int64_t create(const std::string& key, const std::string& value, int64_t lease = 0);
+  // Writes every key = value in one transaction per kMaxTxnOps (etcd's --max-txn-ops): one
+  // Raft entry, one write counted, for a batch of records.
+  void put_all(const std::vector<std::pair<std::string, std::string>>& kvs);
+  static constexpr size_t kMaxTxnOps = 128;
   // Deletes the key, or every key under the prefix. Returns how many were deleted.
   int64_t erase(const std::string& key);
   int64_t erase_prefix(const std::string& prefix);

@@ -218,6 +218,16 @@ void EtcdStore::set(const std::string& key, const std::string& value) {
   impl_->guarded("set " + key, [&] { return impl_->client.put(impl_->prefix + key, value); });
 }
 
+void EtcdStore::set_all(const std::vector<std::pair<std::string, std::string>>& kvs) {
+  if (kvs.empty()) return;
+  std::vector<std::pair<std::string, std::string>> full;
+  for (const auto& [k, v] : kvs) full.emplace_back(impl_->prefix + k, v);
+  impl_->guarded("set " + std::to_string(kvs.size()) + " keys from " + kvs.front().first, [&] {
+    impl_->client.put_all(full);
+    return 0;
+  });
+}
+
 std::string EtcdStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   return impl_->wait_for({key}, timeout);
 }
@@ -245,6 +255,9 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
       if (ec != std::errc() || end != s.data() + s.size())
         throw Error("rendezvous store: add: the value of key '" + key + "' is not an integer");
     }
+    // add(key, 0) is how counters are read (the detector's poll of a rank's errors): a read,
+    // not a write to etcd.
+    if (delta == 0) return value;
     // Wraps like the machine's add instead of overflowing into undefined behaviour.
     value = static_cast<int64_t>(static_cast<uint64_t>(value) + static_cast<uint64_t>(delta));
     const int64_t revision = kv ? kv->mod_revision : 0;
@@ -284,7 +297,8 @@ std::string etcd_store_address(const std::vector<std::string>& endpoints,
   return std::string(kScheme) + join(hosts, ",") + prefix;
 }
 
-std::shared_ptr<Store> connect_etcd_store(const std::string& address) {
+std::shared_ptr<Store> connect_etcd_store(const std::string& address,
+                                          std::chrono::milliseconds call_timeout) {
   auto bad = [&](const std::string& why) {
     return InputError("bad etcd store address '" + address + "': " + why +
                       " (expected etcd://host:port,...,host:port/key/prefix/)");
@@ -301,7 +315,7 @@ std::shared_ptr<Store> connect_etcd_store(const std::string& address) {
     begin = end + 1;
   }
   try {
-    return std::make_shared<EtcdStore>(endpoints, rest.substr(slash));
+    return std::make_shared<EtcdStore>(endpoints, rest.substr(slash), call_timeout);
   } catch (const InputError& e) {
     throw bad(e.what());
   }

@@ -31,6 +31,8 @@ class EtcdStore : public Store {
 
   // One put.
   void set(const std::string& key, const std::string& value) override;
+  // One transaction (a batch of records, one etcd write).
+  void set_all(const std::vector<std::pair<std::string, std::string>>& kvs) override;
   // A read first; a key not there yet is waited for on one prefix watch per store, opened by
   // the first get or wait that has to wait and kept until destruction (it then receives every
   // write under the prefix). Rides out an etcd outage shorter than `timeout`; after it, throws
@@ -66,6 +68,9 @@ std::string etcd_store_address(const std::vector<std::string>& endpoints,
                                const std::string& prefix);
 // An EtcdStore (default call timeout) at `address`. Throws InputError naming the address when
 // it is malformed. Sends nothing yet, like the constructor.
-std::shared_ptr<Store> connect_etcd_store(const std::string& address);
+// `call_timeout`: each call's deadline (EtcdStore's); a rank's step-path calls take a short
+// one, so that etcd without quorum costs a step that much and never stalls it.
+std::shared_ptr<Store> connect_etcd_store(
+    const std::string& address, std::chrono::milliseconds call_timeout = std::chrono::seconds(5));
 
 }  // namespace keel

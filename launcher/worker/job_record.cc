@@ -6,6 +6,7 @@
 #include "launcher/job_history.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
+#include "runtime/logging.h"
 
 namespace keel {
 
@@ -53,32 +54,47 @@ void JobRecord::step(Store& store, const StepStats& st, double model_flops_per_t
   r.set_bytes_emb(double(st.bytes_emb));
   r.set_tokens(double(st.tokens));
   r.set_end_at(unix_now());
-  set_message(store, keys::step_key(st.step), r);
-  store::Step progress;
-  progress.set_step(st.step + 1);
-  set_message(store, keys::kProgress, progress);
+  batch_.emplace_back(keys::step_key(st.step), r.SerializeAsString());
   live_step_s_ += st.wall_s;
-  if (supervised_ && unix_now() - live_published_at_ >= kLiveEverySeconds) {
-    live_published_at_ = unix_now();
+  progress_.set_step(st.step + 1);
+  if (supervised_) {
     const double tok_s = double(st.tokens) / st.wall_s;
-    store::Live live;
-    live.set_tokens_per_s(tok_s);
-    live.set_ettr(live_step_s_ / std::max(1e-9, unix_now() - job_start_));
-    live.set_mfu(honest_mfu(model_flops_per_token * tok_s, peak).value);
-    set_message(store, keys::kLive, live);
+    live_.set_tokens_per_s(tok_s);
+    live_.set_ettr(live_step_s_ / std::max(1e-9, unix_now() - job_start_));
+    live_.set_mfu(honest_mfu(model_flops_per_token * tok_s, peak).value);
   }
+  bool now = unix_now() - flushed_at_ >= kFlushEverySeconds;
   if (first_step_in_epoch_) {
+    // When the epoch's first step ended: the recovery's cost, read at once.
     first_step_in_epoch_ = false;
     store::Time t;
     t.set_at(unix_now());
-    set_message(store, keys::first_step_key(epoch_), t);
+    batch_.emplace_back(keys::first_step_key(epoch_), t.SerializeAsString());
+    now = true;
   }
+  if (now) flush(store);
   if (nan_incident_.step() == st.step && !nan_incident_.kind().empty()) {
     nan_incident_.set_first_step_at(unix_now());
     const int64_t n = store.add(keys::kIncidentCount, 1) - 1;
     set_message(store, keys::incident_key(n), nan_incident_);
     nan_incident_.Clear();
   }
+}
+
+void JobRecord::flush(Store& store) {
+  if (batch_.empty()) return;
+  std::vector<std::pair<std::string, std::string>> all = batch_;
+  all.emplace_back(keys::kProgress, progress_.SerializeAsString());
+  if (supervised_) all.emplace_back(keys::kLive, live_.SerializeAsString());
+  flushed_at_ = unix_now();  // a store out of reach is tried again a second later, not each step
+  try {
+    store.set_all(all);
+  } catch (const CommError& e) {
+    // etcd without quorum: training goes on; the records wait for the next try.
+    LOG(WARNING) << "the steps' records wait: " << e.what();
+    return;
+  }
+  batch_.clear();
 }
 
 bool JobRecord::retry_nonfinite(int64_t s, bool leader, const std::string& what) {

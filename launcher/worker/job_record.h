@@ -3,24 +3,30 @@
 // (progress), the figures for keel-ctl status (live), when each epoch's first step ended
 // (first_step/<E>), validation losses (eval/<S>), the step the report starts at
 // (start_step), the NaN incidents it handled alone, and every rank's PIDs. job_history.h
-// reads it back for the report.
+// reads it back for the report. The steps' records, the progress and the live figures go in
+// batches, once a second (and at an epoch's first step, and at the end): the store may be the
+// job's etcd, where every write is a Raft entry, and nothing on the step path may cost one.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "launcher/worker/mfu.h"
 #include "model/trainer.h"
 #include "parallel/store.h"
 #include "proto/report.pb.h"
+#include "proto/store_values.pb.h"
 
 namespace keel {
 
 class JobRecord {
  public:
-  // keel-ctl status reads the live figures; twice a second is enough for a person, and each
-  // is a round trip to the store on the step's path.
-  static constexpr double kLiveEverySeconds = 0.5;
+  // How often the batch goes to the store: keel-ctl status's figures and the stop rules'
+  // progress are at most this old, and a rank 0 that dies takes at most this much of the
+  // steps' records with it.
+  static constexpr double kFlushEverySeconds = 1.0;
 
   // `supervised`: a controller runs the job (and shows the live figures); `job_start`: unix
   // seconds the job started (for the ETTR so far).
@@ -35,10 +41,12 @@ class JobRecord {
 
   // The rank is in `epoch` now: its next step is the epoch's first.
   void new_epoch(int epoch);
-  // Rank 0's step `st` is done: its record, the progress, the live figures now and then
-  // (MFU from `model_flops_per_token` and `peak`), the epoch's first step, and the NaN
-  // incident of a retried step once the retry is through.
+  // Rank 0's step `st` is done: its record, the progress, the live figures (MFU from
+  // `model_flops_per_token` and `peak`), the epoch's first step, and the NaN incident of a
+  // retried step once the retry is through; written to `store` with the batch.
   void step(Store& store, const StepStats& st, double model_flops_per_token, const Peak& peak);
+  // Writes what is batched now (before the report reads it back).
+  void flush(Store& store);
 
   // A step's loss or norm was not finite. Returns false when step `s` was retried already
   // (every rank sees the same global numbers, so every rank then stops alike); otherwise
@@ -51,7 +59,10 @@ class JobRecord {
   int epoch_ = 0;
   bool first_step_in_epoch_ = true;
   double live_step_s_ = 0;        // time in steps so far
-  double live_published_at_ = 0;  // when the live figures were last published (unix seconds)
+  double flushed_at_ = 0;  // when the batch last went to the store (unix seconds)
+  std::vector<std::pair<std::string, std::string>> batch_;  // step records, in step order
+  store::Step progress_;  // steps done, and the live figures, as of the newest step
+  store::Live live_;
   int64_t nonfinite_retried_ = -1;
   report::Incident nan_incident_;
 };

@@ -25,10 +25,16 @@ std::vector<float> gather(Communicator& world, const float* mine, size_t n) {
   return all;
 }
 
+// The newest verified step, for the controller's SDC restore bound. A store out of reach
+// (etcd without quorum) keeps the one before: an older bound is safe, and training goes on.
 void set_verified(Store& store, int64_t step) {
   store::Step v;
   v.set_step(step);
-  set_message(store, keys::kSdcVerified, v);
+  try {
+    set_message(store, keys::kSdcVerified, v);
+  } catch (const CommError& e) {
+    LOG(WARNING) << "sdc: verified step " << step << " not recorded: " << e.what();
+  }
 }
 
 }  // namespace
@@ -112,7 +118,11 @@ void SdcChecker::before_update(int64_t s, const SdcRank& r) {
   if (r.reporter) r.reporter->sdc_passed(s + 1);
   if (r.leader) {
     set_verified(*r.store, s);
-    r.store->add(keys::kSdcChecks, 1);
+    try {
+      r.store->add(keys::kSdcChecks, 1);
+    } catch (const CommError& e) {
+      LOG(WARNING) << "sdc: check of step " << s << " not counted: " << e.what();
+    }
   }
 }
 

@@ -5,12 +5,20 @@
 #include "runtime/check.h"
 
 namespace keel {
+namespace {
+
+// A step-path call's deadline on etcd: a healthy write takes 1-3 ms (bench/RESULTS.md), a
+// loaded machine's tens; past this the call is skipped until the next look (a second later).
+constexpr std::chrono::milliseconds kStepPathTimeout{300};
+
+}  // namespace
 
 StoreAddress store_at(const std::string& address) {
   StoreAddress a;
   if (is_etcd_store_address(address)) {
     connect_etcd_store(address);  // checks the form now, not in the first caller's thread
     a.connect = [address] { return connect_etcd_store(address); };
+    a.connect_step_path = [address] { return connect_etcd_store(address, kStepPathTimeout); };
     // "etcd://host:port,...": the first member's host.
     const size_t from = address.find("//") + 2;
     a.toward_host = address.substr(from, address.find(':', from) - from);
@@ -18,6 +26,7 @@ StoreAddress store_at(const std::string& address) {
   }
   auto [host, port] = parse_host_port(address);
   a.connect = [host = host, port = port] { return std::make_shared<TcpStore>(host, port); };
+  a.connect_step_path = a.connect;
   a.toward_host = host;
   return a;
 }

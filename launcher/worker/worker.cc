@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "ckpt/snapshot_region.h"
+#include "launcher/patient_store.h"
 #include "launcher/worker/fault_actions.h"
 #include "launcher/worker/input_checks.h"
 #include "launcher/worker/rank_backend.h"
@@ -105,7 +106,16 @@ std::optional<membership::Rebuild> Worker::setup() {
                        " faults need slots (machines): start the job with keel-launch");
   apply_membership(AppliedMembership::from_config(cfg_));
   connect_store();
-  if (env_.supervised) recovery_ = std::make_unique<RecoveryClient>(connect_, o_.rank);
+  if (env_.supervised) {
+    // The recovery protocol waits out a store out of reach (etcd without quorum) as the
+    // controller does: a failure then is reported once it is back, not turned into a death.
+    const auto patience = std::chrono::milliseconds(cfg_.detect().quorum_timeout_ms());
+    recovery_ = std::make_unique<RecoveryClient>(
+        [connect = connect_, patience] {
+          return std::make_shared<PatientStore>(connect(), patience, std::function<void()>{});
+        },
+        o_.rank);
+  }
   epochs_.set_recovery(recovery_.get());
   // Under a controller the layout is the Membership of the epoch's Rebuild (rebuild/0 too),
   // also for a rank restarted after the job shrank or grew.
@@ -192,6 +202,7 @@ void Worker::connect_store() {
   if (o_.world_size > 1) {
     const StoreAddress at = store_at(o_.store_addr);
     connect_ = at.connect;
+    step_store_ = at.connect_step_path();
     // Peers on other machines reach this rank at its machine's address (KEEL_IFNAME's, or
     // the route toward the store), never loopback.
     listen_host_ = reachable_address(at.toward_host);
@@ -200,6 +211,7 @@ void Worker::connect_store() {
     connect_ = [shared] { return shared; };
   }
   store_ = connect_();
+  if (!step_store_) step_store_ = store_;
 }
 
 // A warm standby (keel-launch --standby) has loaded everything that does not depend on a
@@ -261,6 +273,7 @@ void Worker::attach_supervision(const FaultPlan& plan) {
   // Under a supervisor faults may also arrive while the job runs (keel-ctl inject).
   if (!plan.schedule.fault().empty() || env_.supervised)
     injector_ = std::make_unique<FaultInjector>(plan.schedule, o_.rank, connect_());
+  if (injector_) injector_->set_poll_store(step_store_);
   if (!env_.controller.empty()) {
     reporter_ = std::make_unique<ProgressReporter>(env_.controller, o_.rank, env_.slot,
                                                    std::make_shared<CommActivity>());
@@ -289,7 +302,7 @@ SdcRank Worker::sdc_rank() {
   r.epoch = epoch();
   r.leader = leader_;
   r.quiet = o_.quiet;
-  r.store = store_.get();
+  r.store = step_store_.get();  // the SDC records are on the step's path
   r.region = snapshots_->region();
   r.snapshotter = snapshots_->snapshotter();
   r.reporter = reporter_.get();
@@ -347,7 +360,7 @@ void Worker::after_step(const StepStats& step_stats) {
   const int every = cfg_.checkpoint().persistent_every_steps();
   if (snapshots_->checkpointer() && (s + 1) % every == 0)
     snapshots_->checkpointer()->save_async(*state_);
-  if (leader_) record_->step(*store_, st, trainer_->model_flops_per_token(), mfu_.peak());
+  if (leader_) record_->step(*step_store_, st, trainer_->model_flops_per_token(), mfu_.peak());
   if (leader_ && !o_.quiet &&
       ((s + 1) % std::max(1, cfg_.train().log_every()) == 0 || s + 1 == steps))
     print_step(st, double(st.tokens) / st.wall_s);

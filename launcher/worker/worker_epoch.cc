@@ -91,6 +91,7 @@ void Worker::load_epoch(const membership::Rebuild* rb) {
   } else if (!grow) {
     restore(*rb);
   }
+  if (leader_) record_->flush(*store_);  // the steps before the failure, whatever restores
   record_->new_epoch(epoch());
 }
 

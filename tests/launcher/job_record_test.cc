@@ -39,10 +39,35 @@ TEST(JobRecord, EachStepLeavesItsRecordTheProgressAndTheEpochsFirstStep) {
   EXPECT_GT(live->mfu(), 0);
   const auto first = try_get_message<store::Time>(store, keys::first_step_key(2));
   ASSERT_TRUE(first.has_value());
-  // Only the epoch's first step is its first.
+  // Only the epoch's first step is its first; the next steps wait for the batch.
   rec.step(store, stats(5, 3.4), 1e6, peak);
+  EXPECT_FALSE(store.try_get(keys::step_key(5)).has_value());
+  rec.flush(store);
   EXPECT_EQ(try_get_message<store::Time>(store, keys::first_step_key(2))->at(), first->at());
   EXPECT_EQ(try_get_message<store::Step>(store, keys::kProgress)->step(), 6);
+}
+
+// The store may be etcd: steps of the same second are one write (set_all), not one each.
+TEST(JobRecord, TheStepsOfASecondAreOneWrite) {
+  struct Counting : HashStore {
+    int sets = 0, batches = 0;
+    void set(const std::string& k, const std::string& v) override {
+      ++sets;
+      HashStore::set(k, v);
+    }
+    void set_all(const std::vector<std::pair<std::string, std::string>>& kvs) override {
+      ++batches;
+      for (const auto& [k, v] : kvs) HashStore::set(k, v);
+    }
+  } store;
+  JobRecord rec(/*supervised=*/true, /*job_start=*/1.0);
+  for (int s = 0; s < 50; ++s) rec.step(store, stats(s, 3.0), 1e6, Peak{});
+  EXPECT_EQ(store.sets, 0);
+  EXPECT_EQ(store.batches, 1);  // the epoch's first step, at once
+  rec.flush(store);
+  EXPECT_EQ(store.batches, 2);
+  for (int s = 0; s < 50; ++s) EXPECT_TRUE(store.try_get(keys::step_key(s)).has_value()) << s;
+  EXPECT_EQ(try_get_message<store::Step>(store, keys::kProgress)->step(), 50);
 }
 
 TEST(JobRecord, WithoutAControllerNoLiveFigures) {

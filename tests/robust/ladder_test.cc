@@ -171,13 +171,17 @@ TEST(FailSlow, ADegraderIsEvictedToAReadyStandby) {
   EXPECT_EQ(p.restore.step, 120);
 }
 
-TEST(FailSlow, EvictOnlyWithAStandbyAndNeverSlotZero) {
+TEST(FailSlow, EvictOnlyWithAStandbyAndNeverTheControllersSlot) {
   Options o = opts();
   EXPECT_TRUE(decide_slow(5, view_3d(1), o).evict);
   const SlowAction none = decide_slow(5, view_3d(0), o);
   EXPECT_FALSE(none.evict);
   EXPECT_NE(none.why.find("no standby"), std::string::npos) << none.why;
-  EXPECT_FALSE(decide_slow(1, view_3d(1), o).evict);  // slot 0
+  EXPECT_FALSE(decide_slow(1, view_3d(1), o).evict);  // slot 0, the controller's (mpirun)
+  // A controller in a process of its own (keel-launch): slot 0 is a slot like any other.
+  ClusterView own = view_3d(1);
+  own.controller_slot = -1;
+  EXPECT_TRUE(decide_slow(1, own, o).evict);
   o.detect.set_on_slow(config::DetectConfig::warn);
   const SlowAction warn = decide_slow(5, view_3d(1), o);
   EXPECT_FALSE(warn.evict);

@@ -63,14 +63,26 @@ struct EtcdClient::Impl {
       const grpc::Status status = rpc(context);
       if (status.ok()) return;
       const auto now = std::chrono::steady_clock::now();
-      const auto code = status.error_code();
-      const bool retry =
-          code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
-      if (!retry || now + backoff >= deadline)
+      if (!out_of_reach(status) || now + backoff >= deadline)
         fail(what, status, std::chrono::duration_cast<milliseconds>(now - start));
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, milliseconds(200));
     }
+  }
+
+  // The cluster is out of reach (no member answered, or the one that did has no leader),
+  // not refusing the call: tried again, and EtcdUnavailable at the deadline. A member
+  // without a leader answers some calls itself with its own timeout (gRPC UNKNOWN "context
+  // deadline exceeded", "request timed out").
+  static bool out_of_reach(const grpc::Status& status) {
+    const auto code = status.error_code();
+    if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED)
+      return true;
+    const std::string& m = status.error_message();
+    return code == grpc::StatusCode::UNKNOWN &&
+           (m.find("deadline exceeded") != std::string::npos ||
+            m.find("request timed out") != std::string::npos ||
+            m.find("no leader") != std::string::npos);
   }
 
   static void set_deadline(grpc::ClientContext& context,

@@ -1,0 +1,111 @@
+#include "launcher/patient_store.h"
+
+#include <thread>
+
+#include "runtime/logging.h"
+
+namespace keel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Between two tries: short against the quorum timeout, long against a member's reply.
+constexpr std::chrono::milliseconds kRetryPause{200};
+
+thread_local int g_quick = 0;  // Quick scopes open on this thread
+
+}  // namespace
+
+PatientStore::Quick::Quick() {
+  ++g_quick;
+}
+PatientStore::Quick::~Quick() {
+  --g_quick;
+}
+
+PatientStore::PatientStore(std::shared_ptr<Store> inner, std::chrono::milliseconds patience,
+                           std::function<void()> idle, std::function<void()> before)
+    : inner_(std::move(inner)),
+      patience_(patience),
+      idle_(std::move(idle)),
+      before_(std::move(before)) {}
+
+template <class F>
+auto PatientStore::patiently(const std::string& what, bool write, F&& f) -> decltype(f()) {
+  if (g_quick > 0) return f();
+  if (write && before_) before_();
+  const auto deadline = Clock::now() + patience_;
+  bool said = false;
+  while (true) {
+    try {
+      auto out = f();
+      if (said) LOG(WARNING) << "the job's store answers again (" << what << ")";
+      return out;
+    } catch (const CommTimeout&) {
+      throw;  // a wait that ran out: the caller's own answer
+    } catch (const CommError& e) {
+      if (Clock::now() > deadline)
+        throw QuorumLost(detail::concat("the job's store took no ", what, " for ",
+                                        patience_.count(), " ms (detect.quorum_timeout_ms): ",
+                                        e.what()));
+      if (!said)
+        LOG(WARNING) << "the job's store is out of reach (" << e.what()
+                     << "): decisions wait, training goes on";
+      said = true;
+    }
+    if (idle_ && !in_idle_) {
+      in_idle_ = true;
+      try {
+        idle_();
+      } catch (...) {
+        in_idle_ = false;
+        throw;
+      }
+      in_idle_ = false;
+    }
+    std::this_thread::sleep_for(kRetryPause);
+  }
+}
+
+void PatientStore::set(const std::string& key, const std::string& value) {
+  patiently("set " + key, true, [&] {
+    inner_->set(key, value);
+    return 0;
+  });
+}
+
+void PatientStore::set_all(const std::vector<std::pair<std::string, std::string>>& kvs) {
+  patiently("set of " + std::to_string(kvs.size()) + " keys", true, [&] {
+    inner_->set_all(kvs);
+    return 0;
+  });
+}
+
+std::string PatientStore::get(const std::string& key, std::chrono::milliseconds timeout) {
+  return patiently("get " + key, false, [&] { return inner_->get(key, timeout); });
+}
+
+std::optional<std::string> PatientStore::try_get(const std::string& key) {
+  return patiently("get " + key, false, [&] { return inner_->try_get(key); });
+}
+
+void PatientStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  patiently("wait", false, [&] {
+    inner_->wait(keys, timeout);
+    return 0;
+  });
+}
+
+int64_t PatientStore::add(const std::string& key, int64_t delta) {
+  return patiently("add " + key, delta != 0, [&] { return inner_->add(key, delta); });
+}
+
+void PatientStore::erase(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& prefixes) {
+  patiently("erase", true, [&] {
+    inner_->erase(keys, prefixes);
+    return 0;
+  });
+}
+
+}  // namespace keel
