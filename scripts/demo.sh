@@ -4,7 +4,9 @@
 # model as TP=2 × PP=2 × DP=2 under keel-launch on 4 local slots (machines) of 2 workers,
 # plus warm standby slots, twice: once without faults, once with the injected faults of
 # examples/faults/mixed.pbtxt (a crash, an exit, a hang, a NaN loss, a rank that silently
-# computes wrong and a lost snapshot), which it survives without restarting the healthy ranks
+# computes wrong and a lost snapshot), and the controller's process killed at step 150 and slot 0
+# (its agent, workers and etcd member) lost at step 350, which it survives without restarting
+# the healthy ranks
 # (the hung slot and the silently wrong one are evicted and standbys take their ranks; the
 # corruption is rolled back to the newest verified step), ending with the same parameters bit
 # for bit. Progress lines
@@ -28,6 +30,7 @@ echo "== the same job with injected faults (examples/faults/mixed.pbtxt), two st
 "$build/bin/keel-launch" --local 6 --standby 2 --workers-per-slot 2 \
   --config examples/configs/tiny-gpt-3d.pbtxt --set train.log_every=100 \
   --inject examples/faults/mixed.pbtxt --set parallel.comm_timeout_ms=5000 \
+  --fault controller_crash@step=150,rank=0 --fault slot_loss@step=350,rank=0 \
   --report "$PWD/out/demo/3d-faults.json" --loss-svg "$PWD/out/demo/3d-faults-loss.svg" "$@"
 a=$(grep -o '"param_checksum": "[0-9a-f]*"' out/demo/3d.json | cut -d'"' -f4)
 b=$(grep -o '"param_checksum": "[0-9a-f]*"' out/demo/3d-faults.json | cut -d'"' -f4)
