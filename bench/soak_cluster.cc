@@ -27,7 +27,10 @@ constexpr std::chrono::seconds kEtcdStartWait{30};
 SoakCluster::SoakCluster(bool netns, int slots) : slots_(slots) {
   if (netns) lab_ = std::make_unique<test::NetnsLab>(slots);
   const std::string host = lab_ ? lab_->bridge_address() : "127.0.0.1";
-  std::string tmp = (fs::temp_directory_path() / "keel-soak-etcd-XXXXXX").string();
+  // On /dev/shm, as a job's own members under --local: the ranks' store lives in this etcd,
+  // and a disk's fsync on each of its writes would be the soak's bottleneck.
+  // (Not named keel-*: the tests count those as a job's leftovers.)
+  std::string tmp = "/dev/shm/etcd-soak-XXXXXX";
   KEEL_CHECK(::mkdtemp(tmp.data()) != nullptr, "mkdtemp ", tmp, ": ", std::strerror(errno));
   etcd_dir_ = tmp;
   const std::vector<int> ports = free_tcp_ports(host, 6);

@@ -24,15 +24,25 @@ JobHistory read_steps(Store& store, const config::JobConfig& cfg, bool has_val,
   const int64_t first = get_message<store::Step>(store, keys::kStartStep, kRecordWait).step();
   rep->set_first_step(int(first));
   report::StepRecord r;
+  bool missed = false;
   for (int64_t s = first; s < steps; ++s) {
-    // Rank 0 writes each record right after its step; a rank 0 that died between its update
-    // and the record (a hang found there) is restored past the step, and the record is lost
-    // for good: the curve keeps the step before's values there, and the report says which.
+    // Rank 0 writes its records in batches, a second apart (launcher/worker/job_record.h); a
+    // rank 0 that died before its batch went out is restored past those steps, and their
+    // records are lost for good: the curve keeps the step before's values there, and the
+    // report says which. One wait for a missing record is enough: the writer flushed before
+    // the report is read, so the next missing ones are looked up without waiting.
     try {
-      r = get_message<report::StepRecord>(store, keys::step_key(s),
-                                          s == first ? kRecordWait : kStepRecordWait);
+      if (missed && s != first) {
+        auto got = try_get_message<report::StepRecord>(store, keys::step_key(s));
+        if (!got) throw CommTimeout("step record " + std::to_string(s) + " lost");
+        r = *got;
+      } else {
+        r = get_message<report::StepRecord>(store, keys::step_key(s),
+                                            s == first ? kRecordWait : kStepRecordWait);
+      }
     } catch (const CommTimeout&) {
       if (s == first) throw;
+      missed = true;
       rep->add_steps_without_record(int(s));
       r.set_wall_s(0);
       r.set_tokens(0);

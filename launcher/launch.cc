@@ -23,10 +23,10 @@
 #include "ckpt/snapshot_region.h"
 #include "launcher/agent/agent.h"
 #include "launcher/control_plane.h"
+#include "launcher/controller/etcd_control_state.h"
 #include "launcher/etcd/etcd_client.h"
 #include "launcher/fault_checks.h"
 #include "launcher/job_env.h"
-#include "launcher/controller/etcd_control_state.h"
 #include "launcher/lead.h"
 #include "launcher/processes.h"
 #include "launcher/recovery_protocol.h"
@@ -266,9 +266,10 @@ int await_new_leader(const std::string& job, const std::vector<std::string>& etc
                      bool agent0_here) {
   const std::string how = sig ? detail::concat("died (", strsignal(sig), ")")
                               : "was deposed (it lost its lease and another leads)";
-  std::printf("keel-launch: the job's controller %s; a candidate on another slot takes over, "
-              "training goes on\n",
-              how.c_str());
+  std::printf(
+      "keel-launch: the job's controller %s; a candidate on another slot takes over, "
+      "training goes on\n",
+      how.c_str());
   std::fflush(stdout);
   EtcdClient client(etcd, kEndPollTimeout);
   std::optional<int> slot_code;  // the first slot's that ended with the job's status

@@ -14,10 +14,10 @@
 #include "launcher/controller/controller.h"
 #include "launcher/controller/event_log.h"
 #include "launcher/controller/job_etcd.h"
-#include "launcher/patient_store.h"
 #include "launcher/etcd/etcd_client.h"
 #include "launcher/etcd/etcd_store.h"
 #include "launcher/job_env.h"
+#include "launcher/patient_store.h"
 #include "launcher/processes.h"
 #include "parallel/tcp_store.h"
 #include "proto/config_loader.h"
@@ -192,7 +192,9 @@ int lead_first(const FirstLead& f) {
   co.controller_endpoint = control.endpoint();
   co.etcd_endpoints = etcd_list;
   co.slot0_losable = f.fork_slots;
-  co.controller_slot = f.slot0_pid == int(getpid()) ? 0 : -1;
+  // Slot 0's agent shares keel-launch's process unless --local forks it: evicting slot 0 would
+  // move ranks onto the machine whose loss ends keel-launch itself.
+  co.controller_slot = f.fork_slots ? -1 : 0;
   co.stop_signal = f.stop;
   const int code = run_and_end(co, agents, control, store, events, &etcd.state, etcd.upkeep.get(),
                                etcd.client.get());

@@ -46,8 +46,8 @@ auto PatientStore::patiently(const std::string& what, bool write, F&& f) -> decl
     } catch (const CommError& e) {
       if (Clock::now() > deadline)
         throw QuorumLost(detail::concat("the job's store took no ", what, " for ",
-                                        patience_.count(), " ms (detect.quorum_timeout_ms): ",
-                                        e.what()));
+                                        patience_.count(),
+                                        " ms (detect.quorum_timeout_ms): ", e.what()));
       if (!said)
         LOG(WARNING) << "the job's store is out of reach (" << e.what()
                      << "): decisions wait, training goes on";

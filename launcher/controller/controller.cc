@@ -12,10 +12,10 @@
 #include "launcher/controller/controller_impl.h"
 #include "launcher/controller/etcd_control_state.h"
 #include "launcher/controller/etcd_upkeep.h"
-#include "launcher/patient_store.h"
 #include "launcher/controller/stop_report.h"
 #include "launcher/fault_checks.h"
 #include "launcher/job_env.h"
+#include "launcher/patient_store.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
 #include "robust/fault_injector.h"
@@ -353,7 +353,7 @@ int Controller::Impl::stop_job(const std::string& why, int code) {
   ctx.event("stop", EventFields().add("code", code).add("why", why));
   host->stop_all(SIGTERM, kStopGrace);
   try {
-    write_stop_report(*store, o.cfg, o.job_start, why, o.report_path);
+    write_stop_report(*store, o.cfg, o.job_start, why, o.report_path, detector.min_step());
   } catch (const std::exception& e) {
     LOG(ERROR) << "the stopped job's report: " << e.what();
   }

@@ -69,8 +69,9 @@ struct ControllerOptions {
   // Slot 0's agent runs in a process of its own (keel-launch --local): losing it loses no
   // controller, so keel-ctl inject may lose it.
   bool slot0_losable = false;
-  // The slot whose agent runs in this very process (mpirun's slot 0): never evicted, as its
-  // reset would not move the controller off a machine the job distrusts. -1: none.
+  // The slot whose agent runs in keel-launch's own process (slot 0 under --slots and mpirun):
+  // never evicted, since ranks moved back onto it later would share the fate of keel-launch.
+  // -1: none (--local forks slot 0's agent like any other).
   int controller_slot = -1;
   bool console_progress = false;  // print rank 0's progress every train.log_every steps
   const volatile sig_atomic_t* stop_signal = nullptr;  // set by SIGINT/SIGTERM handlers

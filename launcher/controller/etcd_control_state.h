@@ -29,7 +29,6 @@
 
 namespace keel {
 
-
 // This controller led, lost its lease (a pause, a partition, etcd without quorum), and another
 // leads the job now: it must stop acting at once, leaving the job (its ranks, its agents) to
 // the new leader. Never a reason to stop the job.

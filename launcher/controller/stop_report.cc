@@ -11,7 +11,7 @@
 namespace keel {
 
 void write_stop_report(Store& store, const config::JobConfig& cfg, double job_start,
-                       const std::string& why, const std::string& path) {
+                       const std::string& why, const std::string& path, int64_t steps_seen) {
   if (path.empty() || store.add(keys::kReportsWritten, 0) > 0) return;
   RunReport rep;
   rep.set_stopped(true);
@@ -32,7 +32,7 @@ void write_stop_report(Store& store, const config::JobConfig& cfg, double job_st
     h = read_job_history(store, ran, topo.world_size(), cfg.train().eval_every() > 0, &rep);
     for (double& t : *rep.mutable_step_end_s()) t = t > 0 ? t - job_start : 0;
   }
-  rep.set_steps_completed(ran.train().steps());
+  rep.set_steps_completed(std::max<int64_t>(ran.train().steps(), steps_seen));
   if (rep.losses_size() > 0) rep.set_final_loss(rep.losses(rep.losses_size() - 1));
   rep.set_tokens_per_s(h.timed_s > 0 ? h.timed_tokens / h.timed_s : 0);
   rep.set_wall_s(recovery::unix_now() - job_start);

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "launcher/recovery_protocol.h"
 #include "launcher/job_history.h"
+#include "launcher/recovery_protocol.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
 #include "runtime/logging.h"

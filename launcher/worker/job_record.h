@@ -58,8 +58,8 @@ class JobRecord {
   double job_start_;
   int epoch_ = 0;
   bool first_step_in_epoch_ = true;
-  double live_step_s_ = 0;        // time in steps so far
-  double flushed_at_ = 0;  // when the batch last went to the store (unix seconds)
+  double live_step_s_ = 0;  // time in steps so far
+  double flushed_at_ = 0;   // when the batch last went to the store (unix seconds)
   std::vector<std::pair<std::string, std::string>> batch_;  // step records, in step order
   store::Step progress_;  // steps done, and the live figures, as of the newest step
   store::Live live_;

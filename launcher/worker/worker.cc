@@ -334,6 +334,8 @@ bool Worker::on_error(int64_t s, const std::exception& e) {
   if ((!ends_epoch(e) && !rollback) || !recovery_) return false;
   epochs_.fail(s, e.what(), [&] {
     if (snapshots_->snapshotter()) snapshots_->snapshotter()->wait_idle();
+    // The steps' records so far, before the controller decides (a stop reports them).
+    if (leader_) record_->flush(*step_store_);
     if (!o_.quiet)
       LOG(WARNING) << "rank " << o_.rank << ": step " << s + 1 << ": " << e.what()
                    << "; waiting for the supervisor";

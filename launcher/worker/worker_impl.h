@@ -183,7 +183,7 @@ class Worker {
   std::unique_ptr<DataLoader> data_, val_;
   std::function<std::shared_ptr<Store>()> connect_;
   std::shared_ptr<Store> store_;
-  std::shared_ptr<Store> step_store_;  // on the step's path: short deadlines (store_address.h)
+  std::shared_ptr<Store> step_store_;      // on the step's path: short deadlines (store_address.h)
   std::string listen_host_ = "127.0.0.1";  // where this rank's sockets listen
   std::unique_ptr<TrainState> state_;
   EpochRunner epochs_;  // the epoch, its communicators, the move to the next

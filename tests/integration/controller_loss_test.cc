@@ -425,10 +425,11 @@ TEST(ControllerLoss, ResumeSaysWhatIsMissing) {
 
 // --- names in ps ---
 
-// `keel-launch --local 2 --workers-per-slot 2`: slot 0's launcher, slot 1's (forked, with
-// --join and --slot 1) and each slot's two workers show their real binary as argv[0] and a
-// name of their own; every worker is a child of its slot's launcher, and `keel-ctl status`
-// lists each worker's PID with its slot.
+// `keel-launch --local 2 --workers-per-slot 2`: keel-launch, the job's controller (a child of
+// its own, keel-controller), each slot's launcher (forked, with --join and --slot K) and each
+// slot's two workers show their real binary as argv[0] and a name of their own; every worker
+// is a child of its slot's launcher, and `keel-ctl status` lists each worker's PID with its
+// slot.
 TEST(ProcessNames, LaunchedSlotsAndWorkersShowWhatTheyAre) {
   const std::string dir = temp_dir("process-names");
   const std::string cfg = write_config(dir, {{"parallel", "tp: 2 dp: 2"}});
@@ -436,22 +437,29 @@ TEST(ProcessNames, LaunchedSlotsAndWorkersShowWhatTheyAre) {
       {bin("keel-launch"), "--local", "2", "--workers-per-slot", "2", "--quiet", "--config", cfg,
        "--run-dir", dir + "/runs", "--set", "train.steps=100000", "--set", "train.eval_every=0"},
       dir + "/launch.log");
-  pid_t agent = 0;
+  std::map<int, pid_t> agents;  // slot -> its launcher
+  pid_t controller = 0;
   std::map<pid_t, int> worker_slot;  // worker pid -> the slot of its parent launcher
   const bool up = wait_for(
       [&] {
-        agent = 0;
+        agents.clear();
         worker_slot.clear();
+        controller = 0;
         for (pid_t c : children(root)) {
           const std::vector<std::string> a = cmdline(c);
-          if (std::find(a.begin(), a.end(), "--join") != a.end())
-            agent = c;
-          else if (!a.empty() && ends_with(a[0], "/keel-worker"))
-            worker_slot[c] = 0;
+          const auto slot = std::find(a.begin(), a.end(), "--slot");
+          if (std::find(a.begin(), a.end(), "--join") != a.end() && slot != a.end() &&
+              slot + 1 != a.end())
+            agents[std::stoi(*(slot + 1))] = c;
+          else if (comm(c) == "keel-controller")
+            controller = c;
         }
-        if (agent)
-          for (pid_t c : children(agent)) worker_slot[c] = 1;
-        return agent && worker_slot.size() == 4;
+        for (const auto& [k, agent] : agents)
+          for (pid_t c : children(agent)) {
+            const std::vector<std::string> a = cmdline(c);
+            if (!a.empty() && ends_with(a[0], "/keel-worker")) worker_slot[c] = k;
+          }
+        return controller && agents.size() == 2 && worker_slot.size() == 4;
       },
       60s);
   std::vector<RankLine> ranks;
@@ -465,8 +473,10 @@ TEST(ProcessNames, LaunchedSlotsAndWorkersShowWhatTheyAre) {
         },
         60s);
   // Read everything before the job is stopped.
-  const std::vector<std::string> root_argv = cmdline(root), agent_argv = cmdline(agent);
-  const std::string root_comm = comm(root), agent_comm = comm(agent);
+  const std::vector<std::string> root_argv = cmdline(root);
+  const std::string root_comm = comm(root), controller_comm = comm(controller);
+  std::map<int, std::pair<std::vector<std::string>, std::string>> agent_seen;
+  for (const auto& [k, pid] : agents) agent_seen[k] = {cmdline(pid), comm(pid)};
   std::map<pid_t, std::pair<std::vector<std::string>, std::string>> workers;
   for (const auto& [pid, slot] : worker_slot) workers[pid] = {cmdline(pid), comm(pid)};
   const std::string job = fs::path(job_dir).filename().string();
@@ -475,18 +485,19 @@ TEST(ProcessNames, LaunchedSlotsAndWorkersShowWhatTheyAre) {
   waitpid(root, &st, 0);
   if (!job.empty()) remove_all(job_shm(job));
 
-  ASSERT_TRUE(up) << "slot 1's launcher " << (agent ? "found" : "not found") << ", "
+  ASSERT_TRUE(up) << agents.size() << " slot launcher(s), controller " << controller << ", "
                   << worker_slot.size() << " worker(s)\n"
                   << slurp(dir + "/launch.log");
   ASSERT_FALSE(root_argv.empty());
   EXPECT_EQ(root_argv[0], bin("keel-launch"));
   EXPECT_EQ(root_comm, "keel-launch");
-  ASSERT_FALSE(agent_argv.empty());
-  EXPECT_TRUE(ends_with(agent_argv[0], "/keel-launch")) << agent_argv[0];
-  EXPECT_EQ(fs::canonical(agent_argv[0]), fs::canonical(bin("keel-launch")));
-  EXPECT_NE(std::find(agent_argv.begin(), agent_argv.end(), "--slot"), agent_argv.end());
-  EXPECT_EQ(*(std::find(agent_argv.begin(), agent_argv.end(), "--slot") + 1), "1");
-  EXPECT_EQ(agent_comm, "keel-agent");
+  EXPECT_EQ(controller_comm, "keel-controller");
+  for (const auto& [k, a] : agent_seen) {
+    ASSERT_FALSE(a.first.empty());
+    EXPECT_TRUE(ends_with(a.first[0], "/keel-launch")) << a.first[0];
+    EXPECT_EQ(fs::canonical(a.first[0]), fs::canonical(bin("keel-launch")));
+    EXPECT_EQ(a.second, "keel-agent") << "slot " << k;
+  }
   for (const auto& [pid, w] : workers) {
     ASSERT_FALSE(w.first.empty());
     EXPECT_TRUE(ends_with(w.first[0], "/keel-worker")) << pid << ": " << w.first[0];
