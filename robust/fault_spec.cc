@@ -121,7 +121,8 @@ faults::Fault parse_fault_flag(const std::string& value) {
     pos = comma + 1;
   }
   if (!has_step) fail("missing step=S");
-  if (!has_rank) fail("missing rank=R");
+  // A controller crash is the controller's, not a rank's: rank 0 fires it unless told.
+  if (!has_rank && k != faults::Fault::controller_crash) fail("missing rank=R");
   return f;
 }
 
