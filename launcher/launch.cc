@@ -502,10 +502,11 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   const int code = mpi ? lead_under_mpi(f, o, cfg, job, host)
                        : supervise(f, o, cfg, nslots, fork_slots, job, host);
   if (!mpi) unlink_job_segments(job);
-  // Each member removed its own data; the folder they shared goes too.
+  // Each member removed its own data, but not one that died with its slot: the job's members'
+  // folder goes whole.
   const bool shm = o.etcd_data == "shm" || (o.etcd_data.empty() && fork_slots);
   std::error_code ec;
-  fs::remove(shm ? fs::path(etcd_shm_dir(job)) : dir / "etcd", ec);
+  fs::remove_all(shm ? fs::path(etcd_shm_dir(job)) : dir / "etcd", ec);
   if (!o.quiet && code == 0) std::printf("keel-launch: done; report %s\n", report.c_str());
   if (code != 0 && fs::exists(report, ec))
     std::fprintf(stderr, "keel-launch: the job was stopped (exit %d); report %s\n", code,
