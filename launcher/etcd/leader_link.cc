@@ -8,8 +8,9 @@
 namespace keel {
 namespace {
 
-// A worker's calls to etcd: it only reads the leadership, off the step path.
-constexpr std::chrono::milliseconds kCallTimeout{5000};
+// Its calls only read the leadership, off the step path; short, so that a process that ends
+// while a member is gone (its watch in a call) is not held up by it.
+constexpr std::chrono::milliseconds kCallTimeout{1000};
 
 }  // namespace
 
