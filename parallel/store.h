@@ -92,7 +92,8 @@ template <class M>
 M parse_message(const std::string& key, const std::string& bytes) {
   M m;
   if (!m.ParseFromString(bytes))
-    throw Error("store key '" + key + "' does not hold a " + std::string(M::descriptor()->full_name()));
+    throw Error("store key '" + key + "' does not hold a " +
+                std::string(M::descriptor()->full_name()));
   return m;
 }
 template <class M>

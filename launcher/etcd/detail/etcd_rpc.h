@@ -79,10 +79,9 @@ struct EtcdClient::Impl {
     if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED)
       return true;
     const std::string& m = status.error_message();
-    return code == grpc::StatusCode::UNKNOWN &&
-           (m.find("deadline exceeded") != std::string::npos ||
-            m.find("request timed out") != std::string::npos ||
-            m.find("no leader") != std::string::npos);
+    return code == grpc::StatusCode::UNKNOWN && (m.find("deadline exceeded") != std::string::npos ||
+                                                 m.find("request timed out") != std::string::npos ||
+                                                 m.find("no leader") != std::string::npos);
   }
 
   static void set_deadline(grpc::ClientContext& context,
