@@ -193,10 +193,17 @@ state::JobSpec job_spec(const LaunchOptions& o, const config::JobConfig& cfg, in
 
 // keel-launch's controller process tells keel-launch its endpoint, then where the job's etcd
 // runs, over a pipe: a length (4 bytes, little-endian) and a control::Bootstrap.
-void write_bootstrap(int fd, const control::Bootstrap& b) {
+// The one framing of a Bootstrap, for the pipe and for MPI's broadcast alike.
+std::string framed(const control::Bootstrap& b) {
   std::string buf = b.SerializeAsString();
+  KEEL_CHECK(buf.size() + 4 <= kBootstrapBytes, "the bootstrap message is too long");
   buf.insert(0, std::string(4, '\0'));
   store_le32(buf.data(), uint32_t(buf.size() - 4));
+  return buf;
+}
+
+void write_bootstrap(int fd, const control::Bootstrap& b) {
+  const std::string buf = framed(b);
   KEEL_CHECK(write_all(fd, buf.data(), buf.size()), "the bootstrap pipe to keel-launch");
 }
 
@@ -222,10 +229,7 @@ int lead_under_mpi(FirstLead f, const LaunchOptions& o, const config::JobConfig&
     control::Bootstrap b;
     b.set_controller(endpoint);
     b.set_job(job);
-    std::string buf = b.SerializeAsString();
-    KEEL_CHECK(buf.size() + 4 <= kBootstrapBytes, "the bootstrap message is too long");
-    buf.insert(0, std::string(4, '\0'));
-    store_le32(buf.data(), uint32_t(buf.size() - 4));
+    std::string buf = framed(b);
     buf.resize(kBootstrapBytes);
     MPI_Bcast(buf.data(), int(buf.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
     MPI_Finalize();  // MPI is for starting only: it cannot survive a dead peer

@@ -238,30 +238,41 @@ void start_and_lose_slot0(SlotsJob* j, const std::string& name, int slots,
   ASSERT_EQ(kill(-j->slot0, SIGKILL), 0);  // slot 0's machine dies
 }
 
-// Waits (60 s at most) until the joined launchers ended, with every process and segment of the
-// job; their exit codes.
-std::map<int, int> wait_joined_gone(SlotsJob* j, double* took, std::vector<pid_t>* left,
-                                    std::vector<std::string>* shm) {
-  const auto t0 = Clock::now();
+// What was left of a job once its joined launchers ended (or 60 s passed): their exit codes,
+// how long it took, the processes and segments left, and their logs. Whatever is left is
+// then killed and removed.
+struct JoinedGone {
   std::map<int, int> codes;
+  double took = 0;
+  std::vector<pid_t> left;
+  std::vector<std::string> shm;
+  std::string logs;
+};
+
+JoinedGone wait_joined_gone(SlotsJob* j) {
+  JoinedGone g;
+  const auto t0 = Clock::now();
   wait_for(
       [&] {
         for (const auto& [k, pid] : j->joined) {
           int st = 0;
-          if (!codes.count(k) && waitpid(pid, &st, WNOHANG) == pid) codes[k] = exit_code(st);
+          if (!g.codes.count(k) && waitpid(pid, &st, WNOHANG) == pid) g.codes[k] = exit_code(st);
         }
-        left->clear();
+        g.left.clear();
         for (pid_t l : j->leaders)
           for (pid_t p : session_processes(l))
-            if (p != j->slot0) left->push_back(p);  // slot 0 itself: a zombie until reaped
-        *shm = job_shm(j->job);
-        return codes.size() == j->joined.size() && left->empty() && shm->empty();
+            if (p != j->slot0) g.left.push_back(p);  // slot 0 itself: a zombie until reaped
+        g.shm = job_shm(j->job);
+        return g.codes.size() == j->joined.size() && g.left.empty() && g.shm.empty();
       },
       60s);  // a deadline, no measure: how soon is keel-bench's to say
-  *took = seconds_since(t0);
+  g.took = seconds_since(t0);
   int st = 0;
   waitpid(j->slot0, &st, 0);
-  return codes;
+  g.logs = j->logs();
+  kill_sessions(j->leaders);
+  remove_all(job_shm(j->job));
+  return g;
 }
 
 // A job without etcd (2 slots: nothing to fail over to) whose slot 0 dies: the launcher that
@@ -273,13 +284,8 @@ TEST(ControllerLoss, JoinedSlotsStopAndRemoveTheirSharedMemory) {
       &j, "controller-loss", 2, "tp: 2 pp: 2",
       {"--set", "train.steps=100000", "--set", "detect.controller_timeout_ms=3000"});
   if (HasFatalFailure()) return;
-  double took = 0;
-  std::vector<pid_t> left;
-  std::vector<std::string> shm;
-  const std::map<int, int> codes = wait_joined_gone(&j, &took, &left, &shm);
-  const std::string logs = j.logs();
-  kill_sessions(j.leaders);
-  remove_all(job_shm(j.job));
+  const JoinedGone g = wait_joined_gone(&j);
+  const auto& [codes, took, left, shm, logs] = g;
   EXPECT_EQ(codes.size(), 1u) << "after " << took << " s\n" << logs;
   EXPECT_TRUE(left.empty() && shm.empty())
       << left.size() << " process(es) and " << shm.size() << " segment(s) left\n"
@@ -313,13 +319,8 @@ TEST(ControllerLoss, SlotZeroLostWholeAnotherLeaderCarriesTheJobOn) {
                        {"--standby", "1", "--set", "train.steps=200", "--fault",
                         "slow@step=0,rank=7,delay_ms=5", "--set", "detect.slow_round_steps=0"});
   if (HasFatalFailure()) return;
-  double took = 0;
-  std::vector<pid_t> left;
-  std::vector<std::string> shm;
-  const std::map<int, int> codes = wait_joined_gone(&j, &took, &left, &shm);
-  const std::string logs = j.logs();
-  kill_sessions(j.leaders);
-  remove_all(job_shm(j.job));
+  const JoinedGone g = wait_joined_gone(&j);
+  const auto& [codes, took, left, shm, logs] = g;
   ASSERT_EQ(codes.size(), 4u) << "after " << took << " s\n" << logs;
   for (const auto& [k, code] : codes) EXPECT_EQ(code, 0) << "slot " << k << "\n" << logs;
   EXPECT_TRUE(left.empty() && shm.empty())
