@@ -24,21 +24,25 @@ PatientStore::Quick::~Quick() {
 }
 
 PatientStore::PatientStore(std::shared_ptr<Store> inner, std::chrono::milliseconds patience,
-                           std::function<void()> idle, std::function<void()> before)
+                           std::function<void()> idle, std::function<void()> before,
+                           std::shared_ptr<Store> quick)
     : inner_(std::move(inner)),
+      quick_(std::move(quick)),
       patience_(patience),
       idle_(std::move(idle)),
       before_(std::move(before)) {}
 
 template <class F>
-auto PatientStore::patiently(const std::string& what, bool write, F&& f) -> decltype(f()) {
-  if (g_quick > 0) return f();
+auto PatientStore::patiently(const std::string& what, bool write, F&& f)
+    -> decltype(f(std::declval<Store&>())) {
+  // A look in passing: once, on the quick store if there is one.
+  if (g_quick > 0) return f(quick_ ? *quick_ : *inner_);
   if (write && before_) before_();
   const auto deadline = Clock::now() + patience_;
   bool said = false;
   while (true) {
     try {
-      auto out = f();
+      auto out = f(*inner_);
       if (said) LOG(WARNING) << "the job's store answers again (" << what << ")";
       return out;
     } catch (const CommTimeout&) {
@@ -68,42 +72,42 @@ auto PatientStore::patiently(const std::string& what, bool write, F&& f) -> decl
 }
 
 void PatientStore::set(const std::string& key, const std::string& value) {
-  patiently("set " + key, true, [&] {
-    inner_->set(key, value);
+  patiently("set " + key, true, [&](Store& s) {
+    s.set(key, value);
     return 0;
   });
 }
 
 void PatientStore::set_all(const std::vector<std::pair<std::string, std::string>>& kvs) {
-  patiently("set of " + std::to_string(kvs.size()) + " keys", true, [&] {
-    inner_->set_all(kvs);
+  patiently("set of " + std::to_string(kvs.size()) + " keys", true, [&](Store& s) {
+    s.set_all(kvs);
     return 0;
   });
 }
 
 std::string PatientStore::get(const std::string& key, std::chrono::milliseconds timeout) {
-  return patiently("get " + key, false, [&] { return inner_->get(key, timeout); });
+  return patiently("get " + key, false, [&](Store& s) { return s.get(key, timeout); });
 }
 
 std::optional<std::string> PatientStore::try_get(const std::string& key) {
-  return patiently("get " + key, false, [&] { return inner_->try_get(key); });
+  return patiently("get " + key, false, [&](Store& s) { return s.try_get(key); });
 }
 
 void PatientStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  patiently("wait", false, [&] {
-    inner_->wait(keys, timeout);
+  patiently("wait", false, [&](Store& s) {
+    s.wait(keys, timeout);
     return 0;
   });
 }
 
 int64_t PatientStore::add(const std::string& key, int64_t delta) {
-  return patiently("add " + key, delta != 0, [&] { return inner_->add(key, delta); });
+  return patiently("add " + key, delta != 0, [&](Store& s) { return s.add(key, delta); });
 }
 
 void PatientStore::erase(const std::vector<std::string>& keys,
                          const std::vector<std::string>& prefixes) {
-  patiently("erase", true, [&] {
-    inner_->erase(keys, prefixes);
+  patiently("erase", true, [&](Store& s) {
+    s.erase(keys, prefixes);
     return 0;
   });
 }

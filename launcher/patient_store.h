@@ -26,9 +26,10 @@ class QuorumLost : public Error {
 
 class PatientStore : public Store {
  public:
-  // While one lives on this thread, calls are not retried: a look the controller takes in
-  // passing (a poll for the ranks' errors) fails at once with the store's CommError, and is
-  // skipped, instead of holding up the loop that also watches exits and agents.
+  // While one lives on this thread, calls are not retried and go to the quick store, if one
+  // was given: a look the controller takes in passing (a poll for the ranks' errors) answers
+  // or fails within the quick store's deadline, and is skipped on a CommError, instead of
+  // holding up the loop that also watches exits and agents.
   class Quick {
    public:
     Quick();
@@ -39,9 +40,12 @@ class PatientStore : public Store {
 
   // `before`, if given, runs before every write: the controller's check that it still leads
   // (EtcdControlState::check_leading, which throws Deposed once another does), so that a
-  // deposed controller writes nothing to the ranks' store.
+  // deposed controller writes nothing to the ranks' store. `quick`, if given, is the same
+  // store behind short deadlines and local reads (etcd_store.h, kEtcdQuickCall), for Quick
+  // scopes: a poll must not wait out a member that is gone or a quorum that is lost.
   PatientStore(std::shared_ptr<Store> inner, std::chrono::milliseconds patience,
-               std::function<void()> idle, std::function<void()> before = {});
+               std::function<void()> idle, std::function<void()> before = {},
+               std::shared_ptr<Store> quick = nullptr);
 
   void set(const std::string& key, const std::string& value) override;
   void set_all(const std::vector<std::pair<std::string, std::string>>& kvs) override;
@@ -56,9 +60,10 @@ class PatientStore : public Store {
   // Runs `f` until it returns or `patience` passes with the store out of reach; a `write`
   // first checks that this controller still leads.
   template <class F>
-  auto patiently(const std::string& what, bool write, F&& f) -> decltype(f());
+  auto patiently(const std::string& what, bool write, F&& f) -> decltype(f(std::declval<Store&>()));
 
   std::shared_ptr<Store> inner_;
+  std::shared_ptr<Store> quick_;
   std::chrono::milliseconds patience_;
   std::function<void()> idle_;
   std::function<void()> before_;

@@ -188,10 +188,17 @@ void Controller::Impl::status(control::StatusReply* r) {
   }
   r->set_step(std::max<int64_t>(step, 0));
   r->set_loss(loss);
-  if (auto live = try_get_message<store::Live>(*store, keys::kLive)) {
-    r->set_tokens_per_s(live->tokens_per_s());
-    r->set_mfu(live->mfu());
-    r->set_ettr(live->ettr());
+  try {
+    // A look in passing: without etcd's quorum the status goes without the live figures
+    // rather than holding up the loop that watches exits and agents.
+    const PatientStore::Quick quick;
+    if (auto live = try_get_message<store::Live>(*store, keys::kLive)) {
+      r->set_tokens_per_s(live->tokens_per_s());
+      r->set_mfu(live->mfu());
+      r->set_ettr(live->ettr());
+    }
+  } catch (const CommError& e) {
+    LOG_EVERY_N(WARNING, 10) << "status without the live figures: " << e.what();
   }
   host->refresh();  // the standbys' self-checks
   host->fill_status(r);
@@ -350,6 +357,9 @@ int Controller::Impl::stop_after_recovery() {
 int Controller::Impl::stop_job(const std::string& why, int code) {
   stop_why = why;
   LOG(ERROR) << why << "; stopping the job";
+  // Fenced before anything is stopped: a controller whose lease lapsed while it decided
+  // learns here that the job is another's, and leaves its ranks alone.
+  record_end(code);
   ctx.event("stop", EventFields().add("code", code).add("why", why));
   host->stop_all(SIGTERM, kStopGrace);
   try {
@@ -371,32 +381,44 @@ void Controller::set_agent_handler(
   impl_->on_agent = std::move(fn);
 }
 
-int Controller::run() {
-  int code = 0;
+void Controller::Impl::record_end(int code) {
+  if (!o.state || end_recorded) return;
+  end_recorded = true;
   try {
-    code = impl_->run();
+    state::JobEnd end;
+    end.set_code(code);
+    end.set_why(code == 0 ? "done" : stop_why);
+    o.state->end(end);
+  } catch (const Deposed&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Out of etcd's reach past the quorum timeout: the job stops all the same (keel-launch
+    // has its controller's exit status; the slots theirs from the shutdown).
+    LOG(ERROR) << "etcd: the job's end could not be written: " << e.what();
+  }
+}
+
+int Controller::run() {
+  try {
+    int code = 0;
+    try {
+      code = impl_->run();
+    } catch (const QuorumLost& e) {
+      // etcd has been out of reach for the quorum timeout already: the end is not tried
+      // again (another timeout's wait) before the ranks are stopped.
+      impl_->end_recorded = true;
+      code = impl_->stop_job(e.what(), recovery::kExitStopped);
+    }
+    // Before this leader resigns (a job done, or stopped without stop_job).
+    impl_->record_end(code);
+    return code;
   } catch (const Deposed& e) {
     // Another controller leads: this one stops acting at once (the ranks and agents are the
     // new leader's), and says nothing of the job's end.
     LOG(WARNING) << e.what() << ": this controller steps aside";
     impl_->ctx.event("deposed", EventFields().add("why", e.what()));
     return kExitDeposed;
-  } catch (const QuorumLost& e) {
-    code = impl_->stop_job(e.what(), recovery::kExitStopped);
   }
-  // Before this leader resigns: a candidate that wins the job after it finds it ended, and
-  // keel-launch, if the controller it started is not this one, learns the exit status here.
-  if (impl_->o.state) {
-    try {
-      state::JobEnd end;
-      end.set_code(code);
-      end.set_why(code == 0 ? "done" : impl_->stop_why);
-      impl_->o.state->end(end);
-    } catch (const std::exception& e) {
-      LOG(ERROR) << "etcd: the job's end could not be written: " << e.what();
-    }
-  }
-  return code;
 }
 
 void Controller::pump() {

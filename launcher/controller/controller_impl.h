@@ -48,6 +48,7 @@ struct Controller::Impl {
   policy::StopMemory stops;     // the stop rules' memory (robust/stop_rules.h)
   policy::LadderMemory ladder;  // the escalation ladder's (robust/ladder.h)
   std::string stop_why;         // why recover() said the job must stop (the report's reason)
+  bool end_recorded = false;    // record_end() wrote (or tried to write) the job's end
   std::function<void(const std::string&, const control::Envelope&)> on_agent;
   std::set<int> finished;  // ranks that exited cleanly (the job's end)
   int64_t last_printed = -1;
@@ -87,9 +88,14 @@ struct Controller::Impl {
   // One pass of the loop's periodic checks: a failure to recover from, if any.
   std::optional<Detected> poll_failures(Clock::time_point* next_error_poll,
                                         Clock::time_point* next_grow_check);
-  // Stops every rank, records why (the event log, the report when rank 0 wrote none) and
-  // returns `code`.
+  // Stops every rank, records why (etcd's end first, then the event log, the report when
+  // rank 0 wrote none) and returns `code`. Throws Deposed, stopping nothing, when another
+  // controller leads now: the ranks are its own.
   int stop_job(const std::string& why, int code);
+  // Writes the job's end to etcd (once; nothing without etcd): a candidate that wins later,
+  // and keel-launch when its own controller is gone, learn the exit status there. Throws
+  // Deposed when another controller leads; other failures are logged.
+  void record_end(int code);
   int stop_by_signal();       // 128 + the signal
   int stop_after_recovery();  // recover() said stop: recovery::kExitStopped, or a signal's
   void serve_stacks_requests();

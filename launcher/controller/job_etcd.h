@@ -16,9 +16,13 @@ namespace keel {
 
 class AgentHost;
 
-// The leader's lease: etcd's shortest for keel's members (1.5 election timeouts, whole
-// seconds). It bounds how long a dead controller leads, so how long the job goes without one.
-inline constexpr std::chrono::seconds kControllerLeaseTtl{2};
+// The leader's lease. It bounds how long a dead controller leads, so how long the job goes
+// without one; and it must outlast etcd's own election when the member that led Raft is lost
+// (1-2 election timeouts, 1 s each for keel's members, more on a loaded machine), since a
+// leader that cannot refresh its lease by then must step down. At 2 s (etcd's shortest for
+// these members) the lease lapsed in every few slot losses in the tests, handing the job to
+// another controller for nothing; 5 s leaves the refresh 3.3 s at worst.
+inline constexpr std::chrono::seconds kControllerLeaseTtl{5};
 
 struct JobEtcdOptions {
   int slots = 0;          // the job's slots (members start with 3 or more)

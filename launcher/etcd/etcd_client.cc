@@ -70,35 +70,37 @@ EtcdClient::EtcdClient(const std::vector<std::string>& endpoints, std::chrono::m
     list += (list.empty() ? "" : ",") + endpoints_.back();
   }
   impl_->names = list;
-  // A third of the deadline, so that a call lost with a dead Raft leader is tried again
-  // (Impl::call); not under 500 ms, which a write under load may take.
+  // A third of the deadline, so that a call lost with a dead Raft leader or a cut-off member
+  // is tried again on the next (Impl::call); not under 500 ms, which a write under load may
+  // take.
   impl_->attempt = std::max(timeout / 3, std::min(timeout, std::chrono::milliseconds(500)));
-  impl_->target = "ipv4:" + list;
   grpc::ChannelArguments args;
-  // pick_first: one member at a time, the next one when it fails (etcd's members are equal:
-  // any one forwards writes to the Raft leader).
-  args.SetLoadBalancingPolicyName("pick_first");
   // Reconnect within 100 ms to 1 s (gRPC's default starts at 1 s and grows to 2 min, far
-  // too slow to pass over a dead member).
+  // too slow to come back to a member that restarted).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // A member that stops answering without closing its connection (a frozen machine) is
-  // noticed by pings while a watch or call is open. Not more often than every 5 s: that is
-  // etcd's default --grpc-keepalive-min-time, below which a member drops the connection.
+  // noticed by pings while a watch is open. Not more often than every 5 s: that is etcd's
+  // default --grpc-keepalive-min-time, below which a member drops the connection.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
   // Each client its own connections, like separate processes, not shared with other clients
   // of this process through gRPC's global pool.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(-1);  // a prefix read may be large; etcd limits requests
-  impl_->channel =
-      grpc::CreateCustomChannel(impl_->target, grpc::InsecureChannelCredentials(), args);
-  impl_->kv = etcdserverpb::KV::NewStub(impl_->channel);
-  impl_->lease = etcdserverpb::Lease::NewStub(impl_->channel);
-  impl_->watch = etcdserverpb::Watch::NewStub(impl_->channel);
-  impl_->maintenance = etcdserverpb::Maintenance::NewStub(impl_->channel);
-  impl_->cluster = etcdserverpb::Cluster::NewStub(impl_->channel);
+  impl_->members.reserve(endpoints_.size());
+  for (const std::string& e : endpoints_) {
+    EtcdMemberChannel m;
+    m.name = e;
+    m.channel = grpc::CreateCustomChannel("ipv4:" + e, grpc::InsecureChannelCredentials(), args);
+    m.kv = etcdserverpb::KV::NewStub(m.channel);
+    m.lease = etcdserverpb::Lease::NewStub(m.channel);
+    m.watch = etcdserverpb::Watch::NewStub(m.channel);
+    m.maintenance = etcdserverpb::Maintenance::NewStub(m.channel);
+    m.cluster = etcdserverpb::Cluster::NewStub(m.channel);
+    impl_->members.push_back(std::move(m));
+  }
 }
 
 EtcdClient::~EtcdClient() = default;
@@ -108,13 +110,16 @@ std::optional<EtcdKeyValue> EtcdClient::get(const std::string& key) {
 }
 
 std::optional<EtcdKeyValue> EtcdClient::get(const std::string& key,
-                                            std::chrono::steady_clock::time_point deadline) {
+                                            std::chrono::steady_clock::time_point deadline,
+                                            EtcdRead read) {
   KEEL_CHECK(!key.empty(), "etcd get: empty key");
   etcdserverpb::RangeRequest req;
   req.set_key(key);
+  req.set_serializable(read == EtcdRead::kLocal);
   etcdserverpb::RangeResponse resp;
-  impl_->call("get " + key, deadline,
-              [&](grpc::ClientContext& c) { return impl_->kv->Range(&c, req, &resp); });
+  impl_->call("get " + key, deadline, [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
+    return m.kv->Range(&c, req, &resp);
+  });
   if (resp.kvs_size() == 0) return std::nullopt;
   return from_proto(resp.kvs(0));
 }
@@ -133,8 +138,9 @@ std::vector<EtcdKeyValue> EtcdClient::get_prefix(const std::string& prefix,
                            : etcdserverpb::RangeRequest::DESCEND);
   }
   etcdserverpb::RangeResponse resp;
-  impl_->call("get prefix " + prefix, steady_clock::now() + timeout_,
-              [&](grpc::ClientContext& c) { return impl_->kv->Range(&c, req, &resp); });
+  impl_->call(
+      "get prefix " + prefix, steady_clock::now() + timeout_,
+      [&](grpc::ClientContext& c, EtcdMemberChannel& m) { return m.kv->Range(&c, req, &resp); });
   std::vector<EtcdKeyValue> out;
   out.reserve(resp.kvs_size());
   for (const auto& kv : resp.kvs()) out.push_back(from_proto(kv));
@@ -148,8 +154,9 @@ int64_t EtcdClient::put(const std::string& key, const std::string& value, int64_
   req.set_value(value);
   req.set_lease(lease);
   etcdserverpb::PutResponse resp;
-  impl_->call("put " + key, steady_clock::now() + timeout_,
-              [&](grpc::ClientContext& c) { return impl_->kv->Put(&c, req, &resp); });
+  impl_->call(
+      "put " + key, steady_clock::now() + timeout_,
+      [&](grpc::ClientContext& c, EtcdMemberChannel& m) { return m.kv->Put(&c, req, &resp); });
   writes_ += 1;
   bytes_written_ += key.size() + value.size();
   return resp.header().revision();
@@ -164,8 +171,9 @@ int64_t EtcdClient::create(const std::string& key, const std::string& value, int
   put->set_value(value);
   put->set_lease(lease);
   etcdserverpb::TxnResponse resp;
-  impl_->call("create " + key, steady_clock::now() + timeout_,
-              [&](grpc::ClientContext& c) { return impl_->kv->Txn(&c, txn, &resp); });
+  impl_->call(
+      "create " + key, steady_clock::now() + timeout_,
+      [&](grpc::ClientContext& c, EtcdMemberChannel& m) { return m.kv->Txn(&c, txn, &resp); });
   writes_ += 1;
   bytes_written_ += key.size() + value.size();
   // The revision of a transaction that put a new key is the key's create revision.
@@ -178,7 +186,9 @@ int64_t EtcdClient::erase(const std::string& key) {
   req.set_key(key);
   etcdserverpb::DeleteRangeResponse resp;
   impl_->call("delete " + key, steady_clock::now() + timeout_,
-              [&](grpc::ClientContext& c) { return impl_->kv->DeleteRange(&c, req, &resp); });
+              [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
+                return m.kv->DeleteRange(&c, req, &resp);
+              });
   writes_ += 1;
   bytes_written_ += key.size();
   return resp.deleted();
@@ -191,7 +201,9 @@ int64_t EtcdClient::erase_prefix(const std::string& prefix) {
   req.set_range_end(etcd_prefix_end(prefix));
   etcdserverpb::DeleteRangeResponse resp;
   impl_->call("delete prefix " + prefix, steady_clock::now() + timeout_,
-              [&](grpc::ClientContext& c) { return impl_->kv->DeleteRange(&c, req, &resp); });
+              [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
+                return m.kv->DeleteRange(&c, req, &resp);
+              });
   writes_ += 1;
   bytes_written_ += prefix.size();
   return resp.deleted();
@@ -208,8 +220,9 @@ bool EtcdClient::put_if(const EtcdGuard& guard, const std::string& key, const st
   put->set_lease(lease);
   etcdserverpb::TxnResponse resp;
   impl_->call("put " + key + " if " + guard.key + " @" + std::to_string(guard.create_revision),
-              steady_clock::now() + timeout_,
-              [&](grpc::ClientContext& c) { return impl_->kv->Txn(&c, txn, &resp); });
+              steady_clock::now() + timeout_, [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
+                return m.kv->Txn(&c, txn, &resp);
+              });
   writes_ += 1;
   bytes_written_ += key.size() + value.size();
   return resp.succeeded();
@@ -228,8 +241,9 @@ void EtcdClient::put_all(const std::vector<std::pair<std::string, std::string>>&
     }
     etcdserverpb::TxnResponse resp;
     impl_->call("put " + std::to_string(txn.success_size()) + " keys from " + kvs[first].first,
-                steady_clock::now() + timeout_,
-                [&](grpc::ClientContext& c) { return impl_->kv->Txn(&c, txn, &resp); });
+                steady_clock::now() + timeout_, [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
+                  return m.kv->Txn(&c, txn, &resp);
+                });
     writes_ += 1;
     bytes_written_ += bytes;
   }
@@ -244,8 +258,9 @@ bool EtcdClient::erase_if(const EtcdGuard& guard, const std::string& key, bool p
   if (prefix) del->set_range_end(etcd_prefix_end(key));
   etcdserverpb::TxnResponse resp;
   impl_->call("delete " + key + " if " + guard.key + " @" + std::to_string(guard.create_revision),
-              steady_clock::now() + timeout_,
-              [&](grpc::ClientContext& c) { return impl_->kv->Txn(&c, txn, &resp); });
+              steady_clock::now() + timeout_, [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
+                return m.kv->Txn(&c, txn, &resp);
+              });
   writes_ += 1;
   bytes_written_ += key.size();
   return resp.succeeded();
@@ -267,9 +282,9 @@ bool EtcdClient::put_if_unchanged(const std::string& key, int64_t mod_revision,
   // On a lost race, the winner's write comes back in the same round trip.
   txn.add_failure()->mutable_request_range()->set_key(key);
   etcdserverpb::TxnResponse resp;
-  impl_->call("put " + key + " if at @" + std::to_string(mod_revision),
-              steady_clock::now() + timeout_,
-              [&](grpc::ClientContext& ctx) { return impl_->kv->Txn(&ctx, txn, &resp); });
+  impl_->call(
+      "put " + key + " if at @" + std::to_string(mod_revision), steady_clock::now() + timeout_,
+      [&](grpc::ClientContext& ctx, EtcdMemberChannel& m) { return m.kv->Txn(&ctx, txn, &resp); });
   writes_ += 1;
   bytes_written_ += key.size() + value.size();
   if (resp.succeeded()) return true;
@@ -288,7 +303,9 @@ EtcdLease EtcdClient::lease_grant(std::chrono::seconds ttl) {
   etcdserverpb::LeaseGrantResponse resp;
   const auto requested = steady_clock::now();
   impl_->call("lease grant", requested + timeout_,
-              [&](grpc::ClientContext& c) { return impl_->lease->LeaseGrant(&c, req, &resp); });
+              [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
+                return m.lease->LeaseGrant(&c, req, &resp);
+              });
   if (!resp.error().empty())
     throw EtcdError("etcd (" + impl_->names + "): lease grant: " + resp.error(), 0);
   return EtcdLease{resp.id(), std::chrono::seconds(resp.ttl()), requested};
@@ -300,7 +317,9 @@ void EtcdClient::lease_revoke(int64_t lease) {
   etcdserverpb::LeaseRevokeResponse resp;
   try {
     impl_->call("lease revoke", steady_clock::now() + timeout_,
-                [&](grpc::ClientContext& c) { return impl_->lease->LeaseRevoke(&c, req, &resp); });
+                [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
+                  return m.lease->LeaseRevoke(&c, req, &resp);
+                });
   } catch (const EtcdUnavailable&) {
     throw;
   } catch (const EtcdError& e) {
@@ -316,11 +335,11 @@ std::chrono::seconds EtcdClient::lease_refresh(int64_t lease,
   etcdserverpb::LeaseKeepAliveResponse resp;
   // One request on a stream of its own, so that the refresh has a deadline like any call
   // (a long-lived stream could only time out as a whole).
-  impl_->call("lease refresh", deadline, [&](grpc::ClientContext& c) {
+  impl_->call("lease refresh", deadline, [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
     // Refused by a member that lost its leader, instead of waiting on it: the keeper tries
     // another member while the lease still runs.
     c.AddMetadata("hasleader", "true");
-    auto stream = impl_->lease->LeaseKeepAlive(&c);
+    auto stream = m.lease->LeaseKeepAlive(&c);
     const bool sent = stream->Write(req) && stream->WritesDone();
     const bool got = sent && stream->Read(&resp);
     grpc::Status status = stream->Finish();
@@ -335,7 +354,9 @@ EtcdStatus EtcdClient::status() {
   etcdserverpb::StatusRequest req;
   etcdserverpb::StatusResponse resp;
   impl_->call("status", steady_clock::now() + timeout_,
-              [&](grpc::ClientContext& c) { return impl_->maintenance->Status(&c, req, &resp); });
+              [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
+                return m.maintenance->Status(&c, req, &resp);
+              });
   return EtcdStatus{resp.header().member_id(), resp.leader(), resp.raftterm(), resp.dbsize(),
                     resp.version()};
 }
@@ -359,7 +380,9 @@ std::vector<EtcdMemberInfo> EtcdClient::member_list() {
   etcdserverpb::MemberListRequest req;
   etcdserverpb::MemberListResponse resp;
   impl_->call("member list", steady_clock::now() + timeout_,
-              [&](grpc::ClientContext& c) { return impl_->cluster->MemberList(&c, req, &resp); });
+              [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
+                return m.cluster->MemberList(&c, req, &resp);
+              });
   return members_of(resp.members());
 }
 
@@ -369,8 +392,14 @@ std::vector<EtcdMemberInfo> EtcdClient::member_add(const std::string& peer_url, 
   etcdserverpb::MemberAddResponse resp;
   grpc::ClientContext c;
   Impl::set_deadline(c, steady_clock::now() + timeout_);
-  const grpc::Status s = impl_->cluster->MemberAdd(&c, req, &resp);
-  if (!s.ok()) impl_->fail("member add " + peer_url, s, timeout_);
+  // Not retried (a second add of the same member is refused): the next call goes elsewhere.
+  size_t index = 0;
+  const grpc::Status s = impl_->member(&index, steady_clock::now() + impl_->attempt)
+                             .cluster->MemberAdd(&c, req, &resp);
+  if (!s.ok()) {
+    if (Impl::out_of_reach(s)) impl_->pass_over(index);
+    impl_->fail("member add " + peer_url, s, timeout_);
+  }
   ++writes_;
   if (id) *id = resp.member().id();
   return members_of(resp.members());
@@ -382,8 +411,14 @@ void EtcdClient::member_remove(uint64_t id) {
   etcdserverpb::MemberRemoveResponse resp;
   grpc::ClientContext c;
   Impl::set_deadline(c, steady_clock::now() + timeout_);
-  const grpc::Status s = impl_->cluster->MemberRemove(&c, req, &resp);
-  if (!s.ok()) impl_->fail("member remove", s, timeout_);
+  // Not retried (a second add of the same member is refused): the next call goes elsewhere.
+  size_t index = 0;
+  const grpc::Status s = impl_->member(&index, steady_clock::now() + impl_->attempt)
+                             .cluster->MemberRemove(&c, req, &resp);
+  if (!s.ok()) {
+    if (Impl::out_of_reach(s)) impl_->pass_over(index);
+    impl_->fail("member remove", s, timeout_);
+  }
   ++writes_;
 }
 

@@ -76,6 +76,10 @@ struct EtcdMemberInfo {
   std::vector<std::string> client_urls;
 };
 
+// How a read is answered: through the Raft leader (sees every acknowledged write; needs a
+// quorum), or by the member asked, from its own copy.
+enum class EtcdRead { kLinearizable, kLocal };
+
 class EtcdClient {
  public:
   // endpoints: "host:port" or "http://host:port", IPv4 literals (the slots' addresses).
@@ -91,8 +95,11 @@ class EtcdClient {
   std::optional<EtcdKeyValue> get(const std::string& key);
   // The same within `deadline` instead of the client's timeout: for a caller whose own
   // timeout is the shorter one (a store's get must not outlast its caller's timeout).
+  // EtcdRead::kLocal answers from the member's own copy (etcd's serializable read): it may
+  // miss the newest writes, and it needs no quorum, so it answers while etcd has none.
   std::optional<EtcdKeyValue> get(const std::string& key,
-                                  std::chrono::steady_clock::time_point deadline);
+                                  std::chrono::steady_clock::time_point deadline,
+                                  EtcdRead read = EtcdRead::kLinearizable);
   // Every key that starts with `prefix`, ordered and cut as `range` says.
   std::vector<EtcdKeyValue> get_prefix(const std::string& prefix, const EtcdRange& range = {});
 

@@ -57,12 +57,17 @@ std::string join(const std::vector<std::string>& parts, const char* sep) {
 }  // namespace
 
 struct EtcdStore::Impl {
-  Impl(const std::vector<std::string>& endpoints, std::string p, milliseconds call_timeout)
-      : prefix(std::move(p)), client(endpoints, call_timeout), watch_client(endpoints, kWatchOpen) {
+  Impl(const std::vector<std::string>& endpoints, std::string p, milliseconds call_timeout,
+       EtcdRead r)
+      : prefix(std::move(p)),
+        reads(r),
+        client(endpoints, call_timeout),
+        watch_client(endpoints, kWatchOpen) {
     if (prefix.empty()) throw InputError("etcd store: empty key prefix");
   }
 
   std::string prefix;
+  EtcdRead reads;  // try_get's and add(key, 0)'s
   EtcdClient client;
   EtcdClient watch_client;
   std::mutex mu;  // guards waiters and the Waiters they point to
@@ -205,8 +210,8 @@ struct EtcdStore::Impl {
 };
 
 EtcdStore::EtcdStore(const std::vector<std::string>& endpoints, std::string prefix,
-                     std::chrono::milliseconds call_timeout)
-    : impl_(std::make_unique<Impl>(endpoints, std::move(prefix), call_timeout)) {}
+                     std::chrono::milliseconds call_timeout, EtcdRead reads)
+    : impl_(std::make_unique<Impl>(endpoints, std::move(prefix), call_timeout, reads)) {}
 
 EtcdStore::~EtcdStore() = default;
 
@@ -237,16 +242,22 @@ void EtcdStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
 }
 
 std::optional<std::string> EtcdStore::try_get(const std::string& key) {
-  std::optional<EtcdKeyValue> kv =
-      impl_->guarded("try_get " + key, [&] { return impl_->client.get(impl_->prefix + key); });
+  std::optional<EtcdKeyValue> kv = impl_->guarded("try_get " + key, [&] {
+    return impl_->client.get(impl_->prefix + key, Clock::now() + impl_->client.timeout(),
+                             impl_->reads);
+  });
   if (!kv) return std::nullopt;
   return std::move(kv->value);
 }
 
 int64_t EtcdStore::add(const std::string& key, int64_t delta) {
   const std::string full = impl_->prefix + key;
-  std::optional<EtcdKeyValue> kv =
-      impl_->guarded("add " + key, [&] { return impl_->client.get(full); });
+  // A counter's read may be local; the base of a write is not (a stale base only costs a
+  // retry, but a lost quorum fails the write all the same).
+  std::optional<EtcdKeyValue> kv = impl_->guarded("add " + key, [&] {
+    return impl_->client.get(full, Clock::now() + impl_->client.timeout(),
+                             delta == 0 ? impl_->reads : EtcdRead::kLinearizable);
+  });
   for (;;) {
     int64_t value = 0;
     if (kv) {
@@ -298,7 +309,7 @@ std::string etcd_store_address(const std::vector<std::string>& endpoints,
 }
 
 std::shared_ptr<Store> connect_etcd_store(const std::string& address,
-                                          std::chrono::milliseconds call_timeout) {
+                                          std::chrono::milliseconds call_timeout, EtcdRead reads) {
   auto bad = [&](const std::string& why) {
     return InputError("bad etcd store address '" + address + "': " + why +
                       " (expected etcd://host:port,...,host:port/key/prefix/)");
@@ -315,7 +326,7 @@ std::shared_ptr<Store> connect_etcd_store(const std::string& address,
     begin = end + 1;
   }
   try {
-    return std::make_shared<EtcdStore>(endpoints, rest.substr(slash), call_timeout);
+    return std::make_shared<EtcdStore>(endpoints, rest.substr(slash), call_timeout, reads);
   } catch (const InputError& e) {
     throw bad(e.what());
   }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/etcd/etcd_client.h"
 #include "parallel/store.h"
 
 namespace keel {
@@ -23,8 +24,11 @@ class EtcdStore : public Store {
   // leader lost with its member is replaced within 1-2 s (etcd_members.h), which a write then
   // in flight must ride out, while a lost quorum must reach the caller as a CommError within
   // seconds rather than stall the job's rendezvous for TcpStore's 30 s.
+  // `reads`: how try_get and add(key, 0) read; EtcdRead::kLocal for a rank's step path,
+  // which must go on while etcd has no quorum (a runtime fault is seen a poll later at worst).
   EtcdStore(const std::vector<std::string>& endpoints, std::string prefix,
-            std::chrono::milliseconds call_timeout = std::chrono::seconds(5));
+            std::chrono::milliseconds call_timeout = std::chrono::seconds(5),
+            EtcdRead reads = EtcdRead::kLinearizable);
   ~EtcdStore() override;  // ends the watch, if a get opened one
   EtcdStore(const EtcdStore&) = delete;
   EtcdStore& operator=(const EtcdStore&) = delete;
@@ -41,7 +45,8 @@ class EtcdStore : public Store {
   // + 1 s when etcd is lost just as the watch is opened.
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
-  // One linearizable read: sees every write acknowledged before the call.
+  // One read: linearizable (sees every write acknowledged before the call) unless the store
+  // was made for local reads.
   std::optional<std::string> try_get(const std::string& key) override;
   // A compare-and-swap on the key's latest revision, retried until it wins. A value that is
   // not a decimal integer throws keel::Error naming the key. Differs from TcpStore in one
@@ -70,7 +75,13 @@ std::string etcd_store_address(const std::vector<std::string>& endpoints,
 // it is malformed. Sends nothing yet, like the constructor.
 // `call_timeout`: each call's deadline (EtcdStore's); a rank's step-path calls take a short
 // one, so that etcd without quorum costs a step that much and never stalls it.
+// The deadline of a call that must not hold up its caller (a rank's step path, the
+// controller's polls): a healthy etcd write takes 1-3 ms (bench/RESULTS.md), a loaded
+// machine's tens; past this the call is skipped until the caller's next look.
+inline constexpr std::chrono::milliseconds kEtcdQuickCall{300};
+// `reads`: as EtcdStore's.
 std::shared_ptr<Store> connect_etcd_store(
-    const std::string& address, std::chrono::milliseconds call_timeout = std::chrono::seconds(5));
+    const std::string& address, std::chrono::milliseconds call_timeout = std::chrono::seconds(5),
+    EtcdRead reads = EtcdRead::kLinearizable);
 
 }  // namespace keel

@@ -59,12 +59,13 @@ void EtcdWatch::run() {
     // stale, and the watch moves on instead of waiting there silently.
     context.AddMetadata("hasleader", "true");
     context.set_wait_for_ready(true);
+    size_t member = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (cancelled_) return;
       context_ = &context;
     }
-    auto stream = rpc.watch->Watch(&context);
+    auto stream = rpc.member(&member, steady_clock::now() + rpc.attempt).watch->Watch(&context);
     etcdserverpb::WatchRequest req;
     etcdserverpb::WatchCreateRequest* create = req.mutable_create_request();
     create->set_key(key_.empty() ? std::string(1, '\0') : key_);
@@ -113,6 +114,8 @@ void EtcdWatch::run() {
     std::unique_lock<std::mutex> lock(mu_);
     context_ = nullptr;
     if (cancelled_) return;
+    // Ended by the member (it lost its leader, it died, it is cut off): the next member.
+    if (!status.ok()) rpc.pass_over(member);
     LOG(INFO) << "etcd watch " << key_ << " reconnects (" << status.error_message() << ")";
     if (delivered) backoff = milliseconds(50);
     changed_.wait_for(lock, backoff, [&] { return cancelled_; });

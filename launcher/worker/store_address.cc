@@ -5,20 +5,16 @@
 #include "runtime/check.h"
 
 namespace keel {
-namespace {
-
-// A step-path call's deadline on etcd: a healthy write takes 1-3 ms (bench/RESULTS.md), a
-// loaded machine's tens; past this the call is skipped until the next look (a second later).
-constexpr std::chrono::milliseconds kStepPathTimeout{300};
-
-}  // namespace
 
 StoreAddress store_at(const std::string& address) {
   StoreAddress a;
   if (is_etcd_store_address(address)) {
     connect_etcd_store(address);  // checks the form now, not in the first caller's thread
     a.connect = [address] { return connect_etcd_store(address); };
-    a.connect_step_path = [address] { return connect_etcd_store(address, kStepPathTimeout); };
+    // Local reads: the runtime-fault poll goes on while etcd has no quorum.
+    a.connect_step_path = [address] {
+      return connect_etcd_store(address, kEtcdQuickCall, EtcdRead::kLocal);
+    };
     // "etcd://host:port,...": the first member's host.
     const size_t from = address.find("//") + 2;
     a.toward_host = address.substr(from, address.find(':', from) - from);

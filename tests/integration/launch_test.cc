@@ -389,13 +389,24 @@ class NetJob {
 };
 
 // Waits up to `timeout` for no process to be left in machine i.
-bool machine_empties(const NetnsLab& lab, int i, std::chrono::seconds timeout = 5s) {
+testing::AssertionResult machine_empties(const NetnsLab& lab, int i,
+                                         std::chrono::seconds timeout = 5s) {
   const auto t0 = Clock::now();
-  while (!lab.processes_in(i).empty()) {
-    if (Clock::now() - t0 > timeout) return false;
+  for (std::vector<pid_t> left = lab.processes_in(i); !left.empty(); left = lab.processes_in(i)) {
+    if (Clock::now() - t0 > timeout) {
+      // Name what stayed: which process outlived the job says which wait held it.
+      testing::AssertionResult r = testing::AssertionFailure();
+      r << left.size() << " process(es) left:";
+      for (pid_t p : left) {
+        std::string cmd = read_text("/proc/" + std::to_string(p) + "/cmdline");
+        std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+        r << "\n  " << p << " " << cmd;
+      }
+      return r;
+    }
     std::this_thread::sleep_for(20ms);
   }
-  return true;
+  return testing::AssertionSuccess();
 }
 
 // The "data" object (as JSON) of the first event of `kind` in an events.jsonl text ("" if
@@ -503,7 +514,7 @@ TEST_F(LaunchNetns, PartitionedMachineIsDetectedAndReported) {
   EXPECT_FALSE(event_data(r.events, "stop_decision").empty()) << r.events;
   // Slots 0 and 2 end with the job; the cut-off machine's processes are alive by design.
   EXPECT_TRUE(machine_empties(lab, 0)) << "machine 0";
-  EXPECT_TRUE(machine_empties(lab, 2)) << "machine 2";
+  EXPECT_TRUE(machine_empties(lab, 2)) << "machine 2\n" << job.output(2);
   lab.kill_machine(1);
   EXPECT_TRUE(lab.processes_in(1).empty());
   r.leftover_shm = job_shm(r.job);
