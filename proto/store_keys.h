@@ -246,6 +246,11 @@ inline std::string end(const std::string& job) {  // state::JobEnd, once the job
 inline std::string membership(const std::string& job) {  // membership::Membership in force
   return root(job) + "membership";
 }
+// membership::Rebuild of the newest epoch, written with its Membership: a leader that takes
+// over before the ranks were told can tell them.
+inline std::string rebuild(const std::string& job) {
+  return root(job) + "rebuild";
+}
 inline std::string plugin(const std::string& job) {  // store::Plugin in force
   return root(job) + "plugin";
 }

@@ -137,6 +137,8 @@ void Agent::send_register(bool rejoin) {
   if (rejoin) {
     for (const auto& [rank, pid] : workers_) (*reg->mutable_running())[rank] = int(pid);
     for (const auto& [index, pid] : parked_) reg->add_parked(index);
+    for (const auto& [rank, ev] : exited_)
+      if (!workers_.count(rank)) *reg->add_exited() = ev;
   }
   reg->set_slot(o_.slot);
   reg->set_host(o_.host);
@@ -255,9 +257,11 @@ void Agent::on_spawn(int epoch, const control::Command& c) {
     workers_[c.rank()] = p->second;
     parked_.erase(p);
     hosted_.insert(c.rank());
+    exited_.erase(c.rank());
     return;
   }
   workers_[c.rank()] = spawn_child(argv, env, log_of(c.rank()));
+  exited_.erase(c.rank());
   // A process that is no rank of the job (a replay worker, a diagnostic stand-in: ids at or
   // above the world size) holds none of its state: nothing of it to survey or remove.
   if (c.rank() < c.world()) hosted_.insert(c.rank());
@@ -323,6 +327,7 @@ void Agent::on_stacks(int epoch, const control::Command& c) {
 }
 
 void Agent::on_renumber(const control::Command& c) {
+  exited_.clear();  // a finished transition: its leader took up those exits
   std::map<int, pid_t> renamed;
   for (const auto& [rank, pid] : workers_) {
     auto n = c.rank_map().find(rank);
@@ -372,6 +377,7 @@ std::optional<int> Agent::on_command(int epoch, const control::Command& c) {
       kill_workers();
       remove_shared_memory();
       hosted_.clear();
+      exited_.clear();
       send_register();
       break;
     case control::Command::shutdown:
@@ -410,6 +416,7 @@ void Agent::reap_workers() {
     if (WIFSIGNALED(st)) ev.set_signal(WTERMSIG(st));
     if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) ev.set_last_lines(tail(log_of(it->first), 12));
     send_event(0, ev);
+    exited_[it->first] = ev;
     it = workers_.erase(it);
   }
   for (auto it = parked_.begin(); it != parked_.end();) {

@@ -88,6 +88,9 @@ class Agent {
   std::map<int, pid_t> workers_;  // rank -> pid
   std::map<int, pid_t> parked_;   // standby index -> pid of a worker waiting for a rank
   std::set<int> hosted_;          // every rank this slot ran (its shared memory is here)
+  // rank -> its worker's last worker_exit, until the rank runs here again: told again to a
+  // new leader on rejoin (Register.exited), as the one that died may not have seen it.
+  std::map<int, control::Event> exited_;
   // The slot's etcd member (Command etcd_start), on the ports picked when it registered; it
   // stops with the agent.
   std::vector<int> etcd_ports_;  // client, peer

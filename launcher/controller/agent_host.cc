@@ -133,6 +133,24 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
       members_->rejoin_slot(k);
       for (const auto& [rank, pid] : reg.running())
         if (rank >= 0 && rank < int(alive_.size())) alive_[size_t(rank)] = true;
+      // Workers that ended while the job had no leader (finished, or crashed): exits like any,
+      // for the ranks the restored Membership still places here.
+      const std::vector<int> here = ranks_on(k);
+      for (const control::Event& e : reg.exited()) {
+        const int r = e.rank();
+        if (r < 0 || r >= int(alive_.size()) || reg.running().count(r) ||
+            std::find(here.begin(), here.end(), r) == here.end())
+          continue;
+        alive_[size_t(r)] = false;
+        RankExit x;
+        x.rank = r;
+        x.slot = k;
+        x.status = wait_status(e.exit_code(), e.signal());
+        x.detail = e.last_lines();
+        exits_.push_back(x);
+        LOG(INFO) << "slot " << k << ": rank " << r
+                  << "'s worker ended while the job had no leader (" << x.describe() << ")";
+      }
       if (members_->state(k) == membership::SlotInfo::standby)
         a.self_check.assign(size_t(layout_.workers_per_slot), std::nullopt);
       server_->send(identity, w);

@@ -288,6 +288,8 @@ std::optional<Detected> Controller::Impl::poll_failures(Clock::time_point* next_
 int Controller::Impl::run() {
   if (o.takeover) {
     take_over();
+    if (auto d = interrupted_transition())
+      if (!recover(std::move(*d))) return stop_after_recovery();
   } else {
     // Epoch 0's record: every rank, whenever it starts, finds the membership there.
     write_rebuild(policy::Plan{}, nullptr);

@@ -85,6 +85,15 @@ struct Controller::Impl {
   // workers (slots that do not within detect.slot_timeout_ms are lost, their ranks' exits
   // queued for the loop), and says so in the event log.
   void take_over();
+  // An epoch transition the controller before this one began and did not finish: the abort
+  // of the next epoch is in the store without its rebuild (the ranks wait for it). This
+  // leader completes it under the same epoch, from the acks on (never a second epoch over
+  // half of one). nullopt when there is none.
+  std::optional<Detected> interrupted_transition();
+  // Incidents counted in the ranks' store but not written there (the controller before this
+  // one died between the two): copied from etcd's control state, or recorded as lost, so
+  // that the report's reader finds every one it counts.
+  void repair_incidents();
   // One pass of the loop's periodic checks: a failure to recover from, if any.
   std::optional<Detected> poll_failures(Clock::time_point* next_error_poll,
                                         Clock::time_point* next_grow_check);

@@ -299,7 +299,7 @@ void Controller::Impl::write_rebuild(const policy::Plan& plan, const membership:
     rb.set_plugin_hash(plugin->plugin_hash());
   }
   // etcd first: the epoch a next leader finds is never behind the one the ranks were told.
-  if (o.state) o.state->membership(rb.membership());
+  if (o.state) o.state->transition(rb);
   set_message(*store, keys::rebuild_key(members.epoch()), rb);
 }
 

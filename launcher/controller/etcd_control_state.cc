@@ -94,12 +94,17 @@ void EtcdControlState::lead(Clock::time_point deadline) {
 }
 
 void EtcdControlState::write(const std::string& key, const std::string& value) {
+  write_all({{key, value}});
+}
+
+void EtcdControlState::write_all(const std::vector<std::pair<std::string, std::string>>& kvs) {
+  const std::string& key = kvs.front().first;
   const auto deadline = Clock::now() + quorum_timeout_;
   bool said = false;
   while (true) {
     try {
       lead(deadline);
-      election_->fenced_put(key, value);
+      election_->fenced_put_all(kvs);
       if (said) LOG(WARNING) << "etcd takes writes again";
       return;
     } catch (const QuorumLost&) {
@@ -129,12 +134,31 @@ void EtcdControlState::membership(const membership::Membership& m) {
   write(keys::state::membership(job_), m.SerializeAsString());
 }
 
+void EtcdControlState::transition(const membership::Rebuild& rb) {
+  write_all({{keys::state::membership(job_), rb.membership().SerializeAsString()},
+             {keys::state::rebuild(job_), rb.SerializeAsString()}});
+}
+
+std::optional<membership::Rebuild> EtcdControlState::last_transition() {
+  const auto kv = client_->get(keys::state::rebuild(job_));
+  membership::Rebuild rb;
+  if (!kv || !rb.ParseFromString(kv->value)) return std::nullopt;
+  return rb;
+}
+
 void EtcdControlState::plugin(const store::Plugin& p) {
   write(keys::state::plugin(job_), p.SerializeAsString());
 }
 
 void EtcdControlState::incident(int64_t n, const report::Incident& inc) {
   write(keys::state::incident(job_, n), inc.SerializeAsString());
+}
+
+std::optional<report::Incident> EtcdControlState::incident_record(int64_t n) {
+  const auto kv = client_->get(keys::state::incident(job_, n));
+  report::Incident inc;
+  if (!kv || !inc.ParseFromString(kv->value)) return std::nullopt;
+  return inc;
 }
 
 void EtcdControlState::update(const report::Update& u) {

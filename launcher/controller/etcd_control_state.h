@@ -56,8 +56,15 @@ class EtcdControlState {
 
   void spec(const state::JobSpec& s);
   void membership(const membership::Membership& m);
+  // An epoch transition decided: its Membership and its whole Rebuild, in one write (the
+  // Rebuild before any rank is told, so that a leader that takes over can tell them).
+  void transition(const membership::Rebuild& rb);
+  // The newest transition's Rebuild, if one was written.
+  std::optional<membership::Rebuild> last_transition();
   void plugin(const store::Plugin& p);
   void incident(int64_t n, const report::Incident& inc);
+  // Incident n as written here, if it was.
+  std::optional<report::Incident> incident_record(int64_t n);
   void update(const report::Update& u);
   // How the job ended (the last write of a job's leader).
   void end(const state::JobEnd& e);
@@ -75,6 +82,7 @@ class EtcdControlState {
  private:
   // Writes key = value fenced on the leadership, trying again as the header says.
   void write(const std::string& key, const std::string& value);
+  void write_all(const std::vector<std::pair<std::string, std::string>>& kvs);
   // Leads, campaigning anew if the lease lapsed (etcd was out of reach longer than it).
   void lead(std::chrono::steady_clock::time_point deadline);
 

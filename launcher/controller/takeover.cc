@@ -2,10 +2,14 @@
 // or lost its lease; the job's ranks train on meanwhile. What this leader knows of the job
 // came from etcd (the spec, the Membership it restored, the store the ranks share); what only
 // the agents know (which workers run, their PIDs) comes back as each registers again.
+#include <algorithm>
 #include <chrono>
 
 #include "launcher/controller/controller_impl.h"
 #include "launcher/controller/etcd_control_state.h"
+#include "launcher/recovery_protocol.h"
+#include "proto/store_keys.h"
+#include "proto/store_values.pb.h"
 #include "runtime/logging.h"
 
 namespace keel {
@@ -27,6 +31,87 @@ void Controller::Impl::take_over() {
                             .add("slots_back", members.slot_count() - lost)
                             .add("slots_lost", lost)
                             .add("rejoin_s", took));
+  repair_incidents();
+}
+
+void Controller::Impl::repair_incidents() {
+  const int64_t n = store->add(keys::kIncidentCount, 0);
+  int newest_epoch = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (store->try_get(keys::incident_key(i))) continue;
+    std::optional<report::Incident> inc = o.state ? o.state->incident_record(i) : std::nullopt;
+    if (!inc) {
+      inc.emplace();
+      inc->set_kind("unrecorded");
+      inc->set_rank(-1);
+      inc->set_slot(-1);
+      inc->set_epoch(members.epoch());
+      inc->set_detail(
+          "the controller that handled this incident died before it recorded what happened");
+      if (o.state) o.state->incident(i, *inc);
+    }
+    set_message(*store, keys::incident_key(i), *inc);
+    LOG(WARNING) << "incident " << i + 1 << " had no record in the ranks' store: "
+                 << (inc->kind() == "unrecorded" ? "recorded as lost" : "copied from etcd");
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if (auto inc = try_get_message<report::Incident>(*store, keys::incident_key(i)))
+      newest_epoch = std::max(newest_epoch, inc->epoch());
+  // The epoch in force was entered without its incident: the controller that decided it died
+  // before recording it (or before telling the ranks: interrupted_transition then does).
+  const int epoch = members.epoch();
+  const auto abort = try_get_message<store::Abort>(*store, keys::abort_key(epoch));
+  if (epoch == 0 || newest_epoch >= epoch || !abort) return;
+  const std::optional<membership::Rebuild> rb = o.state ? o.state->last_transition() : std::nullopt;
+  report::Incident inc;
+  inc.set_kind("comm_error");
+  inc.set_rank(-1);
+  inc.set_slot(-1);
+  inc.set_epoch(epoch);
+  inc.set_detected_at(recovery::unix_now());
+  inc.set_restored_step(rb ? int(std::max<int64_t>(rb->restore_step(), 0)) : 0);
+  inc.set_rule("interrupted_transition");
+  inc.set_detail(detail::concat(abort->reason(), " (the transition to epoch ", epoch,
+                                ", decided by the controller before this one, which died)"));
+  inc.set_action(detail::concat("epoch ", epoch, " as the controller before this one decided it"));
+  store_incident(ctx, inc);
+  LOG(WARNING) << "epoch " << epoch << " was entered without its incident: recorded now";
+}
+
+std::optional<Detected> Controller::Impl::interrupted_transition() {
+  // Decided and written to etcd, but not told to the ranks (they wait for its rebuild): this
+  // leader tells them what the one before decided.
+  const int epoch = members.epoch();
+  if (o.state && !store->try_get(keys::rebuild_key(epoch))) {
+    const std::optional<membership::Rebuild> rb = o.state->last_transition();
+    if (rb && rb->membership().epoch() == epoch) {
+      set_message(*store, keys::rebuild_key(epoch), *rb);
+      LOG(WARNING) << "the controller before this one decided epoch " << epoch
+                   << " but did not tell the ranks: this leader tells them";
+      ctx.event("transition_completed", EventFields()
+                                            .add("epoch", epoch)
+                                            .add("rule", "interrupted_transition")
+                                            .add("restore_step", double(rb->restore_step())));
+      return std::nullopt;
+    }
+  }
+  const int next = epoch + 1;
+  const std::optional<store::Abort> abort =
+      try_get_message<store::Abort>(*store, keys::abort_key(next));
+  if (!abort || store->try_get(keys::rebuild_key(next))) return std::nullopt;
+  Detected d;
+  d.found.set_detected_at(recovery::unix_now());
+  d.found.set_slot(-1);
+  d.found.set_kind("comm_error");
+  d.found.set_detail(detail::concat(abort->reason(), " (the transition to epoch ", next,
+                                    ", left unfinished by the controller before this one)"));
+  // The ranks aborted already: what is left is the decision, taken again from the acks (a
+  // rank that does not ack in time is hung, as in any transition).
+  d.failure.kind = policy::FailureKind::kCommError;
+  d.failure.rule = "interrupted_transition";
+  LOG(WARNING) << "the controller before this one began the transition to epoch " << next
+               << " and did not finish it: this leader completes it";
+  return d;
 }
 
 }  // namespace keel

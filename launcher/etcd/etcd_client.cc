@@ -228,6 +228,31 @@ bool EtcdClient::put_if(const EtcdGuard& guard, const std::string& key, const st
   return resp.succeeded();
 }
 
+bool EtcdClient::put_all_if(const EtcdGuard& guard,
+                            const std::vector<std::pair<std::string, std::string>>& kvs) {
+  KEEL_CHECK(!kvs.empty() && kvs.size() <= kMaxTxnOps, "etcd put_all_if: ", kvs.size(),
+             " keys (1 to ", kMaxTxnOps, ")");
+  etcdserverpb::TxnRequest txn;
+  add_guard(txn, guard);
+  size_t bytes = 0;
+  for (const auto& [key, value] : kvs) {
+    KEEL_CHECK(!key.empty(), "etcd put_all_if: empty key");
+    etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
+    put->set_key(key);
+    put->set_value(value);
+    bytes += key.size() + value.size();
+  }
+  etcdserverpb::TxnResponse resp;
+  impl_->call("put " + std::to_string(kvs.size()) + " keys from " + kvs.front().first + " if " +
+                  guard.key + " @" + std::to_string(guard.create_revision),
+              steady_clock::now() + timeout_, [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
+                return m.kv->Txn(&c, txn, &resp);
+              });
+  writes_ += 1;
+  bytes_written_ += bytes;
+  return resp.succeeded();
+}
+
 void EtcdClient::put_all(const std::vector<std::pair<std::string, std::string>>& kvs) {
   for (size_t first = 0; first < kvs.size(); first += kMaxTxnOps) {
     etcdserverpb::TxnRequest txn;

@@ -140,6 +140,16 @@ void LeaderElection::fenced_put(const std::string& key, const std::string& value
   }
 }
 
+void LeaderElection::fenced_put_all(const std::vector<std::pair<std::string, std::string>>& kvs) {
+  const std::string what = detail::concat("fenced put of ", kvs.size(), " keys from ",
+                                          kvs.empty() ? std::string() : kvs.front().first);
+  if (!is_leader()) throw LostLeadership(what + ": " + key_ + " does not lead");
+  if (!client_.put_all_if(guard(), kvs)) {
+    lose("a fenced write was refused");
+    throw LostLeadership(what + ": refused, " + key_ + " leads no more");
+  }
+}
+
 void LeaderElection::fenced_delete(const std::string& key, bool prefix) {
   if (!is_leader()) throw LostLeadership("fenced delete " + key + ": " + key_ + " does not lead");
   if (!client_.erase_if(guard(), key, prefix)) {

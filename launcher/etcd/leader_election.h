@@ -92,6 +92,7 @@ class LeaderElection {
   // LostLeadership, having written nothing, when it does not lead (is_leader() false) or
   // etcd refuses the guard; EtcdUnavailable as any write.
   void fenced_put(const std::string& key, const std::string& value);
+  void fenced_put_all(const std::vector<std::pair<std::string, std::string>>& kvs);
   void fenced_delete(const std::string& key, bool prefix = false);
 
   // The current leader, this candidate or another (find_leader on this prefix).
