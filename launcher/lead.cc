@@ -180,7 +180,7 @@ int lead_first(const FirstLead& f) {
         [&etcd] {
           if (etcd.state) etcd.state->check_leading();
         },
-        connect_etcd_store(etcd.store_addr, kEtcdQuickCall, EtcdRead::kLocal));
+        connect_etcd_store(etcd.store_addr, kEtcdQuickCall));
   } else {
     tcp = std::make_unique<TcpStoreServer>(f.host, 0);
     spec.set_store_addr(f.host + ":" + std::to_string(tcp->port()));
@@ -275,7 +275,7 @@ int lead_as_candidate(const LaunchOptions& o, const volatile sig_atomic_t* stop)
       [&state] {
         if (state) state->check_leading();
       },
-      connect_etcd_store(spec.store_addr(), kEtcdQuickCall, EtcdRead::kLocal));
+      connect_etcd_store(spec.store_addr(), kEtcdQuickCall));
   AgentHost agents(&control, store, spec.world(), spec.workers_per_slot(), spec.slots(),
                    spec.standby(), argv, worker_env(spec, control.endpoint(), o.etcd),
                    std::chrono::milliseconds(cfg.detect().slot_timeout_ms()));

@@ -30,10 +30,12 @@ constexpr milliseconds kMinRead(250);
 // How long opening the watch may hold up a get: EtcdWatch waits for etcd to confirm the watch
 // for its client's whole timeout, so the watch has a client of its own with this one.
 constexpr milliseconds kWatchOpen(1000);
-// A waiter covered by the watch still reads its keys again this often: a watch that was away
-// longer than etcd keeps old revisions (1 min, etcd_members.cc) resumes without the writes it
-// missed, and a waiter must not sleep through its key then.
-constexpr milliseconds kRecheck(5000);
+// A waiter covered by the watch still reads its keys again this often: a watch served by a
+// member that a partition cut off stays open and silent until gRPC's keepalive gives up on
+// it (7 s), and one that was away longer than etcd keeps old revisions (1 min,
+// etcd_members.cc) resumes without the writes it missed; a waiter must not sleep through
+// its key then. A read a second per waiting rank, while it waits.
+constexpr milliseconds kRecheck(1000);
 // A waiter without the watch (it could not be opened) reads this often instead.
 constexpr milliseconds kPoll(100);
 

@@ -225,7 +225,7 @@ TEST(ControlState, ATransitionLeftByAKilledControllerIsCompletedByTheNext) {
   const std::string dir = temp_dir("controller-mid-transition");
   const std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
   const std::string job = "--config " + cfg +
-                          " --local 3 --standby 1 --set train.steps=200 --set train.eval_every=0 "
+                          " --local 3 --standby 1 --set train.steps=400 --set train.eval_every=0 "
                           "--fault slow@step=0,rank=0,delay_ms=20 --set detect.slow_round_steps=0";
   JobRun ref = run_launch_job(temp_dir("controller-mid-transition-ref"), job);
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
@@ -262,9 +262,12 @@ TEST(ControlState, ATransitionLeftByAKilledControllerIsCompletedByTheNext) {
   const std::string job_dir = launched_job_dir(dir);
   const std::string events = read_text(job_dir + "/events.jsonl");
   EXPECT_EQ(count_events(job_dir, "takeover"), 1) << events;
-  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 200) << r.report;
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 400) << r.report;
   EXPECT_EQ(json_string_field(r.report, "param_checksum"),
             json_string_field(ref.report, "param_checksum"));
+  // (400 paced steps: the ranks still train when the next leader takes over, ~4 s later. A
+  // job that ends within the takeover has rank 0's report written before the new leader
+  // could record an incident left unrecorded: see the note.)
   const std::vector<std::string> inc = json_object_array(r.report, "incidents");
   ASSERT_EQ(inc.size(), 1u) << r.report;
   EXPECT_EQ(json_number_field(inc[0], "epoch"), 1) << inc[0];
