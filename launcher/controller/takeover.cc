@@ -38,7 +38,10 @@ void Controller::Impl::repair_incidents() {
   const int64_t n = store->add(keys::kIncidentCount, 0);
   int newest_epoch = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (store->try_get(keys::incident_key(i))) continue;
+    if (auto have = try_get_message<report::Incident>(*store, keys::incident_key(i))) {
+      newest_epoch = std::max(newest_epoch, have->epoch());
+      continue;
+    }
     std::optional<report::Incident> inc = o.state ? o.state->incident_record(i) : std::nullopt;
     if (!inc) {
       inc.emplace();
@@ -51,12 +54,10 @@ void Controller::Impl::repair_incidents() {
       if (o.state) o.state->incident(i, *inc);
     }
     set_message(*store, keys::incident_key(i), *inc);
+    newest_epoch = std::max(newest_epoch, inc->epoch());
     LOG(WARNING) << "incident " << i + 1 << " had no record in the ranks' store: "
                  << (inc->kind() == "unrecorded" ? "recorded as lost" : "copied from etcd");
   }
-  for (int64_t i = 0; i < n; ++i)
-    if (auto inc = try_get_message<report::Incident>(*store, keys::incident_key(i)))
-      newest_epoch = std::max(newest_epoch, inc->epoch());
   // The epoch in force was entered without its incident: the controller that decided it died
   // before recording it (or before telling the ranks: interrupted_transition then does).
   const int epoch = members.epoch();

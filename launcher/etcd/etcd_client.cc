@@ -211,40 +211,30 @@ int64_t EtcdClient::erase_prefix(const std::string& prefix) {
 
 bool EtcdClient::put_if(const EtcdGuard& guard, const std::string& key, const std::string& value,
                         int64_t lease) {
-  KEEL_CHECK(!key.empty(), "etcd put_if: empty key");
-  etcdserverpb::TxnRequest txn;
-  add_guard(txn, guard);
-  etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
-  put->set_key(key);
-  put->set_value(value);
-  put->set_lease(lease);
-  etcdserverpb::TxnResponse resp;
-  impl_->call("put " + key + " if " + guard.key + " @" + std::to_string(guard.create_revision),
-              steady_clock::now() + timeout_, [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
-                return m.kv->Txn(&c, txn, &resp);
-              });
-  writes_ += 1;
-  bytes_written_ += key.size() + value.size();
-  return resp.succeeded();
+  return put_all_if(guard, {{key, value}}, lease);
 }
 
 bool EtcdClient::put_all_if(const EtcdGuard& guard,
-                            const std::vector<std::pair<std::string, std::string>>& kvs) {
+                            const std::vector<std::pair<std::string, std::string>>& kvs,
+                            int64_t lease) {
   KEEL_CHECK(!kvs.empty() && kvs.size() <= kMaxTxnOps, "etcd put_all_if: ", kvs.size(),
              " keys (1 to ", kMaxTxnOps, ")");
   etcdserverpb::TxnRequest txn;
   add_guard(txn, guard);
   size_t bytes = 0;
   for (const auto& [key, value] : kvs) {
-    KEEL_CHECK(!key.empty(), "etcd put_all_if: empty key");
+    KEEL_CHECK(!key.empty(), "etcd put_if: empty key");
     etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
     put->set_key(key);
     put->set_value(value);
+    put->set_lease(lease);
     bytes += key.size() + value.size();
   }
+  const std::string what =
+      kvs.size() == 1 ? "put " + kvs.front().first
+                      : detail::concat("put ", kvs.size(), " keys from ", kvs.front().first);
   etcdserverpb::TxnResponse resp;
-  impl_->call("put " + std::to_string(kvs.size()) + " keys from " + kvs.front().first + " if " +
-                  guard.key + " @" + std::to_string(guard.create_revision),
+  impl_->call(what + " if " + guard.key + " @" + std::to_string(guard.create_revision),
               steady_clock::now() + timeout_, [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
                 return m.kv->Txn(&c, txn, &resp);
               });

@@ -120,8 +120,9 @@ class EtcdClient {
   // The fencing primitive: the write happens only if `guard` holds, in one transaction.
   // Returns false, having written nothing, when it does not.
   // Every key = value in one transaction (at most kMaxTxnOps), only if `guard` holds.
+  // Every put carries `lease` (0: none).
   bool put_all_if(const EtcdGuard& guard,
-                  const std::vector<std::pair<std::string, std::string>>& kvs);
+                  const std::vector<std::pair<std::string, std::string>>& kvs, int64_t lease = 0);
   bool put_if(const EtcdGuard& guard, const std::string& key, const std::string& value,
               int64_t lease = 0);
   bool erase_if(const EtcdGuard& guard, const std::string& key, bool prefix = false);

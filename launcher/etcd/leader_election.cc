@@ -133,16 +133,14 @@ bool LeaderElection::is_leader() const {
 }
 
 void LeaderElection::fenced_put(const std::string& key, const std::string& value) {
-  if (!is_leader()) throw LostLeadership("fenced put " + key + ": " + key_ + " does not lead");
-  if (!client_.put_if(guard(), key, value)) {
-    lose("a fenced write was refused");
-    throw LostLeadership("fenced put " + key + ": refused, " + key_ + " leads no more");
-  }
+  fenced_put_all({{key, value}});
 }
 
 void LeaderElection::fenced_put_all(const std::vector<std::pair<std::string, std::string>>& kvs) {
-  const std::string what = detail::concat("fenced put of ", kvs.size(), " keys from ",
-                                          kvs.empty() ? std::string() : kvs.front().first);
+  const std::string what = kvs.size() == 1
+                               ? "fenced put " + kvs.front().first
+                               : detail::concat("fenced put of ", kvs.size(), " keys from ",
+                                                kvs.empty() ? std::string() : kvs.front().first);
   if (!is_leader()) throw LostLeadership(what + ": " + key_ + " does not lead");
   if (!client_.put_all_if(guard(), kvs)) {
     lose("a fenced write was refused");
