@@ -15,7 +15,9 @@
 //        keel-launch each: slot 0 with --slots 4, the others --join) and the slot's link goes
 //        down; needs root and iproute2, otherwise reported as not measured.
 //
-//   3. fail-slow (bench/detect_slow.h): rounds to detection at 1.5x, 2x, 4x slowdowns, and
+//   3. failover (bench/detect_failover.h): a controller crash, slot 0 lost, a slot lost by
+//      its processes' death and by its silence, in a job with etcd, hot swapped;
+//   4. fail-slow (bench/detect_slow.h): rounds to detection at 1.5x, 2x, 4x slowdowns, and
 //      false positives per 1,000 fault-free steps.
 //
 //   keel-bench detect [--injections 10] [--pairs 3] [--steps 200] [--kinds crash,exit,...]
@@ -38,6 +40,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/detect_failover.h"
 #include "bench/detect_slow.h"
 #include "bench/scenarios.h"
 #include "integration/netns.h"
@@ -203,28 +206,6 @@ KindResult in_run(const std::string& dir, const std::string& shards, const std::
   return res;
 }
 
-// The pid of the running keel-worker serving `rank` (0 if none): found in /proc, as an
-// operator would, by its environment.
-pid_t worker_of(int rank) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream cmd(e.path() / "cmdline");
-    std::string argv0;
-    std::getline(cmd, argv0, '\0');
-    if (argv0.find("keel-worker") == std::string::npos) continue;
-    std::ifstream env(e.path() / "environ", std::ios::binary);
-    bool mine = false, standby = false;
-    for (std::string kv; std::getline(env, kv, '\0');) {
-      mine = mine || kv == "KEEL_RANK=" + std::to_string(rank);
-      standby = standby || kv.rfind("KEEL_STANDBY=", 0) == 0;
-    }
-    if (mine && !standby) return pid_t(std::stoi(name));
-  }
-  return 0;
-}
-
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -248,7 +229,7 @@ KindResult sigstop(const std::string& dir, const std::string& shards, int n, dou
   pid_t last = 0;
   for (int k = 0; k < n && std::chrono::steady_clock::now() < deadline;) {
     std::this_thread::sleep_for(std::chrono::seconds(2));
-    const pid_t p = worker_of(1 + k % (kRanks - 1));
+    const pid_t p = bench::worker_pid(1 + k % (kRanks - 1));
     if (p == 0 || p == last) continue;  // not started yet, or the stopped one not yet replaced
     if (::kill(p, SIGSTOP) != 0) continue;
     stopped.push_back(unix_now());
@@ -388,9 +369,14 @@ KindResult partition(const std::string& dir, const std::string& shards, int n) {
 }
 
 // Every row keel-bench detect can measure, in the order it measures them.
-const std::vector<std::string> kAllKinds = {
-    "overhead",           "crash",   "exit",      "hang",      "freeze", "spin",
-    "hang_in_collective", "sigstop", "slot_loss", "partition", "slow"};
+const std::vector<std::string> kAllKinds = [] {
+  std::vector<std::string> k = {
+      "overhead",           "crash",   "exit",      "hang",     "freeze", "spin",
+      "hang_in_collective", "sigstop", "slot_loss", "partition"};
+  for (const auto& f : bench::failover_kinds()) k.push_back(f);
+  k.push_back("slow");
+  return k;
+}();
 
 struct DetectOptions {
   int injections = 10, pairs = 3, steps = 200;
@@ -463,6 +449,11 @@ int detect_main(const DetectOptions& o) {
     k.limit = 2.0;
     print(k);
   }
+  std::vector<std::string> failover;
+  for (const auto& f : bench::failover_kinds())
+    if (want(f)) failover.push_back(f);
+  bench::failover_rows(
+      dir, [&](int n) { return tiny3d(dir, shards, n); }, kSets, failover, injections);
   if (want("slow"))
     bench::fail_slow_rows(
         dir, [&](int n) { return tiny3d(dir, shards, n); }, kSets, 1000);

@@ -4,6 +4,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <sys/types.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -91,6 +92,28 @@ inline int run(const std::string& dir, const std::string& program, const std::st
                           " > " + dir + "/run.log 2>&1";
   const int st = std::system(cmd.c_str());
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+// The pid of the running keel-worker serving `rank` (0 if none; a parked standby's is not):
+// found in /proc, as an operator would, by its environment.
+inline pid_t worker_pid(int rank) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmd(e.path() / "cmdline");
+    std::string argv0;
+    std::getline(cmd, argv0, '\0');
+    if (argv0.find("keel-worker") == std::string::npos) continue;
+    std::ifstream env(e.path() / "environ", std::ios::binary);
+    bool mine = false, standby = false;
+    for (std::string kv; std::getline(env, kv, '\0');) {
+      mine = mine || kv == "KEEL_RANK=" + std::to_string(rank);
+      standby = standby || kv.rfind("KEEL_STANDBY=", 0) == 0;
+    }
+    if (mine && !standby) return pid_t(std::stoi(name));
+  }
+  return 0;
 }
 
 // run(), and its report; exits the benchmark when the run fails (a benchmark whose runs

@@ -289,7 +289,14 @@ int lead_as_candidate(const LaunchOptions& o, const volatile sig_atomic_t* stop)
   co.slot0_losable = true;
   co.stop_signal = stop;
   co.takeover = m;
-  return run_and_end(co, agents, control, store, events, &state, nullptr, &client);
+  // The members keel started (none with the user's cluster) are this leader's to keep now.
+  std::unique_ptr<EtcdUpkeep> upkeep;
+  if (auto members = state->etcd_members())
+    upkeep = std::make_unique<EtcdUpkeep>(
+        &agents, &client, *members,
+        [&state](const state::EtcdMembers& x) { state->etcd_members(x); },
+        [&events](const std::string& k, const EventFields& f) { events.write(k, f); });
+  return run_and_end(co, agents, control, store, events, &state, upkeep.get(), &client);
 }
 
 }  // namespace keel

@@ -43,12 +43,16 @@ bool is_closed_errno(int e) {
 }
 
 // One connect attempt bounded by `deadline`; returns the socket or sets `err`.
-Fd try_connect(const addrinfo* ai, Clock::time_point deadline, std::string* err) {
+// One connection attempt; on failure `err` says why and `code` (if given) holds the errno
+// (ETIMEDOUT when the deadline passed).
+Fd try_connect(const addrinfo* ai, Clock::time_point deadline, std::string* err,
+               int* code = nullptr) {
   Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
   KEEL_CHECK_ERRNO(fd.get());
   set_nonblocking(fd.get());
   if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0) return fd;
   if (errno != EINPROGRESS) {
+    if (code) *code = errno;
     *err = std::strerror(errno);
     return Fd();
   }
@@ -59,6 +63,7 @@ Fd try_connect(const addrinfo* ai, Clock::time_point deadline, std::string* err)
   } while (rc < 0 && errno == EINTR);
   KEEL_CHECK_ERRNO(rc);
   if (rc == 0) {
+    if (code) *code = ETIMEDOUT;
     *err = "connect timed out";
     return Fd();
   }
@@ -66,6 +71,7 @@ Fd try_connect(const addrinfo* ai, Clock::time_point deadline, std::string* err)
   socklen_t len = sizeof(so_error);
   KEEL_CHECK_ERRNO(::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &so_error, &len));
   if (so_error != 0) {
+    if (code) *code = so_error;
     *err = std::strerror(so_error);
     return Fd();
   }
@@ -157,6 +163,18 @@ Fd connect_tcp(const std::string& host, int port, Clock::time_point deadline,
   }
   throw CommTimeout(concat("timed out connecting to ", what, " at ", join_host_port(host, port),
                            " (last error: ", err, ")"));
+}
+
+bool connection_refused(const std::string& host, int port, Clock::time_point deadline) {
+  AddrInfoPtr res = resolve(host, port, false);
+  bool refused = false;
+  for (const addrinfo* ai = res.get(); ai; ai = ai->ai_next) {
+    std::string err;
+    int code = 0;
+    if (try_connect(ai, deadline, &err, &code).valid()) return false;
+    refused = refused || code == ECONNREFUSED;
+  }
+  return refused;
 }
 
 IoResult send_all(int fd, const void* buf, size_t len, Clock::time_point deadline,

@@ -51,6 +51,11 @@ std::string join_host_port(const std::string& host, int port);
 Fd connect_tcp(const std::string& host, int port, Clock::time_point deadline,
                const std::string& what);
 
+// Whether one attempt to connect to host:port is refused before `deadline`: its host is up
+// and nothing listens there (the process died). False if it connects, or stays silent (a host
+// cut off or powered off drops the attempt). Throws keel::Error if host does not resolve.
+bool connection_refused(const std::string& host, int port, Clock::time_point deadline);
+
 // Outcome of a whole-buffer transfer on a non-blocking socket.
 enum class IoResult { kOk, kTimeout, kClosed };
 

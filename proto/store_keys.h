@@ -251,6 +251,9 @@ inline std::string membership(const std::string& job) {  // membership::Membersh
 inline std::string rebuild(const std::string& job) {
   return root(job) + "rebuild";
 }
+inline std::string etcd_members(const std::string& job) {  // state::EtcdMembers
+  return root(job) + "etcd_members";
+}
 inline std::string plugin(const std::string& job) {  // store::Plugin in force
   return root(job) + "plugin";
 }

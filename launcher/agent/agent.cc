@@ -164,7 +164,11 @@ void Agent::follow(const control::Command& c) {
                << ": cannot follow the job's leadership in etcd: " << e.what();
     return;
   }
-  if (!c.candidate() || candidate_ > 0) return;
+  is_candidate_ = c.candidate();
+  if (is_candidate_ && candidate_ <= 0) start_candidate();
+}
+
+void Agent::start_candidate() {
   // A process of its own beside the agent: a controller that crashes takes no worker with it,
   // and one that loses its slot goes with it (it dies with the agent).
   const std::vector<std::string> argv = {
@@ -172,7 +176,28 @@ void Agent::follow(const control::Command& c) {
       std::to_string(o_.slot), "--host",      o_.host, "--etcd", join(etcd_endpoints_, ',')};
   candidate_ = spawn_child(
       argv, {}, o_.log_dir + "/slot" + std::to_string(o_.slot) + "-controller.log", SIGKILL);
+  candidate_started_ = Clock::now();
   LOG(INFO) << "slot " << o_.slot << ": controller candidate started (pid " << candidate_ << ")";
+}
+
+void Agent::keep_candidate() {
+  if (!is_candidate_) return;
+  if (candidate_ > 0) {
+    int st = 0;
+    if (waitpid(candidate_, &st, WNOHANG) != candidate_) return;
+    candidate_ = 0;  // reaped: none runs
+    // Exit 0: the job ended (or ended before it led); nothing to lead any more.
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+      is_candidate_ = false;
+      return;
+    }
+    LOG(WARNING) << "slot " << o_.slot << ": the controller candidate "
+                 << (WIFSIGNALED(st) ? detail::concat("was killed (signal ", WTERMSIG(st), ")")
+                                     : detail::concat("exited with status ", WEXITSTATUS(st)))
+                 << "; starting another";
+  }
+  // One that dies at start (etcd out of reach, say) is started again once a second at most.
+  if (Clock::now() - candidate_started_ >= kCandidateRestartEvery) start_candidate();
 }
 
 bool Agent::switch_leader(std::chrono::steady_clock::duration silent) {
@@ -193,6 +218,7 @@ bool Agent::switch_leader(std::chrono::steady_clock::duration silent) {
 }
 
 void Agent::stop_candidate() {
+  is_candidate_ = false;
   if (candidate_ <= 0) return;
   ::kill(candidate_, SIGKILL);
   int st = 0;
@@ -466,6 +492,7 @@ int Agent::run(const volatile int* stop) {
         if (std::optional<int> rc = on_command(m->epoch(), m->command())) return *rc;
     }
     reap_workers();
+    keep_candidate();
     // Only a welcomed agent holds its slot; until then its heartbeats would claim it.
     if (welcomed_ && Clock::now() >= next_heartbeat) {
       next_heartbeat = Clock::now() + kHeartbeatEvery;

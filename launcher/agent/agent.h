@@ -73,6 +73,8 @@ class Agent {
   // every heartbeat (200 ms), so a live one is never left; a dead one has been silent for its
   // lease's lapse (2 s) by the time a successor publishes itself.
   static constexpr std::chrono::milliseconds kLeaderSilence{1000};
+  // How often a controller candidate that keeps dying is started again.
+  static constexpr std::chrono::milliseconds kCandidateRestartEvery{1000};
 
   AgentOptions o_;
   std::unique_ptr<ControlClient> client_;  // to the leader controller (controller_)
@@ -85,6 +87,8 @@ class Agent {
   std::mutex leader_mu_;
   std::string leader_endpoint_;
   pid_t candidate_ = 0;
+  bool is_candidate_ = false;  // this slot runs one (told by follow)
+  std::chrono::steady_clock::time_point candidate_started_{};
   std::map<int, pid_t> workers_;  // rank -> pid
   std::map<int, pid_t> parked_;   // standby index -> pid of a worker waiting for a rank
   std::set<int> hosted_;          // every rank this slot ran (its shared memory is here)
@@ -104,6 +108,11 @@ class Agent {
   // A new leader published itself and the one this agent talks to has gone quiet: the agent
   // connects to the new one and registers again. Returns whether it switched.
   bool switch_leader(std::chrono::steady_clock::duration silent);
+  void start_candidate();
+  // A candidate that ended while the job goes on (it led and was killed, or was deposed) is
+  // replaced, so that the job outlives any number of controller deaths, not just as many
+  // as it had candidates.
+  void keep_candidate();
   void stop_candidate();
   // Sends `ev` (its slot filled in) under `epoch`.
   void send_event(int epoch, control::Event ev);

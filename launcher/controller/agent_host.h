@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -124,6 +125,10 @@ class AgentHost : public RankHost {
   std::string etcd_peer_url(int slot) const;
   // Whether `slot` is lost (its agent silent or its connection closed).
   bool slot_lost(int slot) const { return members_->link(slot) == JobMembership::Link::kLost; }
+  // For a slot lost by its heartbeats' silence (a partition, a power loss: its processes may
+  // live on, its connections stay open), when it was last heard from; nullopt for a slot that
+  // is not lost or whose connection closed (its processes died).
+  std::optional<std::chrono::steady_clock::time_point> lost_silent_since(int slot) const;
   bool slot_up(int slot) const { return up(slot); }
   int slot_count() const { return int(agents_.size()); }
 
@@ -135,6 +140,7 @@ class AgentHost : public RankHost {
     // When its connection closed with no silence before it (its process died, or it reset):
     // reset by its next message.
     std::optional<std::chrono::steady_clock::time_point> closed_at;
+    bool lost_silent = false;  // lost by its heartbeats' silence, not a closed connection
     int pid = 0;
     int registrations = 0;                         // Register messages received
     int etcd_client_port = 0, etcd_peer_port = 0;  // free on its host when it registered

@@ -281,6 +281,10 @@ std::optional<Detected> Controller::Impl::poll_failures(Clock::time_point* next_
   }
   serve_stacks_requests();
   if (replays.take_request()) return replays.requested();
+  // What arrived while the calls above waited (an etcd member replaced, a stacks capture can
+  // take seconds): a rank's silence must be its own, not this loop's. Without it, every rank
+  // looked hung after the upkeep's etcd calls, and all were restarted.
+  pump();
   if (auto d = detector.hang(stops.incidents + 1)) return d;
   return slow.judge();
 }

@@ -150,6 +150,17 @@ void EtcdControlState::plugin(const store::Plugin& p) {
   write(keys::state::plugin(job_), p.SerializeAsString());
 }
 
+void EtcdControlState::etcd_members(const state::EtcdMembers& m) {
+  write(keys::state::etcd_members(job_), m.SerializeAsString());
+}
+
+std::optional<state::EtcdMembers> EtcdControlState::etcd_members() {
+  const auto kv = client_->get(keys::state::etcd_members(job_));
+  state::EtcdMembers m;
+  if (!kv || !m.ParseFromString(kv->value)) return std::nullopt;
+  return m;
+}
+
 void EtcdControlState::incident(int64_t n, const report::Incident& inc) {
   write(keys::state::incident(job_, n), inc.SerializeAsString());
 }

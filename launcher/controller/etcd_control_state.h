@@ -62,6 +62,9 @@ class EtcdControlState {
   // The newest transition's Rebuild, if one was written.
   std::optional<membership::Rebuild> last_transition();
   void plugin(const store::Plugin& p);
+  // The members keel keeps (launcher/controller/etcd_upkeep.h), and as last written.
+  void etcd_members(const state::EtcdMembers& m);
+  std::optional<state::EtcdMembers> etcd_members();
   void incident(int64_t n, const report::Incident& inc);
   // Incident n as written here, if it was.
   std::optional<report::Incident> incident_record(int64_t n);

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "launcher/controller/agent_host.h"
+#include "parallel/socket_util.h"
+#include "parallel/tcp_store.h"
 #include "runtime/logging.h"
 
 namespace keel {
@@ -11,6 +13,34 @@ namespace {
 // How long the new member's agent gets to start its process.
 constexpr std::chrono::milliseconds kStartWait{5000};
 
+// How long a member cut off from the others (its slot silent, not dead) is left in the
+// cluster before it is removed. etcd 3.4's leader removes a peer by stopping its streams on
+// its own loop, and a stream to a cut-off peer whose socket buffer is full (every
+// linearizable read sends a heartbeat to every member) blocks until rafthttp's 5 s write
+// timeout: the leader sends no heartbeat meanwhile, the other member starts an election, and
+// the cluster is without quorum for 10 s or more (seen: the job's controller lost its lease).
+// Once that timeout has fired the stream stays closed (a cut-off peer cannot dial back in),
+// and the removal is instant. A member whose process died closed its streams: no wait.
+constexpr std::chrono::milliseconds kCutOffMemberGrace{10000};
+// How long the probe of a silent member's port may take (refused: its process is gone), and
+// how often it is made: a cut-off member's probe times out on the controller's loop.
+constexpr std::chrono::milliseconds kProbe{100};
+constexpr std::chrono::milliseconds kProbeEvery{2000};
+
+// Whether the member at `peer_url` ("http://host:port") is gone while its host is up (its
+// port refuses a connection): it closed its streams, so removing it cannot stall etcd.
+bool member_process_gone(const std::string& peer_url) {
+  const std::string scheme = "http://";
+  const std::string addr =
+      peer_url.rfind(scheme, 0) == 0 ? peer_url.substr(scheme.size()) : peer_url;
+  try {
+    const auto [host, port] = parse_host_port(addr);
+    return detail::connection_refused(host, port, std::chrono::steady_clock::now() + kProbe);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // Whether etcd's member `m` is the one at `peer_url`.
 bool serves(const EtcdMemberInfo& m, const std::string& peer_url) {
   return std::find(m.peer_urls.begin(), m.peer_urls.end(), peer_url) != m.peer_urls.end();
@@ -18,40 +48,70 @@ bool serves(const EtcdMemberInfo& m, const std::string& peer_url) {
 
 }  // namespace
 
-EtcdUpkeep::EtcdUpkeep(AgentHost* agents, EtcdClient* client, int members, std::string data_root,
-                       std::string log_dir,
+EtcdUpkeep::EtcdUpkeep(AgentHost* agents, EtcdClient* client, state::EtcdMembers members,
+                       std::function<void(const state::EtcdMembers&)> record,
                        std::function<void(const std::string&, const EventFields&)> on_event)
     : agents_(agents),
       client_(client),
-      data_root_(std::move(data_root)),
-      log_dir_(std::move(log_dir)),
-      on_event_(std::move(on_event)) {
-  for (int k = 0; k < members; ++k)
-    members_[k] = Member{"slot" + std::to_string(k), agents_->etcd_peer_url(k)};
+      members_(std::move(members)),
+      record_(std::move(record)),
+      on_event_(std::move(on_event)) {}
+
+state::EtcdMembers EtcdUpkeep::first(const AgentHost& agents, int n, const std::string& data_root,
+                                     const std::string& log_dir) {
+  state::EtcdMembers m;
+  m.set_data_root(data_root);
+  m.set_log_dir(log_dir);
+  for (int k = 0; k < n; ++k) {
+    auto* x = m.add_members();
+    x->set_slot(k);
+    x->set_name("slot" + std::to_string(k));
+    x->set_peer_url(agents.etcd_peer_url(k));
+  }
+  return m;
+}
+
+const state::EtcdMembers::Member* EtcdUpkeep::on(int slot) const {
+  for (const auto& m : members_.members())
+    if (m.slot() == slot) return &m;
+  return nullptr;
 }
 
 void EtcdUpkeep::maintain() {
   int lost = -1;
-  for (const auto& [slot, m] : members_)
-    if (agents_->slot_lost(slot)) lost = slot;
+  for (const auto& m : members_.members())
+    if (m.slot() < agents_->slot_count() && agents_->slot_lost(m.slot())) lost = m.slot();
   if (lost < 0) return;
   int to = -1;
   for (int k = 0; k < agents_->slot_count() && to < 0; ++k)
-    if (agents_->slot_up(k) && !members_.count(k)) to = k;
+    if (agents_->slot_up(k) && !on(k)) to = k;
   if (to < 0) return;  // no live slot without a member: wait for one
-  const Member old = members_.at(lost);
-  const Member next{"slot" + std::to_string(to) + "-" + std::to_string(replaced_ + 1),
-                    agents_->etcd_peer_url(to)};
+  const state::EtcdMembers::Member old = *on(lost);
+  const auto now = std::chrono::steady_clock::now();
+  const auto silent_since = agents_->lost_silent_since(lost);
+  if (silent_since && now - *silent_since < kCutOffMemberGrace) {
+    if (now - probed_at_ < kProbeEvery) return;
+    probed_at_ = now;
+    if (!member_process_gone(old.peer_url())) return;
+  }
+  state::EtcdMembers::Member next;
+  next.set_slot(to);
+  next.set_name("slot" + std::to_string(to) + "-" + std::to_string(members_.replaced() + 1));
+  next.set_peer_url(agents_->etcd_peer_url(to));
+  state::EtcdMembers after = members_;  // as it will be once the change is made
+  after.set_replaced(members_.replaced() + 1);
+  for (auto& m : *after.mutable_members())
+    if (m.slot() == lost) m = next;
   try {
     std::vector<uint64_t> lost_ids;  // the lost member, as etcd lists it (if it still does)
     bool others_started = true;
     for (const auto& m : client_->member_list()) {
-      if (serves(m, old.peer_url)) {
+      if (serves(m, old.peer_url())) {
         lost_ids.push_back(m.id);
         continue;
       }
-      const bool ours = std::any_of(members_.begin(), members_.end(),
-                                    [&](const auto& s) { return serves(m, s.second.peer_url); });
+      const bool ours = std::any_of(members_.members().begin(), members_.members().end(),
+                                    [&](const auto& x) { return serves(m, x.peer_url()); });
       // An add whose answer was lost (the member it went through died) took effect all the
       // same: a member keel never started, which would count against the quorum forever.
       if (m.name.empty() && !ours) {
@@ -65,36 +125,37 @@ void EtcdUpkeep::maintain() {
     // members short would cost the quorum.
     if (!others_started) return;
     for (uint64_t id : lost_ids) client_->member_remove(id);
-    members_.erase(lost);
     uint64_t id = 0;
-    const auto after = client_->member_add(next.peer_url, &id);
-    members_[to] = next;
+    const auto listed = client_->member_add(next.peer_url(), &id);
     // Its --initial-cluster: every member under the name keel gave it.
     std::string cluster;
-    for (const auto& m : after)
+    for (const auto& m : listed)
       for (const auto& url : m.peer_urls) {
         std::string name = m.name;
-        for (const auto& [slot, mine] : members_)
-          if (mine.peer_url == url) name = mine.name;
+        for (const auto& mine : after.members())
+          if (mine.peer_url() == url) name = mine.name();
         cluster += (cluster.empty() ? "" : ",") + name + "=" + url;
       }
-    agents_->start_etcd_member(to, next.name, cluster, data_root_, log_dir_, kStartWait);
-    ++replaced_;
-    LOG(WARNING) << "etcd member " << old.name << " (slot " << lost << ", lost) replaced by "
-                 << next.name << " on slot " << to;
-    if (on_event_)
-      on_event_("etcd_member", EventFields()
-                                   .add("removed", old.name)
-                                   .add("added", next.name)
-                                   .add("slot", to)
-                                   .add("lost_slot", lost));
+    members_ = after;
+    agents_->start_etcd_member(to, next.name(), cluster, members_.data_root(), members_.log_dir(),
+                               kStartWait);
   } catch (const std::exception& e) {
     // Tried again at a later call from what etcd lists then: a member removed stays removed,
     // one added but not started is the lost one of its slot next time.
-    LOG(WARNING) << "etcd: replacing member " << old.name << " of lost slot " << lost << ": "
+    LOG(WARNING) << "etcd: replacing member " << old.name() << " of lost slot " << lost << ": "
                  << e.what();
-    if (!members_.count(lost) && !members_.count(to)) members_[lost] = old;
+    return;
   }
+  LOG(WARNING) << "etcd member " << old.name() << " (slot " << lost << ", lost) replaced by "
+               << next.name() << " on slot " << to;
+  // Outside the try: a leader deposed meanwhile must learn it (Deposed), not log it.
+  if (record_) record_(members_);
+  if (on_event_)
+    on_event_("etcd_member", EventFields()
+                                 .add("removed", old.name())
+                                 .add("added", next.name())
+                                 .add("slot", to)
+                                 .add("lost_slot", lost));
 }
 
 }  // namespace keel

@@ -3,16 +3,17 @@
 // and started on a live slot that runs none (Raft reconfiguration, one member at a time,
 // while the other members hold quorum). Without it, a job of 3 members that loses two of its
 // first three slots over its life, one at a time, would lose quorum although each loss alone
-// was survivable. Runs in the controller's loop (slot 0's keel-launch).
+// was survivable. A member cut off by a partition is removed only some seconds after its
+// slot went silent (why: kCutOffMemberGrace in the .cc). Runs in the leader's loop.
 #pragma once
 
 #include <chrono>
-#include <map>
+#include <functional>
 #include <string>
-#include <vector>
 
 #include "launcher/controller/event_fields.h"
 #include "launcher/etcd/etcd_client.h"
+#include "proto/control_state.pb.h"
 
 namespace keel {
 
@@ -20,11 +21,16 @@ class AgentHost;
 
 class EtcdUpkeep {
  public:
-  // The members keel started, one per slot 0..members-1 (named slot<k>); `on_event` records
-  // each replacement in the job's event log.
-  EtcdUpkeep(AgentHost* agents, EtcdClient* client, int members, std::string data_root,
-             std::string log_dir,
+  // Keeps `members` (as the control state records them); `record` writes each change there
+  // (fenced on the leadership: a leader that takes over keeps them from where this one left
+  // them), `on_event` records each replacement in the job's event log.
+  EtcdUpkeep(AgentHost* agents, EtcdClient* client, state::EtcdMembers members,
+             std::function<void(const state::EtcdMembers&)> record,
              std::function<void(const std::string&, const EventFields&)> on_event);
+
+  // The record of the `n` members keel starts on slots 0..n-1 (named slot<k>).
+  static state::EtcdMembers first(const AgentHost& agents, int n, const std::string& data_root,
+                                  const std::string& log_dir);
 
   // Replaces the member of one lost slot, if any: at most one change a call, so that each
   // runs on a cluster that has taken the one before. A change that fails is tried again at
@@ -32,18 +38,18 @@ class EtcdUpkeep {
   void maintain();
 
   // Members replaced so far.
-  int replaced() const { return replaced_; }
+  int replaced() const { return members_.replaced(); }
 
  private:
+  // The member on `slot`, if any.
+  const state::EtcdMembers::Member* on(int slot) const;
+
   AgentHost* agents_;
   EtcdClient* client_;
-  const std::string data_root_, log_dir_;
+  state::EtcdMembers members_;
+  std::function<void(const state::EtcdMembers&)> record_;
   std::function<void(const std::string&, const EventFields&)> on_event_;
-  struct Member {
-    std::string name, peer_url;
-  };
-  std::map<int, Member> members_;  // slot -> the member keel started there
-  int replaced_ = 0;
+  std::chrono::steady_clock::time_point probed_at_;  // the last probe of a silent member
 };
 
 }  // namespace keel

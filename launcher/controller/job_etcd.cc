@@ -66,9 +66,15 @@ JobEtcd start_job_etcd(AgentHost& agents, const JobEtcdOptions& o,
   // Beside every member (or the first slots, for the user's cluster), as many as a quorum
   // of members: one of them is left whichever machine dies.
   j.candidates = std::min(o.slots, int(o.endpoints.empty() ? endpoints.size() : 3));
-  if (o.endpoints.empty())
-    j.upkeep = std::make_unique<EtcdUpkeep>(&agents, j.client.get(), int(endpoints.size()),
-                                            o.data_root, o.log_dir, std::move(on_event));
+  if (o.endpoints.empty()) {
+    const state::EtcdMembers first =
+        EtcdUpkeep::first(agents, int(endpoints.size()), o.data_root, o.log_dir);
+    j.state->etcd_members(first);
+    j.upkeep = std::make_unique<EtcdUpkeep>(
+        &agents, j.client.get(), first,
+        [state = j.state.get()](const state::EtcdMembers& m) { state->etcd_members(m); },
+        std::move(on_event));
+  }
   char took[32];
   std::snprintf(took, sizeof(took), "%.2f s",
                 std::chrono::duration<double>(Clock::now() - start).count());

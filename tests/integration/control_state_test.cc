@@ -107,7 +107,7 @@ TEST(ControlState, AJobOfThreeSlotsKeepsItsStateInEtcd) {
   const auto end = find_event(job_dir, "end");
   ASSERT_TRUE(recovered && end);
   EXPECT_EQ(number(*recovered, "etcd_writes"), 2);
-  EXPECT_LE(number(*end, "etcd_writes"), 6) << "steps write to etcd";
+  EXPECT_LE(number(*end, "etcd_writes"), 7) << "steps write to etcd";
   // Nothing of etcd outlives the job: its processes (counted with the job's) and data.
   EXPECT_EQ(r.leftover_processes, 0) << r.output;
   // (Under --local their data is on /dev/shm.)
@@ -129,42 +129,43 @@ int count_events(const std::string& job_dir, const std::string& kind) {
   return n;
 }
 
-// Only the controller dies, twice (issue 28): first by the controller_crash fault, then the
-// leader that took over, killed -9 from outside (the process the election names). Each time a
-// candidate beside another member takes over while the ranks train on: no rank restarts (one
-// PID each), no epoch change, no incident, and the job ends bitwise equal to the same job
-// without the kills.
-TEST(ControlState, TheControllerDiesTwiceAndTrainingNeverStops) {
+// Only the controller dies, four times (issue 28): first by the controller_crash fault, then
+// each leader that took over, killed -9 from outside (the process the election names). Each
+// time a candidate takes over while the ranks train on: no rank restarts (one PID each), no
+// epoch change, no incident, and the job ends bitwise equal to the same job without the
+// kills. The job had 4 controllers (the first and a candidate on each of slots 0-2): the
+// fourth takeover is by a candidate an agent started again after its first one died.
+TEST(ControlState, TheControllerDiesFourTimesAndTrainingNeverStops) {
   const std::string dir = temp_dir("controller-crash");
   const std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
-  const std::string job = "--config " + cfg +
-                          " --local 3 --standby 1 --set train.steps=300 --set train.eval_every=0 "
-                          "--fault slow@step=0,rank=0,delay_ms=20 --set detect.slow_round_steps=0";
+  const std::string job =
+      "--config " + cfg + " --local 3 --standby 1 --set train.steps=500 --set train.eval_every=0";
   JobRun ref = run_launch_job(temp_dir("controller-crash-ref"), job);
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
-  pid_t second = -1;
-  int killed_at = -1;
-  JobRun r = run_launch_job(dir, job + " --fault controller_crash@step=60,rank=1", [&](pid_t) {
-    const std::string job_dir = launched_job_dir(dir);
-    if (killed_at >= 0 || job_dir.empty() || count_events(job_dir, "takeover") < 1) return;
-    const int step = launched_job_step(job_dir);
-    if (step < 150) return;
-    const auto etcd = find_event(job_dir, "etcd");
-    ASSERT_TRUE(etcd);
-    EtcdClient c(split(etcd->data().fields().at("endpoints").string_value(), ','));
-    const auto leader = find_leader(c, keys::state::leader_prefix(fs::path(job_dir).filename()));
-    ASSERT_TRUE(leader);
-    state::Leader l;
-    ASSERT_TRUE(l.ParseFromString(leader->value));
-    second = l.pid();
-    ASSERT_EQ(kill(second, SIGKILL), 0);
-    killed_at = step;
-  });
+  // Paced (50 ms a step, numbers unchanged): four takeovers of some 4 s each while it trains.
+  const std::string paced =
+      " --fault slow@step=0,rank=0,delay_ms=50 --set detect.slow_round_steps=0";
+  int deaths = 1;  // the fault's
+  JobRun r =
+      run_launch_job(dir, job + paced + " --fault controller_crash@step=20,rank=1", [&](pid_t) {
+        const std::string job_dir = launched_job_dir(dir);
+        if (deaths >= 4 || job_dir.empty() || count_events(job_dir, "takeover") < deaths) return;
+        const auto etcd = find_event(job_dir, "etcd");
+        ASSERT_TRUE(etcd);
+        EtcdClient c(split(etcd->data().fields().at("endpoints").string_value(), ','));
+        const auto leader =
+            find_leader(c, keys::state::leader_prefix(fs::path(job_dir).filename()));
+        if (!leader) return;  // between two leaders
+        state::Leader l;
+        ASSERT_TRUE(l.ParseFromString(leader->value));
+        ASSERT_EQ(kill(l.pid(), SIGKILL), 0);
+        ++deaths;
+      });
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  ASSERT_GE(killed_at, 150) << r.output;
+  ASSERT_EQ(deaths, 4) << r.output;
   const std::string job_dir = launched_job_dir(dir);
-  EXPECT_EQ(count_events(job_dir, "takeover"), 2) << read_text(job_dir + "/events.jsonl");
-  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 300);
+  EXPECT_EQ(count_events(job_dir, "takeover"), 4) << read_text(job_dir + "/events.jsonl");
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 500);
   EXPECT_EQ(json_string_field(r.report, "param_checksum"),
             json_string_field(ref.report, "param_checksum"));
   EXPECT_TRUE(json_object_array(r.report, "incidents").empty()) << r.report;

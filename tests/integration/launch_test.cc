@@ -424,6 +424,18 @@ std::string event_data(const std::string& events, const std::string& kind) {
   return "";
 }
 
+// When the first event of `kind` happened (unix seconds; 0 if none).
+double event_time(const std::string& events, const std::string& kind) {
+  std::istringstream in(events);
+  std::string line;
+  while (std::getline(in, line)) {
+    events::Event e;
+    if (google::protobuf::util::JsonStringToMessage(line, &e).ok() && e.kind() == kind)
+      return e.t();
+  }
+  return 0;
+}
+
 // Machine 2 loses its launcher and workers at step 10; with on_slot_loss = wait the job
 // parks until slot 2's launcher is started again, restores slot 2's ranks from their backups
 // on slot 0 and ends bit for bit where the fault-free job ends.
@@ -525,7 +537,8 @@ TEST_F(LaunchNetns, PartitionedMachineIsDetectedAndReported) {
 // Hot swap across machines (issue: standbys): machine 1's network is cut; it is evicted
 // and the standby on machine 3 takes its ranks, restoring them from their backups on other
 // machines, while machines 0 and 2 never restart a worker. The job ends bitwise equal to
-// the fault-free run.
+// the fault-free run. The cut-off machine's etcd member is replaced on machine 3 once its
+// streams have timed out, without costing etcd its quorum or the controller its lease.
 TEST_F(LaunchNetns, PartitionedMachineIsReplacedByAStandby) {
   const std::string ref_dir = temp_dir("netns-swap-ref");
   LaunchRun ref = run_launch(
@@ -534,9 +547,13 @@ TEST_F(LaunchNetns, PartitionedMachineIsReplacedByAStandby) {
 
   NetnsLab lab(4);
   const std::string dir = temp_dir("netns-swap");
+  // Paced after the swap (rank 0 sleeps 700 ms a step, numbers unchanged) so that the job
+  // outlives the cut-off member's grace (kCutOffMemberGrace, 10 s): removed at once, that
+  // member held etcd's leader 5 s and cost the quorum for 10 s or more.
   NetJob job(&lab, dir,
              {"--standby", "1", "--set", "detect.slot_timeout_ms=1000", "--fault",
-              "partition@step=10,rank=2"},
+              "partition@step=10,rank=2", "--fault", "slow@step=12,rank=0,delay_ms=700", "--set",
+              "detect.slow_round_steps=0"},
              4);
   const int code = job.wait({}, 120);
   ASSERT_EQ(code, 0) << job.output(0);
@@ -562,6 +579,16 @@ TEST_F(LaunchNetns, PartitionedMachineIsReplacedByAStandby) {
   ASSERT_EQ(ranks.size(), 6u);
   for (int k : {0, 1, 4, 5})
     EXPECT_EQ(json_array_field(ranks[size_t(k)], "pids").size(), 1u) << ranks[size_t(k)];
+  // The member of machine 1 went to machine 3 after the grace, and the controller never
+  // lost its leadership meanwhile.
+  const std::string member = event_data(r.events, "etcd_member");
+  ASSERT_FALSE(member.empty()) << r.events;
+  EXPECT_EQ(json_string_field(member, "removed"), "slot1") << member;
+  EXPECT_EQ(json_number_field(member, "slot"), 3) << member;
+  EXPECT_GE(event_time(r.events, "etcd_member") - event_time(r.events, "slot_lost"), 8.5)
+      << r.events;
+  EXPECT_TRUE(event_data(r.events, "deposed").empty()) << r.events;
+  EXPECT_TRUE(event_data(r.events, "takeover").empty()) << r.events;
   for (int i : {0, 2, 3}) EXPECT_TRUE(machine_empties(lab, i)) << "machine " << i;
   lab.kill_machine(1);  // cut off, alive by design
   r.leftover_shm = job_shm(r.job);

@@ -1,0 +1,111 @@
+// How the agents' host knows that a slot is lost (DESIGN.md, Failure handling): its agent's
+// connection closed and did not reopen (its processes died), its heartbeats stopped (a
+// partition, a power loss), or it did not register with a leader that took the job over.
+#include <chrono>
+
+#include "launcher/control_plane.h"
+#include "launcher/controller/agent_host.h"
+#include "runtime/text.h"
+
+namespace keel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A slot whose agent's connection closed is lost once it has not reconnected for this long:
+// a live agent whose connection merely reset reconnects within 100 ms (the client's
+// reconnect interval, launcher/control_plane.cc) and heartbeats within 200 ms more
+// (launcher/agent/agent.h); a dead one never does.
+constexpr std::chrono::milliseconds kReopenGrace{400};
+// A close that follows this much silence is the ZMTP heartbeat timeout's (1.5 s), not the
+// agent's own: a silent slot is judged by detect.slot_timeout_ms alone.
+constexpr std::chrono::milliseconds kSilentBeforeClose{1000};
+
+}  // namespace
+
+int AgentHost::await_rejoin(std::chrono::milliseconds timeout) {
+  wait_until(
+      [&] {
+        for (int k = 0; k < members_->slot_count(); ++k)
+          if (members_->link(k) == JobMembership::Link::kPending) return false;
+        return true;
+      },
+      timeout);
+  int lost = 0;
+  for (int k = 0; k < members_->slot_count(); ++k) {
+    if (members_->link(k) != JobMembership::Link::kPending) continue;
+    ++lost;
+    members_->rejoin_slot(k);  // pending -> up -> lost: the usual loss of a slot
+    members_->heartbeat_lost(k);
+    // Dead or cut off, this leader cannot tell: silent since the takeover began at least.
+    Agent& a = agents_[size_t(k)];
+    a.lost_silent = true;
+    a.last_heartbeat = Clock::now() - timeout;
+    for (int r : ranks_on(k)) {
+      RankExit x;
+      x.rank = r;
+      x.slot = k;
+      x.slot_lost = true;
+      x.lost_by = "heartbeat";
+      x.detail = detail::concat("slot ", k, "'s agent did not register with the new leader within ",
+                                timeout.count(), " ms");
+      exits_.push_back(x);
+    }
+  }
+  return lost;
+}
+
+void AgentHost::check_heartbeats() {
+  const auto now = Clock::now();
+  // A dead agent's kernel closed its connection: the slot is lost at once (after a grace
+  // to reconnect), not at the heartbeat timeout, which stays for slots gone silent.
+  for (const std::string& id : server_->take_closed())
+    for (Agent& a : agents_)
+      if (a.identity == id && now - a.last_heartbeat < kSilentBeforeClose) a.closed_at = now;
+  for (int k = 0; k < int(agents_.size()); ++k) {
+    Agent& a = agents_[size_t(k)];
+    const bool closed = a.closed_at && now - *a.closed_at >= kReopenGrace;
+    if (!up(k) || (now - a.last_heartbeat < slot_timeout_ && !closed)) continue;
+    members_->heartbeat_lost(k);
+    const double silent = std::chrono::duration<double>(now - a.last_heartbeat).count();
+    const double since_close =
+        closed ? std::chrono::duration<double>(now - *a.closed_at).count() : 0;
+    a.closed_at.reset();
+    a.lost_silent = !closed;
+    for (int r : ranks_on(k)) {
+      if (!alive_[size_t(r)] && !killing_.count(r)) continue;
+      alive_[size_t(r)] = false;
+      killing_.erase(r);
+      RankExit x;
+      x.rank = r;
+      x.slot = k;
+      x.slot_lost = true;
+      x.lost_by = closed ? "connection_closed" : "heartbeat";
+      x.detail =
+          closed ? detail::concat("the connection from ", a.host, " closed ",
+                                  int(since_close * 1000), " ms ago and did not reopen")
+                 : detail::concat("no heartbeat from ", a.host, " for ", int(silent * 1000), " ms");
+      exits_.push_back(x);
+    }
+  }
+}
+
+std::optional<std::chrono::steady_clock::time_point> AgentHost::lost_silent_since(int slot) const {
+  const Agent& a = agents_.at(size_t(slot));
+  if (!slot_lost(slot) || !a.lost_silent) return std::nullopt;
+  return a.last_heartbeat;
+}
+
+std::optional<RankExit> AgentHost::poll_exit() {
+  check_heartbeats();
+  if (exits_.empty()) return std::nullopt;
+  RankExit x = exits_.front();
+  exits_.pop_front();
+  return x;
+}
+
+double AgentHost::slot_silence_s(int slot) const {
+  return std::chrono::duration<double>(Clock::now() - agents_[size_t(slot)].last_heartbeat).count();
+}
+
+}  // namespace keel
