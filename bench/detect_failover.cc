@@ -14,11 +14,7 @@
 #include <thread>
 
 #include "bench/bench_util.h"
-#include "launcher/etcd/etcd_client.h"
-#include "launcher/etcd/leader_election.h"
-#include "proto/control_state.pb.h"
-#include "proto/store_keys.h"
-#include "runtime/text.h"
+#include "bench/job_in_etcd.h"
 
 namespace keel::bench {
 namespace {
@@ -125,19 +121,12 @@ bool training(const std::string& job_dir, Clock::time_point* next) {
 }
 
 // The pid of the job's leader controller, as its election names it (0 if none found).
-pid_t leader_pid(const std::string& job_dir) {
+pid_t job_leader(const std::string& job_dir) {
   const auto all = events_of(job_dir);
   const events::Event* etcd = find(all, "etcd");
   if (!etcd || !etcd->data().fields().count("endpoints")) return 0;
-  try {
-    EtcdClient c(split(etcd->data().fields().at("endpoints").string_value(), ','));
-    const auto l = find_leader(c, keys::state::leader_prefix(fs::path(job_dir).filename()));
-    state::Leader leader;
-    return l && leader.ParseFromString(l->value) ? pid_t(leader.pid()) : 0;
-  } catch (const std::exception& e) {
-    LOG(WARNING) << "the leader of " << job_dir << ": " << e.what();
-    return 0;
-  }
+  return leader_pid(etcd->data().fields().at("endpoints").string_value(),
+                    fs::path(job_dir).filename());
 }
 
 pid_t parent_of(pid_t p) {
@@ -171,7 +160,7 @@ Trial controller_crash(const std::string& dir, const std::string& cfg, const std
   double killed_at = 0;
   const auto r = run_acting(dir, job_args(cfg, sets), [&](const std::string& job_dir) {
     if (!training(job_dir, &next)) return false;
-    const pid_t leader = leader_pid(job_dir);
+    const pid_t leader = job_leader(job_dir);
     if (leader <= 0 || ::kill(leader, SIGKILL) != 0) return false;
     killed_at = unix_now();
     return true;

@@ -10,6 +10,7 @@
 //              --workers-per-slot W] [--persistent-every N] [--set key=value ...] --out DIR
 //   keel-bench --soak N --config C --out DIR ...   (bench/soak.h)
 //   keel-bench cpu|recovery|detect|sdc|restore|reshard|project ...   (bench/scenarios.h)
+//   keel-bench control-plane ...   (bench/control_plane_sim.h)
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 
 #include "bench/bench_report.h"
 #include "bench/bench_util.h"
+#include "bench/control_plane_sim.h"
 #include "bench/fault_draw.h"
 #include "bench/report_html.h"
 #include "bench/scenarios.h"
@@ -54,6 +56,7 @@ struct Options {
   bool persistent_restart_all_only = false;
   int soak = 0;  // faults of a soak (bench/soak.h); 0: the policy comparison
   std::string soak_machines = "auto";
+  double soak_kill_controller_every_s = 0;
 };
 
 // The longest checkpoint interval (the config's int32 field, with room to spare).
@@ -279,6 +282,11 @@ void add_flags(CLI::App& app, Options* o) {
                  "machine; auto, netns where it can (default)")
       ->option_text("WHERE")
       ->check(CLI::IsMember({"auto", "local", "netns"}));
+  app.add_option("--soak-kill-controller-every", o->soak_kill_controller_every_s,
+                 "the soak kills the leader controller (kill -9 of the PID its election names) "
+                 "this often, once the previous kill was taken over (default 0: never)")
+      ->option_text("S")
+      ->check(CLI::Range(0.0, 3600.0));
 }
 
 int soak(const Options& o) {
@@ -292,7 +300,8 @@ int soak(const Options& o) {
                     .seed = o.seed,
                     .machines = o.soak_machines == "netns"   ? SoakMachines::kNetns
                                 : o.soak_machines == "local" ? SoakMachines::kLocal
-                                                             : SoakMachines::kAuto});
+                                                             : SoakMachines::kAuto,
+                    .kill_controller_every_s = o.soak_kill_controller_every_s});
 }
 
 int main(int argc, char** argv) {
@@ -309,7 +318,7 @@ int main(int argc, char** argv) {
   const std::vector<Command> commands = {add_cpu_command(app),     add_recovery_command(app),
                                          add_detect_command(app),  add_sdc_command(app),
                                          add_restore_command(app), add_reshard_command(app),
-                                         add_project_command(app)};
+                                         add_project_command(app), add_control_plane_command(app)};
   app.require_subcommand(0, 1);
   if (const auto rc = cli::parse(app, argc, argv)) return *rc;
   try {

@@ -20,6 +20,7 @@
 
 #include "bench/bench_report.h"
 #include "bench/bench_util.h"
+#include "bench/job_in_etcd.h"
 #include "bench/process_watch.h"
 #include "bench/soak_cluster.h"
 #include "bench/soak_svg.h"
@@ -157,8 +158,27 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
     for (int slot = 1; slot < cluster.slots(); ++slot) joins[slot].rejoin = false;
   std::vector<pid_t> joined_pids;
   int recovered = 0, restored_step = 0;
-  double next_sample = 0, next_line = 5;
-  while ((res.exit_code = reap(main_pid)) < 0) {
+  double next_sample = 0, next_line = 5, next_kill = o.kill_controller_every_s;
+  // In namespaces slot 0's launcher is a slot like any other: killed with its machine (ranks
+  // move, and a lost slot's fault may name one it hosts now), the job goes on, slot 0 rejoins
+  // as a lost slot does, and the job's end comes from etcd.
+  bool main_gone = false;
+  double next_end_look = 0;
+  while (true) {
+    if (!main_gone) {
+      const int rc = reap(main_pid);
+      if (rc >= 0 && !(cluster.netns() && rc > 128)) {
+        res.exit_code = rc;
+        break;
+      }
+      main_gone = rc >= 0;
+    } else if (since(t0) >= next_end_look) {
+      next_end_look = since(t0) + 0.5;
+      if (const auto end = job_end_code(cluster.etcd_endpoints(), res.job)) {
+        res.exit_code = *end;
+        break;
+      }
+    }
     if (since(t0) > timeout_s) {
       std::fprintf(stderr, "keel-bench soak: the run did not end within %.0f s; killing it\n",
                    timeout_s);
@@ -169,8 +189,14 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
       break;
     }
     if (job_dir.empty()) job_dir = job_dir_in(dir + "/runs");
-    if (!job_dir.empty() && endpoint.empty() && !read_controller_file(job_dir, &endpoint, &res.job))
-      endpoint.clear();
+    // The controller file names the leader now: a new one rewrites it when it takes over.
+    if (!job_dir.empty()) {
+      std::string now_at, job;
+      if (read_controller_file(job_dir, &now_at, &job)) {
+        endpoint = now_at;
+        res.job = job;
+      }
+    }
     if (!job_dir.empty()) {
       for (const events::Event& e : events.read(job_dir + "/events.jsonl")) {
         if (e.kind() == "slot_lost") {
@@ -182,6 +208,8 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
           j.retry_at = Clock::now();
           j.done = false;
           j.rejoin = true;
+        } else if (e.kind() == "takeover") {
+          rep->set_takeovers(rep->takeovers() + (total_faults > 0));
         } else if (e.kind() == "recovered") {
           ++recovered;
           restored_step = std::max(restored_step, int(event_number(e, "restored_step")));
@@ -232,6 +260,19 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
       if (j.rejoin) rep->set_rejoins(rep->rejoins() + 1);
     }
     const double t = since(t0);
+    // The leader controller killed -9 from outside, as an OOM kill or a bug would, once the
+    // previous kill was taken over: the job must outlive any number of them.
+    if (total_faults > 0 && o.kill_controller_every_s > 0 && !res.job.empty() && t >= next_kill &&
+        rep->takeovers() >= rep->controller_kills()) {
+      next_kill = t + o.kill_controller_every_s;
+      const pid_t leader = leader_pid(cluster.etcd_endpoints(), res.job);
+      const std::string name = read_text("/proc/" + std::to_string(leader) + "/comm");
+      if (leader > 0 && kill(leader, SIGKILL) == 0) {
+        rep->set_controller_kills(rep->controller_kills() + 1);
+        LOG(INFO) << "soak: killed the leader controller, pid " << leader << " ("
+                  << name.substr(0, name.find('\n')) << ")";
+      }
+    }
     if (watch && t >= next_sample) {
       watch->sample();
       next_sample = t + 1;
@@ -239,8 +280,9 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
     if (total_faults > 0 && t >= next_line) {
       std::printf(
           "keel-bench soak: %5.0f s | restored step %d | %d/%d faults recovered | %d "
-          "rejoins\n",
-          t, restored_step, recovered, total_faults, rep->rejoins());
+          "rejoins | controller killed %d, taken over %d\n",
+          t, restored_step, recovered, total_faults, rep->rejoins(), rep->controller_kills(),
+          rep->takeovers());
       std::fflush(stdout);
       next_line = t + 10;
     }
@@ -260,7 +302,7 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
 }  // namespace
 
 faults::FaultSchedule soak_schedule(int faults, int64_t first_step, int gap, int world,
-                                    int workers_per_slot, uint64_t seed, bool partitions) {
+                                    uint64_t seed, bool partitions) {
   std::mt19937_64 gen(seed);
   const std::vector<faults::Fault::Kind> kinds = mix(partitions);
   std::vector<faults::Fault::Kind> deck;
@@ -274,10 +316,9 @@ faults::FaultSchedule soak_schedule(int faults, int64_t first_step, int gap, int
     f->set_kind(deck.back());
     deck.pop_back();
     f->set_step(first_step + int64_t(i) * gap);
-    const bool machine =
-        f->kind() == faults::Fault::slot_loss || f->kind() == faults::Fault::partition;
-    const int lowest = machine ? workers_per_slot : 0;
-    f->set_rank(lowest + int(gen() % uint64_t(world - lowest)));
+    // Any rank, slot 0's too: its machine is lost like any other (its launcher, the first
+    // controller, an etcd-less slot's agent), and the job goes on (run_job).
+    f->set_rank(int(gen() % uint64_t(world)));
   }
   return s;
 }
@@ -324,8 +365,7 @@ int soak_main(const SoakOptions& given) {
   rep.set_steps(int(steps));
   rep.set_machines(netns ? "netns" : "local");
   if (!netns) rep.set_no_partitions_why(why_local);
-  *rep.mutable_schedule() =
-      soak_schedule(o.faults, first, o.gap_steps, world, o.workers_per_slot, o.seed, netns);
+  *rep.mutable_schedule() = soak_schedule(o.faults, first, o.gap_steps, world, o.seed, netns);
   for (const auto& f : rep.schedule().fault())
     ++(*rep.mutable_faults_by_kind())[faults::Fault::Kind_Name(f.kind())];
   std::string text;
@@ -401,6 +441,9 @@ int soak_main(const SoakOptions& given) {
   if (!rep.bitwise_equal())
     rep.add_failures("parameters: " + r.param_checksum() + " vs the reference's " +
                      ref.report.param_checksum());
+  if (rep.takeovers() < rep.controller_kills())
+    rep.add_failures("the leader controller was killed " + std::to_string(rep.controller_kills()) +
+                     " times and taken over " + std::to_string(rep.takeovers()) + " times");
   if (r.incidents_size() < o.faults)
     rep.add_failures("incidents: " + std::to_string(r.incidents_size()) + " for " +
                      std::to_string(o.faults) + " faults");
@@ -435,10 +478,10 @@ int soak_main(const SoakOptions& given) {
     comma = true;
   }
   std::printf(
-      ")\n  steps %d/%lld, incidents %d, rejoins %d, wall %.0f s (reference %.0f s), "
-      "ETTR %.1f%%\n",
+      ")\n  steps %d/%lld, incidents %d, rejoins %d, controller killed %d and taken over %d, "
+      "wall %.0f s (reference %.0f s), ETTR %.1f%%\n",
       r.steps_completed(), static_cast<long long>(steps), r.incidents_size(), rep.rejoins(),
-      run.wall_s, ref.wall_s, 100 * r.ettr());
+      rep.controller_kills(), rep.takeovers(), run.wall_s, ref.wall_s, 100 * r.ettr());
   std::printf("  parameters %s (%s); restored ranks from",
               rep.bitwise_equal() ? "bitwise equal" : "DIFFER", r.param_checksum().c_str());
   for (const auto& [source, n] : rep.rank_sources()) std::printf(" %s %d", source.c_str(), n);

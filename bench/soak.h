@@ -8,7 +8,9 @@
 // partitioned machine is repaired (its processes killed, its memory emptied, its link up)
 // before it joins again. At the end it checks:
 //   - every step was done, and the final parameters are bitwise equal to the reference's;
-//   - every fault became an incident the job recovered from;
+//   - every fault became an incident the job recovered from, and every time the soak killed
+//     the leader controller from outside (every --soak-kill-controller-every seconds) a
+//     candidate took the job over;
 //   - no process of the job and no shared-memory segment of it is left;
 //   - the resident memory of every long-lived process (alive from the run's first quarter to
 //     its last) stayed flat.
@@ -40,15 +42,18 @@ struct SoakOptions {
   int gap_steps = 4;  // steps between two faults
   uint64_t seed = 1;
   SoakMachines machines = SoakMachines::kAuto;
+  // The leader controller killed -9 from outside this often (the PID the election names),
+  // each time once the previous kill was taken over; 0: never.
+  double kill_controller_every_s = 0;
 };
 
 // The soak's faults: `faults` of them, one every `gap` steps from `first_step`, kinds in a
 // fixed mix (shuffled by `seed`, so every kind comes round evenly; with `partitions`, the
-// mix has partition too), ranks drawn uniformly; slot_loss and partition never name a rank
-// of slot 0 (the controller's machine, which keel does not survive losing). The same
-// arguments give the same schedule.
+// mix has partition too), ranks drawn uniformly: slot 0's machine is lost or cut off like
+// any other (in namespaces it runs `keel-launch --slots` and the first controller; the soak
+// then has the job's end from etcd). The same arguments give the same schedule.
 faults::FaultSchedule soak_schedule(int faults, int64_t first_step, int gap, int world,
-                                    int workers_per_slot, uint64_t seed, bool partitions);
+                                    uint64_t seed, bool partitions);
 
 // Runs the soak; 0 when every check passed, 1 when one failed, 2 on bad input.
 int soak_main(const SoakOptions& o);

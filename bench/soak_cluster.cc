@@ -57,9 +57,13 @@ SoakCluster::~SoakCluster() {
 }
 
 std::vector<std::string> SoakCluster::layout_args() const {
+  return {netns() ? "--slots" : "--local", std::to_string(slots_), "--etcd", etcd_endpoints()};
+}
+
+std::string SoakCluster::etcd_endpoints() const {
   std::vector<std::string> endpoints;
   for (const auto& m : etcd_) endpoints.push_back(m->endpoint());
-  return {netns() ? "--slots" : "--local", std::to_string(slots_), "--etcd", join(endpoints, ',')};
+  return join(endpoints, ',');
 }
 
 pid_t SoakCluster::start(int slot, const std::vector<std::string>& args, const std::string& tag,

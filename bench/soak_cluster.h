@@ -37,6 +37,8 @@ class SoakCluster {
   // `--local N` here, `--slots N` (the rest join) in namespaces; and the etcd cluster it
   // keeps its control state in (`--etcd`).
   std::vector<std::string> layout_args() const;
+  // The job's etcd ("host:port,..."), where the soak finds the leader controller to kill.
+  std::string etcd_endpoints() const;
 
   // Starts keel-launch `args` on slot `slot`'s machine in a session of its own, with `tag`
   // ("NAME=value", by which the soak finds the job's processes) in its environment and its

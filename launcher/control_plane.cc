@@ -32,6 +32,12 @@ constexpr int kHeartbeatTimeoutMs = 1500;
 // Largest message accepted; an Envelope is a few KiB at most (Event.last_lines). Guards the
 // controller against a confused peer announcing a huge frame.
 constexpr int64_t kMaxMsgSize = 16 << 20;
+// The controller's listen queue. ZeroMQ's default, 100, overflows when a job's agents and
+// workers connect at once (a new leader, thousands of them): the kernel drops their SYNs and
+// they retry 1, 3, 7... s later, past the slot timeout a new leader waits for them
+// (keel-bench control-plane at 16,384 ranks: 4,098 connections at once, tens of thousands
+// of SYNs dropped). listen() caps it at net.core.somaxconn (4096 by default).
+constexpr int kListenBacklog = 65535;
 
 [[noreturn]] void throw_zmq(const std::string& what, const zmq::error_t& e) {
   throw Error(what + ": " + e.what() + " (zmq errno " + std::to_string(e.num()) + ")");
@@ -139,6 +145,7 @@ ControlServer::ControlServer(const std::string& bind_host, int port) try
   // dead takes its identity over instead of being refused (agents name themselves by slot
   // and pid, so a second process joining as the same slot gets a name of its own).
   sock_.set(zmq::sockopt::router_handover, true);
+  sock_.set(zmq::sockopt::backlog, kListenBacklog);
   if (bind_host.find(':') != std::string::npos) sock_.set(zmq::sockopt::ipv6, true);
   std::string addr = tcp_endpoint(bind_host, port == 0 ? "*" : std::to_string(port));
   try {

@@ -22,6 +22,7 @@
 #include "ckpt/persistent_checkpoint.h"
 #include "ckpt/snapshot_region.h"
 #include "launcher/agent/agent.h"
+#include "launcher/await_job_end.h"
 #include "launcher/control_plane.h"
 #include "launcher/controller/etcd_control_state.h"
 #include "launcher/etcd/etcd_client.h"
@@ -56,12 +57,6 @@ std::string self_dir() {
   return fs::path(self_exe_path()).parent_path().string();
 }
 
-// After the controller died: how often keel-launch asks etcd whether a later leader ended
-// the job, and each call's deadline.
-constexpr std::chrono::milliseconds kEndPoll{100};
-constexpr std::chrono::milliseconds kEndPollTimeout{2000};
-// How often keel-launch prints the job's progress while a leader it did not start runs it.
-constexpr std::chrono::seconds kProgressEchoEvery{5};
 // At the end: how long the forked slots' agents get to stop on the shutdown command before
 // they are signalled, and how often they are looked at meanwhile.
 constexpr std::chrono::milliseconds kShutdownGrace{1000};
@@ -264,85 +259,6 @@ int wait_controller(pid_t controller) {
   }
 }
 
-// The controller keel-launch started died; a candidate beside another member leads the job
-// now (DESIGN.md, Control state and failover). Waits for the job's end as that leader says
-// it: in etcd, or in the exit status of this machine's slots, which take it with their
-// shutdown (the members may be gone with them before etcd is read).
-// Prints the job's progress as rank 0 records it in the ranks' store (every few seconds): after
-// a takeover the progress lines go to the new leader's log, and this console would
-// otherwise fall silent for the rest of the job. `steps`: the job's total.
-class ProgressEcho {
- public:
-  ProgressEcho(const std::string& job, int64_t steps) : job_(job), steps_(steps) {}
-  void poll(EtcdClient& client) {
-    if (std::chrono::steady_clock::now() < next_) return;
-    next_ = std::chrono::steady_clock::now() + kProgressEchoEvery;
-    try {
-      // One member's own copy: a line a second late costs nothing, a quorum lost costs none.
-      const auto kv =
-          client.get(keys::state::store_prefix(job_) + keys::kProgress,
-                     std::chrono::steady_clock::now() + kEndPollTimeout, EtcdRead::kLocal);
-      store::Step s;
-      if (!kv || !s.ParseFromString(kv->value) || s.step() <= shown_) return;
-      shown_ = s.step();
-      std::printf(
-          "keel-launch: step %lld/%lld (under the leader that took over; its own "
-          "lines are in the run directory's logs/slot<K>-controller.log)\n",
-          static_cast<long long>(shown_), static_cast<long long>(steps_));
-      std::fflush(stdout);
-    } catch (const EtcdUnavailable&) {
-      // The end's read below says so.
-    }
-  }
-
- private:
-  const std::string job_;
-  const int64_t steps_;
-  int64_t shown_ = -1;
-  std::chrono::steady_clock::time_point next_;
-};
-
-int await_new_leader(const std::string& job, const std::vector<std::string>& etcd, int sig,
-                     std::vector<pid_t>* slots, const std::atomic<int>& agent0_code,
-                     bool agent0_here, std::optional<ProgressEcho> progress) {
-  const std::string how = sig ? detail::concat("died (", strsignal(sig), ")")
-                              : "was deposed (it lost its lease and another leads)";
-  std::printf(
-      "keel-launch: the job's controller %s; a candidate on another slot takes over, "
-      "training goes on\n",
-      how.c_str());
-  std::fflush(stdout);
-  EtcdClient client(etcd, kEndPollTimeout);
-  std::optional<int> slot_code;  // the first slot's that ended with the job's status
-  while (true) {
-    std::erase_if(*slots, [&slot_code](pid_t p) {
-      int st = 0;
-      if (waitpid(p, &st, WNOHANG) != p) return false;
-      if (!slot_code && WIFEXITED(st) && WEXITSTATUS(st) != kExitControllerLost)
-        slot_code = WEXITSTATUS(st);
-      return true;
-    });
-    if (agent0_here && agent0_code.load() >= 0 && agent0_code.load() != kExitControllerLost)
-      slot_code = agent0_code.load();
-    if (slot_code) return *slot_code;
-    if (progress) progress->poll(client);
-    try {
-      if (auto kv = client.get(keys::state::end(job))) {
-        state::JobEnd end;
-        if (end.ParseFromString(kv->value)) return end.code();
-      }
-    } catch (const EtcdUnavailable& e) {
-      LOG(WARNING) << "etcd: reading the job's end: " << e.what();
-    }
-    if (agent0_here ? agent0_code.load() >= 0 : slots->empty()) {
-      LOG(ERROR) << "every slot of this machine ended without the job's end from a leader";
-      return 1;
-    }
-    if (g_signal) return 128 + int(g_signal);
-    std::this_thread::sleep_for(kEndPoll);
-  }
-}
-
 // keel-launch (not mpirun): the job's first controller runs in a child process, so that it
 // can die alone while the slots train on and a candidate takes over. This process starts the
 // slots once the controller says where it listens, and waits for the job's end: the
@@ -418,10 +334,14 @@ int supervise(FirstLead f, const LaunchOptions& o, const config::JobConfig& cfg,
   if (!died) {
     code = WEXITSTATUS(st);
   } else if (!etcd.empty()) {
-    std::optional<ProgressEcho> progress;
-    if (!o.quiet) progress.emplace(job, cfg.train().steps());
-    code = await_new_leader(job, etcd, WIFEXITED(st) ? 0 : WTERMSIG(st), &slots, agent0_code,
-                            agent0.joinable(), std::move(progress));
+    code = await_job_end({.job = job,
+                          .etcd = etcd,
+                          .signal = WIFEXITED(st) ? 0 : WTERMSIG(st),
+                          .slots = &slots,
+                          .agent0_code = &agent0_code,
+                          .agent0_here = agent0.joinable(),
+                          .echo_steps = o.quiet ? 0 : cfg.train().steps(),
+                          .stop = &g_signal});
   } else {
     code = WIFEXITED(st) ? 1 : 128 + WTERMSIG(st);
     LOG(ERROR) << "the job's controller (pid " << controller << ") died of signal " << WTERMSIG(st)

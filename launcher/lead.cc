@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -282,7 +283,9 @@ int lead_as_candidate(const LaunchOptions& o, const volatile sig_atomic_t* stop)
   host = &agents;
   agents.set_job(job);
   agents.set_own_slot(o.slot);
-  agents.follow(endpoints, 0);  // welcomes name the etcd; the candidates run already
+  // Welcomes name the etcd; this leader keeps as many candidates as the first did, on the
+  // first live slots (those whose candidate runs already keep it).
+  agents.follow(endpoints, std::min(spec.slots(), std::max(3, int(endpoints.size()))));
   ControllerOptions co = options_of(spec, cfg);
   co.controller_endpoint = control.endpoint();
   co.etcd_endpoints = o.etcd;

@@ -151,21 +151,26 @@ void Agent::send_register(bool rejoin) {
 }
 
 void Agent::follow(const control::Command& c) {
-  if (c.etcd_endpoints().empty() || leader_link_) return;
-  etcd_endpoints_.assign(c.etcd_endpoints().begin(), c.etcd_endpoints().end());
-  try {
-    leader_link_ =
-        std::make_unique<LeaderLink>(etcd_endpoints_, o_.job, [this](const state::Leader& l) {
-          std::lock_guard<std::mutex> g(leader_mu_);
-          leader_endpoint_ = l.endpoint();
-        });
-  } catch (const std::exception& e) {
-    LOG(ERROR) << "slot " << o_.slot
-               << ": cannot follow the job's leadership in etcd: " << e.what();
-    return;
+  if (c.etcd_endpoints().empty()) return;
+  if (!leader_link_) {
+    etcd_endpoints_.assign(c.etcd_endpoints().begin(), c.etcd_endpoints().end());
+    try {
+      leader_link_ =
+          std::make_unique<LeaderLink>(etcd_endpoints_, o_.job, [this](const state::Leader& l) {
+            std::lock_guard<std::mutex> g(leader_mu_);
+            leader_endpoint_ = l.endpoint();
+          });
+    } catch (const std::exception& e) {
+      LOG(ERROR) << "slot " << o_.slot
+                 << ": cannot follow the job's leadership in etcd: " << e.what();
+      return;
+    }
   }
-  is_candidate_ = c.candidate();
-  if (is_candidate_ && candidate_ <= 0) start_candidate();
+  // Told again later (a slot that ran a candidate was lost: this one runs the next), or with
+  // a new leader's welcome; a candidate that runs keeps running.
+  if (!c.candidate() || is_candidate_) return;
+  is_candidate_ = true;
+  if (candidate_ <= 0) start_candidate();
 }
 
 void Agent::start_candidate() {
@@ -214,6 +219,7 @@ bool Agent::switch_leader(std::chrono::steady_clock::duration silent) {
   client_ = std::make_unique<ControlClient>(controller_,
                                             detail::concat("agent/", o_.slot, "/", getpid()));
   send_register(/*rejoin=*/true);
+  rejoined_ = true;
   return true;
 }
 
@@ -381,9 +387,16 @@ std::optional<int> Agent::on_command(int epoch, const control::Command& c) {
     case control::Command::refuse:
       // Said once, in keel-launch's form for bad input (as main() says the others, not
       // through glog); nothing of the job runs here.
+      kill_workers();
+      if (rejoined_) {
+        std::fprintf(stderr,
+                     "keel-launch: slot %d was taken as lost while it could not be heard (%s): "
+                     "its workers are stopped; the job goes on without it\n",
+                     o_.slot, c.message().c_str());
+        return kExitSlotGone;
+      }
       std::fprintf(stderr, "keel-launch: error: the controller at %s refused slot %d: %s\n",
                    controller_.c_str(), o_.slot, c.message().c_str());
-      kill_workers();
       return kExitJoinRefused;
     case control::Command::spawn:
       on_spawn(epoch, c);

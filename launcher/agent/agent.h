@@ -50,6 +50,10 @@ constexpr int kExitControllerLost = 75;
 // Agent::run's result when the controller refused the registration (a wrong job id, a slot
 // out of range, in use, or slot 0): bad input, as recovery::kExitInputError.
 constexpr int kExitJoinRefused = 2;
+// Agent::run's result when a new leader refused its registration again: the slot was taken as
+// lost while it could not be heard (cut off, paused) and its ranks went elsewhere. Its workers
+// are stopped; the job goes on without it (not the job's exit status).
+constexpr int kExitSlotGone = 77;
 
 class Agent {
  public:
@@ -57,9 +61,10 @@ class Agent {
   ~Agent();
   // Runs until the controller says shutdown (the job's exit status), the controller cannot be
   // reached at the start (1), refuses the registration (kExitJoinRefused, the reason said on
-  // stderr), the controller is silent for controller_timeout (kExitControllerLost), or `stop` is
-  // set (from another thread or a signal handler; 0, and if the controller's process is gone, the
-  // job's shared memory on this machine is removed too).
+  // stderr; kExitSlotGone when a new leader refuses it), the controller is silent for
+  // controller_timeout (kExitControllerLost), or `stop` is set (from another thread or a signal
+  // handler; 0, and if the controller's process is gone, the job's shared memory on this machine is
+  // removed too).
   int run(const volatile int* stop = nullptr);
 
  private:
@@ -80,6 +85,7 @@ class Agent {
   std::unique_ptr<ControlClient> client_;  // to the leader controller (controller_)
   std::string controller_;                 // its endpoint: o_.controller, then each new leader's
   bool welcomed_ = false;
+  bool rejoined_ = false;  // registered again with a new leader (a refusal: kExitSlotGone)
   // With the job's etcd (Command follow): the leadership followed, a new leader's endpoint
   // (set by the LeaderLink's thread) taken up by run(); and this slot's controller candidate.
   std::vector<std::string> etcd_endpoints_;

@@ -32,6 +32,8 @@ constexpr std::chrono::seconds kSurveyWait{10};
 constexpr std::chrono::seconds kEvictRegisterWait{2};
 // The trip of a stacks request and its answer over the control plane, on top of the capture.
 constexpr std::chrono::seconds kStacksTrip{1};
+// The most messages one poll of the control plane takes up.
+constexpr int kPollBatch = 4096;
 // Between polls of the control plane while waiting on an agent.
 constexpr std::chrono::milliseconds kPollPause{2};
 
@@ -78,7 +80,11 @@ void AgentHost::poll_plane() {
     if (pump_) pump_();
     return;
   }
-  while (auto in = server_->poll(std::chrono::milliseconds(0))) {
+  // Bounded: messages that come faster than they are handled (thousands of ranks reporting
+  // while a new leader takes over) must not keep a waiter from its deadline.
+  for (int n = 0; n < kPollBatch; ++n) {
+    auto in = server_->poll(std::chrono::milliseconds(0));
+    if (!in) break;
     const control::Envelope& m = in->msg;
     if (m.has_registration() || m.has_heartbeat() || m.has_event())
       on_message(in->identity, m);
@@ -120,7 +126,9 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     control::Envelope w = make_envelope(0);
     w.mutable_command()->set_kind(control::Command::welcome);
     for (const auto& e : etcd_endpoints_) w.mutable_command()->add_etcd_endpoints(e);
-    w.mutable_command()->set_candidate(k < candidate_slots_);
+    const bool candidate = !etcd_endpoints_.empty() && wants_candidate(k);
+    w.mutable_command()->set_candidate(candidate);
+    if (candidate) candidate_at_.insert(k);
     if (reg.rejoin()) {
       // A new leader: the slot goes on as it was, its workers running.
       members_->rejoin_slot(k);
@@ -179,7 +187,11 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     a.closed_at.reset();  // it reconnected
     // The agent's proof that the controller lives: without it for
     // detect.controller_timeout_ms the agent stops its workers and exits (launcher/agent/agent.h).
-    server_->send(identity, command(control::Command::keepalive));
+    // Bare: with the Membership it cost slots x ranks per second (keel-bench control-plane:
+    // 25 MB/s at 4,096 ranks), and the agent reads none from it.
+    control::Envelope keepalive = make_envelope(members_->epoch());
+    keepalive.mutable_command()->set_kind(control::Command::keepalive);
+    server_->send(identity, keepalive);
     return;
   }
   if (m.has_event()) {
@@ -398,14 +410,40 @@ void AgentHost::set_store(std::shared_ptr<Store> store,
   deferred_standby_.clear();
 }
 
-void AgentHost::follow(const std::vector<std::string>& etcd_endpoints, int candidate_slots) {
+void AgentHost::follow(const std::vector<std::string>& etcd_endpoints, int candidates) {
   etcd_endpoints_ = etcd_endpoints;
-  candidate_slots_ = candidate_slots;
+  candidates_ = candidates;
   for (int k = 0; k < int(agents_.size()); ++k) {
+    if (!up(k)) continue;  // told with its welcome
     control::Envelope m = command(control::Command::follow);
     for (const auto& e : etcd_endpoints_) m.mutable_command()->add_etcd_endpoints(e);
-    m.mutable_command()->set_candidate(k < candidate_slots_);
+    const bool candidate = wants_candidate(k);
+    m.mutable_command()->set_candidate(candidate);
+    if (candidate) candidate_at_.insert(k);
     send(k, m);
+  }
+}
+
+bool AgentHost::wants_candidate(int slot) const {
+  if (!up(slot)) return false;
+  int before = 0;  // live slots before this one
+  for (int k = 0; k < slot; ++k) before += up(k);
+  return before < candidates_;
+}
+
+void AgentHost::keep_candidates() {
+  if (etcd_endpoints_.empty()) return;
+  for (int k = 0; k < int(agents_.size()); ++k) {
+    if (!up(k)) {
+      candidate_at_.erase(k);  // its candidate went with it
+      continue;
+    }
+    if (candidate_at_.count(k) || !wants_candidate(k)) continue;
+    control::Envelope m = command(control::Command::follow);
+    for (const auto& e : etcd_endpoints_) m.mutable_command()->add_etcd_endpoints(e);
+    m.mutable_command()->set_candidate(true);
+    send(k, m);
+    candidate_at_.insert(k);
   }
 }
 

@@ -49,9 +49,14 @@ class AgentHost : public RankHost {
   // controller's own process, and no other may claim it.
   void set_slot0_pid(int pid) { slot0_pid_ = pid; }
   // The job's etcd is up: every agent is told where (Command follow), to follow its
-  // leadership, and the agents of `candidate_slots` start a controller candidate. Agents
-  // that register later learn it with their welcome.
-  void follow(const std::vector<std::string>& etcd_endpoints, int candidate_slots);
+  // leadership, and `candidates` of them start a controller candidate: the first live slots,
+  // whichever they are (keep_candidates). Agents that register later learn it with their
+  // welcome.
+  void follow(const std::vector<std::string>& etcd_endpoints, int candidates);
+  // Keeps the job's candidates on live slots: when a slot that ran one is lost, the next
+  // live slot is told to start one, so that losing the machines that ran them one after
+  // another never leaves the job without a controller to fail over to.
+  void keep_candidates() override;
 
   // Messages of agents (the controller passes them on). While a call here waits on an agent
   // it polls the control plane itself: the agents' messages it handles, every other one goes
@@ -149,6 +154,8 @@ class AgentHost : public RankHost {
     std::vector<std::optional<bool>> self_check;
   };
   bool up(int slot) const { return members_->link(slot) == JobMembership::Link::kUp; }
+  // Whether `slot` is among the first `candidates_` live slots (it is up).
+  bool wants_candidate(int slot) const;
   // A command of `kind`, carrying the membership in force.
   control::Envelope command(control::Command::Kind kind) const;
   void send(int slot, const control::Envelope& msg);
@@ -175,7 +182,8 @@ class AgentHost : public RankHost {
   int exit_code_ = 0;
   int own_slot_ = -1;
   std::vector<std::string> etcd_endpoints_;  // follow(): empty until the job's etcd is up
-  int candidate_slots_ = 0;
+  int candidates_ = 0;                       // controller candidates the job keeps on live slots
+  std::set<int> candidate_at_;  // slots told to run one (a lost one is told again on return)
   SlotLayout layout_;
   JobMembership* members_ = nullptr;  // the controller's (attach)
   // The host's own until attach(): only a host driven without a controller (tests) uses it.

@@ -277,6 +277,8 @@ std::optional<Detected> Controller::Impl::poll_failures(Clock::time_point* next_
   if (Clock::now() >= *next_grow_check) {
     *next_grow_check = Clock::now() + kGrowCheckEvery;
     maybe_grow();
+    record_slots();
+    host->keep_candidates();
     if (o.upkeep) o.upkeep->maintain();
   }
   serve_stacks_requests();
@@ -320,6 +322,9 @@ int Controller::Impl::run() {
         // the others finished has none of keel's.
         return stop_job(why, ex->fatal() ? ex->code() : recovery::kExitStopped);
       }
+      // Before the loss is even labelled (an event): a controller another replaced while it
+      // was cut off sees every slot silent once back, and must say nothing of it.
+      if (o.state) o.state->check_leading();
       if (!recover(detector.from_exit(*ex))) return stop_after_recovery();
       continue;
     }

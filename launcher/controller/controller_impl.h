@@ -49,6 +49,7 @@ struct Controller::Impl {
   policy::LadderMemory ladder;  // the escalation ladder's (robust/ladder.h)
   std::string stop_why;         // why recover() said the job must stop (the report's reason)
   bool end_recorded = false;    // record_end() wrote (or tried to write) the job's end
+  std::string recorded_slots;   // the slots' roles and standby checks etcd holds (slots_key)
   std::function<void(const std::string&, const control::Envelope&)> on_agent;
   std::set<int> finished;  // ranks that exited cleanly (the job's end)
   int64_t last_printed = -1;
@@ -137,6 +138,10 @@ struct Controller::Impl {
   // After a shrink: once standby slots for a whole replica are ready, the job moves to an
   // epoch with one replica more.
   void maybe_grow();
+  // The Membership follows the slots' roles and standby checks into etcd between epoch
+  // transitions too (a standby found ready, a slot back as a standby): a leader that takes
+  // over must know which standbys are ready, or it waits for one that was ready all along.
+  void record_slots();
   // The membership as the policy sees it, with the host's news read in.
   policy::ClusterView view();
   // Drops the store keys of epoch `e` that nothing reads once every rank has moved past it

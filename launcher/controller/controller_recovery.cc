@@ -19,6 +19,16 @@
 namespace keel {
 namespace {
 
+// What of the Membership changes between epoch transitions: each slot's role and standby
+// check (its link, lost or up, is the agents' to tell a new leader).
+std::string slots_key(const membership::Membership& m) {
+  std::string key;
+  for (const auto& s : m.slots())
+    key += detail::concat(s.slot(), ":", int(s.role()), ",", int(s.ready()), ",", s.standby_gen(),
+                          ",", int(s.check_failed()), ";");
+  return key;
+}
+
 // A standby still checking itself is worth this long a wait before the policy is asked
 // again as if it were not there.
 constexpr std::chrono::seconds kStandbyCheckWait{30};
@@ -160,6 +170,10 @@ std::optional<policy::Plan> Controller::Impl::decide(Detected* d,
 }
 
 bool Controller::Impl::recover(Detected d) {
+  // Nothing is decided or done (an abort, a stop, a kill) by a controller that another has
+  // replaced: one cut off from etcd and back sees every slot silent, and would act on that
+  // (Deposed ends it here; without quorum it waits, as every decision does).
+  if (o.state) o.state->check_leading();
   ctx.event("detected", EventFields()
                             .add("kind", d.found.kind())
                             .add("rank", d.failure.culprit_is_machine ? -1 : d.failure.culprit)
@@ -299,8 +313,20 @@ void Controller::Impl::write_rebuild(const policy::Plan& plan, const membership:
     rb.set_plugin_hash(plugin->plugin_hash());
   }
   // etcd first: the epoch a next leader finds is never behind the one the ranks were told.
-  if (o.state) o.state->transition(rb);
+  if (o.state) {
+    o.state->transition(rb);
+    recorded_slots = slots_key(rb.membership());
+  }
   set_message(*store, keys::rebuild_key(members.epoch()), rb);
+}
+
+void Controller::Impl::record_slots() {
+  if (!o.state || state != RunState::kTraining) return;
+  const membership::Membership m = members.to_proto();
+  std::string key = slots_key(m);
+  if (key == recorded_slots) return;
+  o.state->membership(m);
+  recorded_slots = std::move(key);
 }
 
 void Controller::Impl::carry_out(const policy::Plan& plan, int next, Transition* t,

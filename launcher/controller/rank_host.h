@@ -98,6 +98,8 @@ class RankHost {
   // Reads what the host learns lazily (standby self-checks, from the store) into the
   // membership; the controller calls it before it reads the membership to decide.
   virtual void refresh() {}
+  // Keeps the job's controller candidates on live slots (keel-launch with etcd).
+  virtual void keep_candidates() {}
   // A new leader controller (failover): waits up to `timeout` for every slot's agent to
   // register again with its workers running; a slot that does not is taken as lost (its
   // ranks' exits are queued for poll_exit). Returns the slots lost so.

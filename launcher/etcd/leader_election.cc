@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "launcher/processes.h"
+
 namespace keel {
 
 using std::chrono::steady_clock;
@@ -17,7 +19,8 @@ std::optional<LeaderInfo> find_leader(EtcdClient& client, const std::string& pre
   return LeaderInfo{kvs[0].value, kvs[0].key, kvs[0].create_revision};
 }
 
-LeaderObserver::LeaderObserver(EtcdClient& client, std::string prefix, Callback callback)
+LeaderObserver::LeaderObserver(EtcdClient& client, std::string prefix, Callback callback,
+                               std::chrono::milliseconds recheck)
     : client_(client), prefix_(std::move(prefix)), callback_(std::move(callback)) {
   KEEL_CHECK(bool(callback_), "LeaderObserver: no callback");
   // The watch first, then the first read: a change between the two is seen twice at worst,
@@ -25,9 +28,24 @@ LeaderObserver::LeaderObserver(EtcdClient& client, std::string prefix, Callback 
   watch_ = std::make_unique<EtcdWatch>(client_, prefix_, true,
                                        [this](const std::vector<EtcdEvent>&) { update(); });
   update();
+  recheck_ = std::thread([this, recheck] {
+    set_process_name("keel-etcd-leader");
+    std::unique_lock<std::mutex> lock(stop_mu_);
+    while (!stop_cv_.wait_for(lock, recheck, [this] { return stopping_; })) {
+      lock.unlock();
+      update();
+      lock.lock();
+    }
+  });
 }
 
 LeaderObserver::~LeaderObserver() {
+  {
+    std::lock_guard<std::mutex> g(stop_mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  recheck_.join();
   watch_->cancel();
 }
 
@@ -40,8 +58,8 @@ void LeaderObserver::update() {
   try {
     now = find_leader(client_, prefix_);
   } catch (const EtcdUnavailable& e) {
-    // The next change under the prefix reads again; a leader cannot change without one.
-    LOG(WARNING) << "leader observer " << prefix_ << ": " << e.what();
+    // Read again at the next change under the prefix, or the next recheck.
+    LOG_EVERY_N(WARNING, 20) << "leader observer " << prefix_ << ": " << e.what();
     return;
   }
   const bool same =

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "launcher/etcd/etcd_client.h"
 #include "launcher/etcd/etcd_lease.h"
@@ -44,10 +45,15 @@ std::optional<LeaderInfo> find_leader(EtcdClient& client, const std::string& pre
 // leader at that time, then with each new one (nullopt: none for now) from a thread of its
 // own, one call at a time. What agents and workers use to find the leader. `client` must
 // outlive it. Throws EtcdUnavailable if the watch cannot be placed.
+//
+// Besides the watch it reads the leadership again every `recheck`: a watch served by a member
+// that a partition cut off stays silent until gRPC's keepalive gives up (7 s), and an agent
+// that learned of its new leader that late was taken for a lost slot.
 class LeaderObserver {
  public:
   using Callback = std::function<void(const std::optional<LeaderInfo>&)>;
-  LeaderObserver(EtcdClient& client, std::string prefix, Callback callback);
+  LeaderObserver(EtcdClient& client, std::string prefix, Callback callback,
+                 std::chrono::milliseconds recheck = std::chrono::milliseconds(500));
   ~LeaderObserver();
 
  private:
@@ -60,6 +66,10 @@ class LeaderObserver {
   std::optional<LeaderInfo> last_;
   bool reported_ = false;
   std::unique_ptr<EtcdWatch> watch_;
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+  std::thread recheck_;
 };
 
 // One candidacy: one lease, one key. Once it has lost its lease (or resigned, or was

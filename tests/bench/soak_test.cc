@@ -24,18 +24,17 @@ namespace fs = std::filesystem;
 using faults::Fault;
 
 TEST(SoakSchedule, EveryKindComesRoundEvenlyAtItsOwnStep) {
-  const faults::FaultSchedule s = bench::soak_schedule(110, 10, 4, 8, 2, 7, false);
+  const faults::FaultSchedule s = bench::soak_schedule(110, 10, 4, 8, 7, false);
   ASSERT_EQ(s.fault_size(), 110);
   std::map<Fault::Kind, int> kinds;
+  int slot0_lost = 0;
   for (int i = 0; i < s.fault_size(); ++i) {
     const Fault& f = s.fault(i);
     EXPECT_EQ(f.step(), 10 + 4 * i);
     EXPECT_GE(f.rank(), 0);
     EXPECT_LT(f.rank(), 8);
-    // Slot 0 (ranks 0 and 1) holds the controller: never lost with its machine.
-    if (f.kind() == Fault::slot_loss) {
-      EXPECT_GE(f.rank(), 2) << i;
-    }
+    // Slot 0 is lost like any other.
+    if (f.kind() == Fault::slot_loss) slot0_lost += f.rank() < 2;
     ++kinds[f.kind()];
   }
   // 110 faults are ten whole rounds of the eleven-fault mix: crash twice, the rest once.
@@ -50,25 +49,25 @@ TEST(SoakSchedule, EveryKindComesRoundEvenlyAtItsOwnStep) {
                                            {Fault::lose_snapshot, 10},
                                            {Fault::slot_loss, 10}};
   EXPECT_EQ(kinds, want);
+  EXPECT_GT(slot0_lost, 0);
 }
 
 TEST(SoakSchedule, TheSeedDecidesTheOrderAndRepeatsIt) {
-  const auto a = bench::soak_schedule(50, 10, 4, 8, 2, 1, false);
-  const auto b = bench::soak_schedule(50, 10, 4, 8, 2, 1, false);
-  const auto c = bench::soak_schedule(50, 10, 4, 8, 2, 2, false);
+  const auto a = bench::soak_schedule(50, 10, 4, 8, 1, false);
+  const auto b = bench::soak_schedule(50, 10, 4, 8, 1, false);
+  const auto c = bench::soak_schedule(50, 10, 4, 8, 2, false);
   EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
   EXPECT_NE(a.SerializeAsString(), c.SerializeAsString());
 }
 
 // With machines of their own (network namespaces) the mix has partitions too, as often as
-// every kind but crash, and like a lost slot never on slot 0, the controller's machine.
+// every kind but crash, on any machine, slot 0's included.
 TEST(SoakSchedule, PartitionsJoinTheMixWithMachinesOfTheirOwn) {
-  const faults::FaultSchedule s = bench::soak_schedule(120, 10, 4, 8, 2, 3, true);
+  const faults::FaultSchedule s = bench::soak_schedule(120, 10, 4, 8, 3, true);
   std::map<Fault::Kind, int> kinds;
   for (const Fault& f : s.fault()) {
-    if (f.kind() == Fault::slot_loss || f.kind() == Fault::partition) {
-      EXPECT_GE(f.rank(), 2) << f.ShortDebugString();
-    }
+    EXPECT_GE(f.rank(), 0) << f.ShortDebugString();
+    EXPECT_LT(f.rank(), 8) << f.ShortDebugString();
     ++kinds[f.kind()];
   }
   EXPECT_EQ(kinds[Fault::partition], 10);
@@ -116,6 +115,7 @@ TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
   EXPECT_FALSE(rep.reference_checksum().empty());
   EXPECT_EQ(rep.soak_checksum(), rep.reference_checksum());
   EXPECT_GE(rep.rejoins(), 1) << "no lost slot came back";
+
   EXPECT_EQ(rep.leftover_processes_size(), 0);
   EXPECT_EQ(rep.leftover_shm_size(), 0);
   ASSERT_GT(rep.processes_size(), 0);
@@ -124,7 +124,10 @@ TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
     EXPECT_TRUE(p.flat()) << p.name() << " " << p.pid();
     long_lived.insert(p.name());
   }
-  EXPECT_TRUE(long_lived.count("keel-launch")) << "the controller's process was not watched";
+  // Some launchers (agents, or slot 0's keel-launch unless its machine was lost) lived
+  // through the run and were watched.
+  EXPECT_TRUE(long_lived.count("keel-launch") || long_lived.count("keel-agent"))
+      << "no launcher was watched";
 
   // Where the state came from, from the soak run's own report: every restore in memory, at
   // the step in flight, and a lost snapshot's rank from its backup on another slot.

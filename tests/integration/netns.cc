@@ -395,6 +395,7 @@ void NetnsLab::cut(int i) {
 }
 
 void NetnsLab::heal(int i) {
+  ip({"-n", ns_name(i), "link", "set", "eth0", "up"});
   ip({"link", "set", veth_name(i), "up"});
 }
 
@@ -403,7 +404,6 @@ void NetnsLab::repair(int i) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(shm_dir(i), ec))
     std::filesystem::remove_all(e.path(), ec);
-  ip({"-n", ns_name(i), "link", "set", "eth0", "up"});
   heal(i);
 }
 

@@ -68,7 +68,9 @@ class NetnsLab {
   void run_in(int i, const std::function<void()>& fn);
 
   // A partition: machine i's link goes down at the bridge, so nothing reaches it or leaves
-  // it, while its processes and its own address stay. heal() brings the link back.
+  // it, while its processes and its own address stay. heal() brings the link back up at both
+  // ends, whichever end was taken down (cut() here, or `ip link set eth0 down` from inside,
+  // as keel's partition fault does), its processes untouched.
   void cut(int i);
   void heal(int i);
 

@@ -1,0 +1,22 @@
+// What benchmarks read of a running job from its etcd, as an operator would: the process of
+// its leader controller (the PID its election names, launcher/etcd/leader_election.h), for
+// those that kill the leader from outside (keel-bench detect's controller_crash row, the
+// soak), and how the job ended (the soak, whose slot 0 may die with its machine).
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+
+namespace keel::bench {
+
+// The leader's pid for job `job` in the etcd at `endpoints` ("host:port,..."); 0 if no
+// candidate leads now (between two leaders) or etcd cannot be read.
+pid_t leader_pid(const std::string& endpoints, const std::string& job);
+
+// The job's exit status as its last leader wrote it (state::JobEnd); nullopt while it runs or
+// when etcd cannot be read.
+std::optional<int> job_end_code(const std::string& endpoints, const std::string& job);
+
+}  // namespace keel::bench

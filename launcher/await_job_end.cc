@@ -1,0 +1,127 @@
+#include "launcher/await_job_end.h"
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <thread>
+
+#include "launcher/agent/agent.h"
+#include "launcher/etcd/etcd_client.h"
+#include "launcher/etcd/leader_election.h"
+#include "proto/control_state.pb.h"
+#include "proto/store_keys.h"
+#include "proto/store_values.pb.h"
+#include "runtime/logging.h"
+#include "runtime/text.h"
+
+namespace keel {
+namespace {
+
+// After the controller died: how often keel-launch asks etcd whether a later leader ended
+// the job, and each call's deadline.
+constexpr std::chrono::milliseconds kEndPoll{100};
+constexpr std::chrono::milliseconds kEndPollTimeout{2000};
+// How long keel-launch, whose slots were taken as lost, waits for the job's end while no
+// controller leads it (etcd's quorum timeout's default): then the job is gone with no end.
+constexpr std::chrono::seconds kNoLeaderWait{60};
+// How often keel-launch prints the job's progress while a leader it did not start runs it.
+constexpr std::chrono::seconds kProgressEchoEvery{5};
+
+// Prints the job's progress as rank 0 records it in the ranks' store (every few seconds): after
+// a takeover the progress lines go to the new leader's log, and this console would
+// otherwise fall silent for the rest of the job. `steps`: the job's total.
+class ProgressEcho {
+ public:
+  ProgressEcho(const std::string& job, int64_t steps) : job_(job), steps_(steps) {}
+  void poll(EtcdClient& client) {
+    if (std::chrono::steady_clock::now() < next_) return;
+    next_ = std::chrono::steady_clock::now() + kProgressEchoEvery;
+    try {
+      // One member's own copy: a line a second late costs nothing, a quorum lost costs none.
+      const auto kv =
+          client.get(keys::state::store_prefix(job_) + keys::kProgress,
+                     std::chrono::steady_clock::now() + kEndPollTimeout, EtcdRead::kLocal);
+      store::Step s;
+      if (!kv || !s.ParseFromString(kv->value) || s.step() <= shown_) return;
+      shown_ = s.step();
+      std::printf(
+          "keel-launch: step %lld/%lld (under the leader that took over; its own "
+          "lines are in the run directory's logs/slot<K>-controller.log)\n",
+          static_cast<long long>(shown_), static_cast<long long>(steps_));
+      std::fflush(stdout);
+    } catch (const EtcdUnavailable&) {
+      // The end's read below says so.
+    }
+  }
+
+ private:
+  const std::string job_;
+  const int64_t steps_;
+  int64_t shown_ = -1;
+  std::chrono::steady_clock::time_point next_;
+};
+
+}  // namespace
+
+int await_job_end(const JobEndWait& w) {
+  const std::vector<std::string>& etcd = w.etcd;
+  const std::string& job = w.job;
+  const int sig = w.signal;
+  std::vector<pid_t>* slots = w.slots;
+  std::optional<ProgressEcho> progress;
+  if (w.echo_steps > 0) progress.emplace(job, w.echo_steps);
+  const std::string how = sig ? detail::concat("died (", strsignal(sig), ")")
+                              : "was deposed (it lost its lease and another leads)";
+  std::printf(
+      "keel-launch: the job's controller %s; a candidate on another slot takes over, "
+      "training goes on\n",
+      how.c_str());
+  std::fflush(stdout);
+  EtcdClient client(etcd, kEndPollTimeout);
+  std::optional<int> slot_code;  // the first slot's that ended with the job's status
+  bool gone = false;             // a slot here was taken as lost: the job goes on elsewhere
+  auto job_status = [&](int code) {
+    gone = gone || code == kExitSlotGone;
+    if (!slot_code && code != kExitControllerLost && code != kExitSlotGone) slot_code = code;
+  };
+  auto no_leader_since = std::chrono::steady_clock::now();
+  while (true) {
+    std::erase_if(*slots, [&](pid_t p) {
+      int st = 0;
+      if (waitpid(p, &st, WNOHANG) != p) return false;
+      if (WIFEXITED(st)) job_status(WEXITSTATUS(st));
+      return true;
+    });
+    if (w.agent0_here && w.agent0_code->load() >= 0) job_status(w.agent0_code->load());
+    if (slot_code) return *slot_code;
+    if (progress) progress->poll(client);
+    try {
+      if (auto kv = client.get(keys::state::end(job))) {
+        state::JobEnd end;
+        if (end.ParseFromString(kv->value)) return end.code();
+      }
+    } catch (const EtcdUnavailable& e) {
+      LOG(WARNING) << "etcd: reading the job's end: " << e.what();
+    }
+    if (w.agent0_here ? w.agent0_code->load() >= 0 : slots->empty()) {
+      // This machine's slots are out of the job (taken as lost while cut off): its end still
+      // comes from etcd, as long as someone leads it.
+      bool led = false;
+      try {
+        led = gone && find_leader(client, keys::state::leader_prefix(job)).has_value();
+      } catch (const EtcdUnavailable&) {
+      }
+      if (led) no_leader_since = std::chrono::steady_clock::now();
+      if (!gone || std::chrono::steady_clock::now() - no_leader_since > kNoLeaderWait) {
+        LOG(ERROR) << "every slot of this machine ended without the job's end from a leader";
+        return 1;
+      }
+    }
+    if (w.stop && *w.stop) return 128 + int(*w.stop);
+    std::this_thread::sleep_for(kEndPoll);
+  }
+}
+
+}  // namespace keel
