@@ -155,11 +155,13 @@ void Agent::follow(const control::Command& c) {
   if (!leader_link_) {
     etcd_endpoints_.assign(c.etcd_endpoints().begin(), c.etcd_endpoints().end());
     try {
-      leader_link_ =
-          std::make_unique<LeaderLink>(etcd_endpoints_, o_.job, [this](const state::Leader& l) {
+      leader_link_ = std::make_unique<LeaderLink>(
+          etcd_endpoints_, o_.job,
+          [this](const state::Leader& l) {
             std::lock_guard<std::mutex> g(leader_mu_);
             leader_endpoint_ = l.endpoint();
-          });
+          },
+          kLeaderRecheck);
     } catch (const std::exception& e) {
       LOG(ERROR) << "slot " << o_.slot
                  << ": cannot follow the job's leadership in etcd: " << e.what();

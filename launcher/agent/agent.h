@@ -78,6 +78,9 @@ class Agent {
   // every heartbeat (200 ms), so a live one is never left; a dead one has been silent for its
   // lease's lapse (2 s) by the time a successor publishes itself.
   static constexpr std::chrono::milliseconds kLeaderSilence{1000};
+  // How often the agent reads the leadership besides its watch (LeaderObserver): a new leader
+  // waits detect.slot_timeout_ms for the agents, and a watch on a cut-off member is silent 7 s.
+  static constexpr std::chrono::milliseconds kLeaderRecheck{500};
   // How often a controller candidate that keeps dying is started again.
   static constexpr std::chrono::milliseconds kCandidateRestartEvery{1000};
 

@@ -427,18 +427,19 @@ void AgentHost::follow(const std::vector<std::string>& etcd_endpoints, int candi
 bool AgentHost::wants_candidate(int slot) const {
   if (!up(slot)) return false;
   int before = 0;  // live slots before this one
-  for (int k = 0; k < slot; ++k) before += up(k);
+  for (int k = 0; k < slot && before < candidates_; ++k) before += up(k);
   return before < candidates_;
 }
 
 void AgentHost::keep_candidates() {
   if (etcd_endpoints_.empty()) return;
+  int live = 0;  // live slots so far: the first candidates_ of them run one (wants_candidate)
   for (int k = 0; k < int(agents_.size()); ++k) {
     if (!up(k)) {
       candidate_at_.erase(k);  // its candidate went with it
       continue;
     }
-    if (candidate_at_.count(k) || !wants_candidate(k)) continue;
+    if (live++ >= candidates_ || candidate_at_.count(k)) continue;
     control::Envelope m = command(control::Command::follow);
     for (const auto& e : etcd_endpoints_) m.mutable_command()->add_etcd_endpoints(e);
     m.mutable_command()->set_candidate(true);

@@ -28,6 +28,7 @@ LeaderObserver::LeaderObserver(EtcdClient& client, std::string prefix, Callback 
   watch_ = std::make_unique<EtcdWatch>(client_, prefix_, true,
                                        [this](const std::vector<EtcdEvent>&) { update(); });
   update();
+  if (recheck.count() <= 0) return;
   recheck_ = std::thread([this, recheck] {
     set_process_name("keel-etcd-leader");
     std::unique_lock<std::mutex> lock(stop_mu_);
@@ -45,7 +46,7 @@ LeaderObserver::~LeaderObserver() {
     stopping_ = true;
   }
   stop_cv_.notify_all();
-  recheck_.join();
+  if (recheck_.joinable()) recheck_.join();
   watch_->cancel();
 }
 

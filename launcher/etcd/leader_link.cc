@@ -15,11 +15,13 @@ constexpr std::chrono::milliseconds kCallTimeout{1000};
 }  // namespace
 
 LeaderLink::LeaderLink(const std::vector<std::string>& endpoints, const std::string& job,
-                       std::function<void(const state::Leader&)> on_change)
+                       std::function<void(const state::Leader&)> on_change,
+                       std::chrono::milliseconds recheck)
     : on_change_(std::move(on_change)),
       client_(std::make_unique<EtcdClient>(endpoints, kCallTimeout)) {
   observer_ = std::make_unique<LeaderObserver>(
-      *client_, keys::state::leader_prefix(job), [this](const std::optional<LeaderInfo>& info) {
+      *client_, keys::state::leader_prefix(job),
+      [this](const std::optional<LeaderInfo>& info) {
         std::optional<state::Leader> now;
         if (info) {
           state::Leader l;
@@ -33,7 +35,8 @@ LeaderLink::LeaderLink(const std::vector<std::string>& endpoints, const std::str
           leader_ = now;
         }
         if (now && on_change_) on_change_(*now);
-      });
+      },
+      recheck);
 }
 
 LeaderLink::~LeaderLink() {

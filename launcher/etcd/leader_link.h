@@ -5,6 +5,7 @@
 // at a fixed endpoint and no LeaderLink.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -23,9 +24,11 @@ class LeaderLink {
  public:
   // Follows the leadership of job `job` on the etcd at `endpoints`; `on_change` runs (on an
   // etcd thread) with every leader that publishes itself, the current one first. Throws
-  // EtcdUnavailable if etcd cannot be reached.
+  // EtcdUnavailable if etcd cannot be reached. `recheck`: also read the leadership that often
+  // (LeaderObserver; 0: the watch alone).
   LeaderLink(const std::vector<std::string>& endpoints, const std::string& job,
-             std::function<void(const state::Leader&)> on_change);
+             std::function<void(const state::Leader&)> on_change,
+             std::chrono::milliseconds recheck = std::chrono::milliseconds(0));
   ~LeaderLink();
   LeaderLink(const LeaderLink&) = delete;
   LeaderLink& operator=(const LeaderLink&) = delete;
