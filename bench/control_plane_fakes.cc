@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 
+#include "launcher/control_plane.h"
 #include "launcher/etcd/etcd_store.h"
 #include "launcher/recovery_protocol.h"
 #include "parallel/store.h"
@@ -52,6 +53,12 @@ void* open_dealer(void* ctx, const std::string& identity, const std::string& end
   // The real client's bounded queue (launcher/control_plane.h): 1000 messages.
   const int hwm = 1000;
   zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+  // The job's CURVE keys, as ControlClient sets them: the controller admits nothing else.
+  static const CurveKeyPair server = control_curve_keys(process_job_key(), true),
+                            client = control_curve_keys(process_job_key(), false);
+  zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, server.pub.data(), server.pub.size());
+  zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, client.pub.data(), client.pub.size());
+  zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, client.sec.data(), client.sec.size());
   KEEL_CHECK(zmq_connect(s, endpoint.c_str()) == 0, "zmq_connect ", endpoint, ": ",
              zmq_strerror(zmq_errno()));
   return s;

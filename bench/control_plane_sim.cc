@@ -27,6 +27,7 @@
 #include "launcher/etcd/etcd_members.h"
 #include "launcher/etcd/etcd_store.h"
 #include "launcher/recovery_protocol.h"
+#include "parallel/job_key.h"
 #include "proto/config_loader.h"
 #include "proto/control_state.pb.h"
 #include "proto/store_keys.h"
@@ -119,10 +120,13 @@ pid_t start_candidate(const ControlPlaneOptions& o, const std::string& job, int 
   const std::vector<std::string> args = {
       o.keel_launch,        "--candidate", "--job",     job,      "--slot",
       std::to_string(slot), "--host",      "127.0.0.1", "--etcd", etcd};
+  // The fakes' key (this process's), handed over as a launcher keel does not control would.
+  const std::string key = process_job_key().hex();
   const pid_t pid = fork();
   KEEL_CHECK(pid >= 0, "fork: ", std::strerror(errno));
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    setenv(kSecretEnv, key.c_str(), 1);
     const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (out >= 0) {
       dup2(out, 1);
@@ -269,6 +273,9 @@ void measure(const ControlPlaneOptions& o, int ranks, const std::string& dir,
   es.data_dir = dir + "/etcd";
   es.log_path = dir + "/etcd.log";
   es.token = job;
+  // Plain: its Prometheus metrics are read over HTTP (scrape_metric), and the simulation
+  // measures the control plane's scaling, not TLS.
+  es.tls = false;
   es.cluster = etcd_cluster({es});
   EtcdMember etcd(es);
   etcd.wait_healthy(std::chrono::seconds(30));

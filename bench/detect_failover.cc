@@ -126,7 +126,7 @@ pid_t job_leader(const std::string& job_dir) {
   const events::Event* etcd = find(all, "etcd");
   if (!etcd || !etcd->data().fields().count("endpoints")) return 0;
   return leader_pid(etcd->data().fields().at("endpoints").string_value(),
-                    fs::path(job_dir).filename());
+                    fs::path(job_dir).filename(), job_dir);
 }
 
 pid_t parent_of(pid_t p) {

@@ -8,10 +8,19 @@
 #include "runtime/text.h"
 
 namespace keel::bench {
+namespace {
 
-pid_t leader_pid(const std::string& endpoints, const std::string& job) {
+// A client of the job's etcd: with the job's key, as its members require it.
+EtcdClient job_client(const std::string& endpoints, const std::string& job_dir) {
+  return EtcdClient(split(endpoints, ',', /*skip_empty=*/true), std::chrono::seconds(5),
+                    JobKey::load(job_dir + "/" + kSecretFile));
+}
+
+}  // namespace
+
+pid_t leader_pid(const std::string& endpoints, const std::string& job, const std::string& job_dir) {
   try {
-    EtcdClient c(split(endpoints, ',', /*skip_empty=*/true));
+    EtcdClient c = job_client(endpoints, job_dir);
     const auto l = find_leader(c, keys::state::leader_prefix(job));
     state::Leader leader;
     return l && leader.ParseFromString(l->value) ? pid_t(leader.pid()) : 0;
@@ -21,9 +30,10 @@ pid_t leader_pid(const std::string& endpoints, const std::string& job) {
   }
 }
 
-std::optional<int> job_end_code(const std::string& endpoints, const std::string& job) {
+std::optional<int> job_end_code(const std::string& endpoints, const std::string& job,
+                                const std::string& job_dir) {
   try {
-    EtcdClient c(split(endpoints, ',', /*skip_empty=*/true));
+    EtcdClient c = job_client(endpoints, job_dir);
     const auto kv = c.get(keys::state::end(job));
     state::JobEnd end;
     if (kv && end.ParseFromString(kv->value)) return end.code();

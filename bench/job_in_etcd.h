@@ -11,12 +11,14 @@
 
 namespace keel::bench {
 
-// The leader's pid for job `job` in the etcd at `endpoints` ("host:port,..."); 0 if no
-// candidate leads now (between two leaders) or etcd cannot be read.
-pid_t leader_pid(const std::string& endpoints, const std::string& job);
+// The leader's pid for job `job` in the etcd at `endpoints` ("host:port,..." or members keel
+// started, "https://host:port,...", reached with the job's key read from `job_dir`/secret);
+// 0 if no candidate leads now (between two leaders) or etcd cannot be read.
+pid_t leader_pid(const std::string& endpoints, const std::string& job, const std::string& job_dir);
 
 // The job's exit status as its last leader wrote it (state::JobEnd); nullopt while it runs or
 // when etcd cannot be read.
-std::optional<int> job_end_code(const std::string& endpoints, const std::string& job);
+std::optional<int> job_end_code(const std::string& endpoints, const std::string& job,
+                                const std::string& job_dir);
 
 }  // namespace keel::bench

@@ -176,7 +176,7 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
       main_gone = rc >= 0;
     } else if (since(t0) >= next_end_look) {
       next_end_look = since(t0) + 0.5;
-      if (const auto end = job_end_code(cluster.etcd_endpoints(), res.job)) {
+      if (const auto end = job_end_code(cluster.etcd_endpoints(), res.job, job_dir)) {
         res.exit_code = *end;
         break;
       }
@@ -267,7 +267,7 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
     if (total_faults > 0 && o.kill_controller_every_s > 0 && !res.job.empty() && t >= next_kill &&
         rep->takeovers() >= rep->controller_kills()) {
       next_kill = t + o.kill_controller_every_s;
-      const pid_t leader = leader_pid(cluster.etcd_endpoints(), res.job);
+      const pid_t leader = leader_pid(cluster.etcd_endpoints(), res.job, job_dir);
       const std::string name = read_text("/proc/" + std::to_string(leader) + "/comm");
       if (leader > 0 && kill(leader, SIGKILL) == 0) {
         rep->set_controller_kills(rep->controller_kills() + 1);

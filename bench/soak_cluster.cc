@@ -44,6 +44,9 @@ SoakCluster::SoakCluster(bool netns, int slots) : slots_(slots) {
     s.data_dir = etcd_dir_ + "/" + s.name;
     s.log_path = etcd_dir_ + "/" + s.name + ".log";
     s.token = fs::path(etcd_dir_).filename();
+    // An existing cluster, given with --etcd: the operator's, which keel reaches with plain
+    // gRPC (it holds no certificate of the operator's CA).
+    s.tls = false;
   }
   for (auto& s : specs) s.cluster = etcd_cluster(specs);
   for (const auto& s : specs) etcd_.push_back(std::make_unique<EtcdMember>(s));

@@ -28,6 +28,7 @@
 #include "ckpt/snapshot_region.h"
 #include "model/train_state.h"
 #include "parallel/comm_error.h"
+#include "parallel/peer_auth.h"
 #include "parallel/tcp_store.h"
 #include "runtime/logging.h"
 
@@ -52,6 +53,10 @@ constexpr size_t kStaging = size_t{16} << 20;
 // No state of one rank comes near this; a larger claim is a garbled header.
 constexpr uint64_t kMaxPayload = uint64_t{1} << 40;
 constexpr uint32_t kMaxMessage = 1 << 16;
+// How long an accepted connection may take to prove the job's key, and how many may be at it
+// at once.
+constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+constexpr ptrdiff_t kMaxUnauthenticated = 256;
 
 // RequestHeader::flags of a push: the payload is the owner's verified snapshot (SDC checks),
 // kept in the holder's verified slot beside the two newest backups.
@@ -164,7 +169,14 @@ struct BackupServer::Impl {
   std::string segment;
   Fd listener;
   Fd wake_read, wake_write;  // a byte here ends serve()
-  std::vector<Fd> conns;
+  // A connection serves requests once it has proven the job's key.
+  struct Conn {
+    Fd fd;
+    ServerHandshake auth{AuthChannel{"backup", 0}};
+    Clock::time_point accepted_at = Clock::now();
+    bool authenticated() const { return auth.state() == ServerHandshake::State::kDone; }
+  };
+  std::vector<Conn> conns;
   std::unique_ptr<SnapshotRegion> region;
   std::unique_ptr<SnapshotRegion> own;  // the holder's own snapshots (serve_own_snapshot)
   std::thread thread;
@@ -244,14 +256,30 @@ void BackupServer::Impl::serve() {
     pfds.clear();
     pfds.push_back({wake_read.get(), POLLIN, 0});
     pfds.push_back({listener.get(), POLLIN, 0});
-    for (auto& c : conns) pfds.push_back({c.get(), POLLIN, 0});
-    int rc = ::poll(pfds.data(), pfds.size(), -1);
+    Clock::time_point next = Clock::time_point::max();
+    for (auto& c : conns) {
+      pfds.push_back({c.fd.get(), POLLIN, 0});
+      if (!c.authenticated()) next = std::min(next, c.accepted_at + kHandshakeTimeout);
+    }
+    int rc = ::poll(pfds.data(), pfds.size(),
+                    next == Clock::time_point::max() ? -1 : detail::poll_ms_left(next));
     if (rc < 0 && errno == EINTR) continue;
     // The server thread has no caller to throw to; a failing poll() means a broken process.
     KEEL_CHECK(rc >= 0, "backup server: poll: ", std::strerror(errno));
     if (pfds[0].revents) return;
     std::vector<bool> drop(conns.size(), false);
+    const auto now = Clock::now();
     for (size_t i = 2; i < pfds.size(); ++i) {
+      Conn& c = conns[i - 2];
+      if (!c.authenticated()) {
+        // Not one byte of a request before the key is proven; and not for long.
+        ServerHandshake::State a = ServerHandshake::State::kPending;
+        if (pfds[i].revents) a = c.auth.pump(c.fd.get());
+        drop[i - 2] =
+            a == ServerHandshake::State::kRefused ||
+            (a == ServerHandshake::State::kPending && now - c.accepted_at >= kHandshakeTimeout);
+        continue;
+      }
       if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       try {
         drop[i - 2] = !handle(pfds[i].fd);
@@ -273,7 +301,11 @@ void BackupServer::Impl::accept_all() {
     int fd = ::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a connection that died before we took it
     detail::set_nodelay(fd);
-    conns.emplace_back(fd);
+    conns.push_back(Conn{Fd(fd)});
+    // A flood of connections that never authenticate must not crowd out the job's own.
+    auto pending = [](const Conn& c) { return !c.authenticated(); };
+    if (std::count_if(conns.begin(), conns.end(), pending) > kMaxUnauthenticated)
+      conns.erase(std::find_if(conns.begin(), conns.end(), pending));
   }
 }
 
@@ -443,6 +475,13 @@ void BackupClient::connect() {
     throw BackupError(e.what());  // names the holder already
   }
   detail::set_nodelay(fd_.get());
+  try {
+    authenticate_to_server(fd_.get(), {"backup", 0}, Clock::now() + connect_timeout_,
+                           "backup holder " + addr_);
+  } catch (const CommError& e) {
+    fd_.reset();
+    throw BackupError(e.what());
+  }
 }
 
 void BackupClient::push_raw(int owner_rank, int64_t step, uint64_t fingerprint, const void* payload,

@@ -5,15 +5,20 @@
 // RECONNECT_IVL instead of waiting out TCP retransmission backoff.
 #include "launcher/control_plane.h"
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
 #include <iterator>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include <sodium.h>
+
 #include <zmq_addon.hpp>
 
+#include "parallel/job_key.h"
 #include "parallel/tcp_store.h"
 #include "runtime/check.h"
 
@@ -97,7 +102,59 @@ std::string tcp_endpoint(const std::string& host, const std::string& port) {
   return "tcp://" + (v6 ? "[" + host + "]" : host) + ":" + port;
 }
 
+// A PAIR socket that receives `sock`'s `events` (zmq_socket_monitor), each as two frames: 2
+// bytes of event and 4 of value, then the endpoint.
+zmq::socket_t open_monitor(zmq::context_t& ctx, zmq::socket_t& sock, int events) {
+  const std::string addr =
+      "inproc://keel-control-monitor-" + std::to_string(reinterpret_cast<uintptr_t>(&sock));
+  if (zmq_socket_monitor(sock.handle(), addr.c_str(), events) != 0)
+    throw_zmq("control plane: socket monitor", zmq::error_t());
+  zmq::socket_t monitor(ctx, zmq::socket_type::pair);
+  monitor.set(zmq::sockopt::linger, 0);
+  monitor.connect(addr);
+  return monitor;
+}
+
+struct MonitorEvent {
+  uint16_t event = 0;
+  int32_t value = 0;     // the connection's fd, or ZeroMQ's error code
+  std::string endpoint;  // the peer's address
+};
+
+// The next event waiting on a monitor socket, if any.
+std::optional<MonitorEvent> next_event(zmq::socket_t& monitor) {
+  for (std::vector<zmq::message_t> ev = recv_now(monitor, "control plane monitor"); !ev.empty();
+       ev = recv_now(monitor, "control plane monitor")) {
+    if (ev[0].size() < 6) continue;
+    MonitorEvent e;
+    std::memcpy(&e.event, ev[0].data(), sizeof(e.event));
+    std::memcpy(&e.value, static_cast<const char*>(ev[0].data()) + 2, sizeof(e.value));
+    e.endpoint = ev.size() > 1 ? ev[1].to_string() : "?";
+    return e;
+  }
+  return std::nullopt;
+}
+
+// Every process of the job holds them, nothing else can (launcher/zap_handler.h admits only
+// the client key).
+CurveKeyPair curve_keys(const JobKey& key, const char* role) {
+  const JobKey::Bytes seed = key.derive(std::string("keel-curve/1/") + role);
+  std::array<unsigned char, crypto_box_PUBLICKEYBYTES> pk{};
+  std::array<unsigned char, crypto_box_SECRETKEYBYTES> sk{};
+  KEEL_CHECK(crypto_box_seed_keypair(pk.data(), sk.data(), seed.data()) == 0,
+             "crypto_box_seed_keypair failed");
+  return {std::string(pk.begin(), pk.end()), std::string(sk.begin(), sk.end())};
+}
+
 }  // namespace
+
+int control_io_threads() {
+  return std::clamp(int(std::thread::hardware_concurrency()) / 2, 1, 4);
+}
+
+CurveKeyPair control_curve_keys(const JobKey& key, bool server) {
+  return curve_keys(key, server ? "server" : "client");
+}
 
 std::string endpoint_host(const std::string& endpoint) {
   const std::string scheme = "tcp://";
@@ -135,7 +192,7 @@ bool EpochFilter::accept(const control::Envelope& msg, int current_epoch) {
   return true;
 }
 
-ControlServer::ControlServer(const std::string& bind_host, int port) try
+ControlServer::ControlServer(const std::string& bind_host, int port, const JobKey& key) try
     : sock_(ctx_, zmq::socket_type::router) {
   set_common_options(sock_);
   // Off (the default, set to say so): a message for a client that is gone is dropped, not
@@ -146,6 +203,12 @@ ControlServer::ControlServer(const std::string& bind_host, int port) try
   // and pid, so a second process joining as the same slot gets a name of its own).
   sock_.set(zmq::sockopt::router_handover, true);
   sock_.set(zmq::sockopt::backlog, kListenBacklog);
+  // CurveZMQ: the server proves the job's server key, and the ZAP handler admits only clients
+  // with the job's client key; a peer without them is refused before any message is read.
+  zap_ = std::make_unique<ZapHandler>(ctx_, curve_keys(key, "client").pub);
+  sock_.set(zmq::sockopt::curve_server, true);
+  sock_.set(zmq::sockopt::curve_secretkey, zmq::buffer(curve_keys(key, "server").sec));
+  sock_.set(zmq::sockopt::zap_domain, "keel");
   if (bind_host.find(':') != std::string::npos) sock_.set(zmq::sockopt::ipv6, true);
   std::string addr = tcp_endpoint(bind_host, port == 0 ? "*" : std::to_string(port));
   try {
@@ -159,26 +222,28 @@ ControlServer::ControlServer(const std::string& bind_host, int port) try
   // heartbeat timeout. A ROUTER does not say which peer a connection was (ZMQ_ROUTER_NOTIFY
   // is draft API, absent from Debian's libzmq); the file descriptor ties the two: every
   // message carries its connection's (ZMQ_SRCFD), and the monitor's event names it.
-  const std::string monitor_addr =
-      "inproc://keel-control-monitor-" + std::to_string(reinterpret_cast<uintptr_t>(this));
-  if (zmq_socket_monitor(sock_.handle(), monitor_addr.c_str(), ZMQ_EVENT_DISCONNECTED) != 0)
-    throw_zmq("ControlServer: socket monitor", zmq::error_t());
-  monitor_ = zmq::socket_t(ctx_, zmq::socket_type::pair);
-  monitor_.set(zmq::sockopt::linger, 0);
-  monitor_.connect(monitor_addr);
+  // Failed handshakes too: a plain ZeroMQ client or random bytes never reach the ZAP handler.
+  monitor_ = open_monitor(ctx_, sock_,
+                          ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL);
 } catch (const zmq::error_t& e) {
   throw_zmq("ControlServer on " + bind_host + ":" + std::to_string(port), e);
 }
 
 void ControlServer::drain_monitor() {
-  // Each event is two frames: 2 bytes of event and 4 of value (the fd), then the endpoint.
-  for (std::vector<zmq::message_t> ev = recv_now(monitor_, "ControlServer monitor"); !ev.empty();
-       ev = recv_now(monitor_, "ControlServer monitor")) {
-    if (ev[0].size() < 6) continue;
-    uint16_t event = 0;
-    int32_t fd = -1;
-    std::memcpy(&event, ev[0].data(), sizeof(event));
-    std::memcpy(&fd, static_cast<const char*>(ev[0].data()) + 2, sizeof(fd));
+  while (const std::optional<MonitorEvent> e = next_event(monitor_)) {
+    const uint16_t event = e->event;
+    const int32_t fd = e->value;
+    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+        event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+      // The value is ZeroMQ's protocol error code.
+      hold_refusal(
+          {e->endpoint, event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+                            ? detail::concat("not a CurveZMQ handshake of this job (ZMTP error 0x",
+                                             std::hex, fd, ")")
+                            : std::string("the connection failed during the handshake")});
+      continue;
+    }
     if (event != ZMQ_EVENT_DISCONNECTED) continue;
     auto it = fd_identity_.find(fd);
     if (it == fd_identity_.end()) continue;
@@ -188,6 +253,29 @@ void ControlServer::drain_monitor() {
     }
     fd_identity_.erase(it);
   }
+}
+
+void ControlServer::hold_refusal(Refusal r) {
+  constexpr size_t kMaxHeld = 64;  // a flood between two reports is counted, not kept
+  if (handshake_refused_.size() < kMaxHeld)
+    handshake_refused_.push_back(std::move(r));
+  else
+    handshake_refused_.back().more += 1 + r.more;
+}
+
+std::vector<Refusal> ControlServer::take_refused() {
+  drain_monitor();
+  for (Refusal& r : zap_->take_refused()) hold_refusal(std::move(r));
+  // A flood of intruders (a refused client retries every 100 ms) is one report a second at
+  // most: the oldest refusal held, the others counted in its `more`.
+  const auto now = std::chrono::steady_clock::now();
+  if (handshake_refused_.empty() || now - last_refusal_report_ < std::chrono::seconds(1)) return {};
+  last_refusal_report_ = now;
+  Refusal first = handshake_refused_.front();
+  for (size_t i = 1; i < handshake_refused_.size(); ++i)
+    first.more += 1 + handshake_refused_[i].more;
+  handshake_refused_.clear();
+  return {first};
 }
 
 std::vector<std::string> ControlServer::take_closed() {
@@ -244,13 +332,21 @@ bool ControlServer::send(const std::string& identity, const control::Envelope& m
   }
 }
 
-ControlClient::ControlClient(const std::string& endpoint, const std::string& identity) try
+ControlClient::ControlClient(const std::string& endpoint, const std::string& identity,
+                             const JobKey& key) try
     : sock_(ctx_, zmq::socket_type::dealer), identity_(identity) {
   set_common_options(sock_);
   sock_.set(zmq::sockopt::routing_id, identity);
+  const CurveKeyPair mine = curve_keys(key, "client");
+  sock_.set(zmq::sockopt::curve_serverkey, zmq::buffer(curve_keys(key, "server").pub));
+  sock_.set(zmq::sockopt::curve_publickey, zmq::buffer(mine.pub));
+  sock_.set(zmq::sockopt::curve_secretkey, zmq::buffer(mine.sec));
   sock_.set(zmq::sockopt::reconnect_ivl, kReconnectIvlMs);
   sock_.set(zmq::sockopt::reconnect_ivl_max, 0);  // no exponential backoff
   if (endpoint.find('[') != std::string::npos) sock_.set(zmq::sockopt::ipv6, true);
+  monitor_ = open_monitor(ctx_, sock_,
+                          ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL);
   try {
     sock_.connect(endpoint);
   } catch (const zmq::error_t& e) {
@@ -280,6 +376,16 @@ std::optional<control::Envelope> ControlClient::poll(std::chrono::milliseconds t
     return std::nullopt;
   }
   return msg;
+}
+
+std::string ControlClient::handshake_refused() {
+  while (const std::optional<MonitorEvent> e = next_event(monitor_))
+    refused_ = e->event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+                   ? detail::concat("the controller refused this process's key (ZAP status ",
+                                    e->value, "): not the job's secret")
+                   : "the CurveZMQ handshake with the controller failed: it holds another "
+                     "job's keys (a wrong secret), or is no keel controller";
+  return refused_;
 }
 
 bool ControlClient::queued() {

@@ -39,7 +39,8 @@ int fail(int code, const std::string& why) {
 
 // The job a command talks to: --controller's, --run's, or the newest under ./runs whose
 // controller answers (keel-ctl status also takes the newest ended one, to read its report).
-keel::FoundRun find_job(const std::string& run, const std::string& controller, bool status) {
+keel::FoundRun find_job(const std::string& run, const std::string& controller,
+                        const std::string& secret_file, bool status) {
   if (!controller.empty()) {
     // A malformed endpoint is the user's input, not a controller that did not answer.
     try {
@@ -49,6 +50,15 @@ keel::FoundRun find_job(const std::string& run, const std::string& controller, b
     }
     keel::FoundRun r;
     r.endpoint = controller;
+    if (!secret_file.empty()) {
+      r.key = keel::JobKey::load(secret_file);
+    } else if (!keel::adopt_inherited_job_key().empty()) {
+      r.key = keel::process_job_key();
+    } else {
+      r.key_error =
+          "--controller needs the job's secret: --secret-file FILE (runs/<job>/secret) or "
+          "KEEL_JOB_SECRET in the environment";
+    }
     return r;
   }
   keel::FoundRun r = run.empty() ? keel::find_run("runs", status) : keel::read_run(run);
@@ -85,7 +95,9 @@ constexpr std::chrono::seconds kStacksWait{15};
 constexpr std::chrono::seconds kReplayWait{5};
 constexpr std::chrono::seconds kUpdateWait{30};
 
-int no_answer(std::chrono::seconds waited) {
+int no_answer(keel::ControlClient& c, std::chrono::seconds waited) {
+  // A refused key is the user's to fix (exit 2), not a controller that is not there.
+  if (const std::string why = c.handshake_refused(); !why.empty()) return fail(2, why);
   return fail(1, "the controller did not answer within " + std::to_string(waited.count()) + " s");
 }
 
@@ -93,7 +105,7 @@ int status(keel::ControlClient& c) {
   keel::control::Envelope req = keel::make_envelope(0);
   req.mutable_status_request();
   auto rep = c.request(req, kAnswerWait);
-  if (!rep || !rep->has_status_reply()) return no_answer(kAnswerWait);
+  if (!rep || !rep->has_status_reply()) return no_answer(c, kAnswerWait);
   const auto& s = rep->status_reply();
   std::printf(
       "state %s | epoch %d | step %lld | loss %.6f | %.0f tok/s | MFU %.1f%% | ETTR %.3f | "
@@ -119,7 +131,7 @@ int inject(keel::ControlClient& c, const std::string& fault) {
   keel::control::Envelope req = keel::make_envelope(0);
   req.mutable_inject_request()->set_fault(fault);
   auto rep = c.request(req, kAnswerWait);
-  if (!rep || !rep->has_inject_reply()) return no_answer(kAnswerWait);
+  if (!rep || !rep->has_inject_reply()) return no_answer(c, kAnswerWait);
   // A refusal (a bad fault, a step already passed) names its reason; nothing was injected.
   if (!rep->inject_reply().ok()) return fail(2, rep->inject_reply().message());
   std::printf("%s\n", rep->inject_reply().message().c_str());
@@ -133,7 +145,7 @@ int stacks(keel::ControlClient& c, const std::string& name) {
   req.mutable_stacks_request()->set_name(name);
   // The capture itself is bounded by the controller (under the slot timeout per agent).
   auto rep = c.request(req, kStacksWait);
-  if (!rep || !rep->has_stacks_reply()) return no_answer(kStacksWait);
+  if (!rep || !rep->has_stacks_reply()) return no_answer(c, kStacksWait);
   const auto& s = rep->stacks_reply();
   if (s.ok()) std::printf("stacks of every worker in %s\n", s.dir().c_str());
   std::fputs(s.summary().c_str(), stdout);
@@ -147,7 +159,7 @@ int replay(keel::ControlClient& c) {
   keel::control::Envelope req = keel::make_envelope(0);
   req.mutable_replay_request();
   auto rep = c.request(req, kReplayWait);
-  if (!rep || !rep->has_replay_reply()) return no_answer(kReplayWait);
+  if (!rep || !rep->has_replay_reply()) return no_answer(c, kReplayWait);
   if (!rep->replay_reply().ok()) return fail(2, rep->replay_reply().message());
   std::printf("%s\n", rep->replay_reply().message().c_str());
   return 0;
@@ -165,7 +177,7 @@ int update(keel::ControlClient& c, const std::string& plugin, bool lazy, int64_t
   u->set_lazy(lazy);
   u->set_at_step(at_step);
   auto rep = c.request(req, kUpdateWait);
-  if (!rep || !rep->has_update_reply()) return no_answer(kUpdateWait);
+  if (!rep || !rep->has_update_reply()) return no_answer(c, kUpdateWait);
   if (!rep->update_reply().ok()) return fail(2, rep->update_reply().message());
   std::printf("%s\n", rep->update_reply().message().c_str());
   return 0;
@@ -193,7 +205,7 @@ int plan_standby_command(double machines, double mtbf, double recovery, double p
 // Which job a command talks to: --run DIR or --controller ENDPOINT (default: the newest job
 // under ./runs).
 struct Target {
-  std::string run, controller;
+  std::string run, controller, secret_file;
 };
 
 CLI::App* add_command(CLI::App& app, const std::string& name, const std::string& what, Target* t) {
@@ -205,6 +217,11 @@ CLI::App* add_command(CLI::App& app, const std::string& name, const std::string&
   sub->add_option("--controller", t->controller,
                   "the job's controller, as runs/<job>/controller names it (instead of --run)")
       ->type_name("ENDPOINT")
+      ->excludes(run);
+  sub->add_option("--secret-file", t->secret_file,
+                  "the job's secret, runs/<job>/secret (with --controller; --run reads it from "
+                  "the run directory)")
+      ->type_name("FILE")
       ->excludes(run);
   return sub;
 }
@@ -290,8 +307,12 @@ int main(int argc, char** argv) {
     const std::string cmd = app.get_subcommands().front()->get_name();
     if (cmd == "inject" && fault.empty())
       return keel::cli::usage_error(app, "inject needs a fault, e.g. crash@step=40,rank=3");
-    const keel::FoundRun job = find_job(target.run, target.controller, cmd == "status");
+    const keel::FoundRun job =
+        find_job(target.run, target.controller, target.secret_file, cmd == "status");
     if (job.end_code) return ended_status(job);
+    // The control plane admits only the job's keys (launcher/control_plane.h).
+    if (!job.key) throw keel::InputError(job.key_error);
+    keel::set_process_job_key(*job.key);
     keel::ControlClient c(job.endpoint, "ctl/" + std::to_string(getpid()));
     if (cmd == "update") return update(c, plugin, lazy, at_step);
     if (cmd == "stacks") return stacks(c, name);

@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sodium.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,6 +32,7 @@
 #include "launcher/lead.h"
 #include "launcher/processes.h"
 #include "launcher/recovery_protocol.h"
+#include "parallel/job_key.h"
 #include "parallel/net_address.h"
 #include "parallel/topology.h"
 #include "proto/config_loader.h"
@@ -227,6 +229,9 @@ int lead_under_mpi(FirstLead f, const LaunchOptions& o, const config::JobConfig&
     control::Bootstrap b;
     b.set_controller(endpoint);
     b.set_job(job);
+    // MPI's own channel, at start-up only: how the other slots learn the job's key.
+    const JobKey::Bytes& key = process_job_key().bytes();
+    b.set_job_key(std::string(key.begin(), key.end()));
     std::string buf = framed(b);
     buf.resize(kBootstrapBytes);
     MPI_Bcast(buf.data(), int(buf.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
@@ -425,6 +430,19 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   const fs::path dir = fs::path(o.run_dir) / job;
   fs::create_directories(dir / "logs");
   std::ofstream(dir / "config.pbtxt") << config_to_text(cfg);
+  // The job's key: every connection of the job proves it (parallel/job_key.h). Whoever can
+  // read the run directory can command the job (keel-ctl reads it there), and no one else;
+  // joined slots are given it with --secret-file. Made before any process of the job starts:
+  // they inherit it (spawn_child) or get it from MPI's bootstrap.
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace);
+  set_process_job_key(JobKey::generate());
+  try {
+    process_job_key().save((dir / kSecretFile).string());
+  } catch (const Error& e) {
+    // A full disk costs keel-ctl and --join their way in, not the job: its processes inherit
+    // the key from this one.
+    LOG(WARNING) << e.what() << "; the job runs, but keel-ctl cannot command it";
+  }
 
   // Every slot on this machine: loopback; across machines (KEEL_IFNAME names the interface
   // they share): this machine's reachable address.
@@ -488,6 +506,8 @@ int run_launch(const LaunchOptions& opts) {
   // ps and top tell the processes apart: "keel-launch" runs slot 0 (the controller),
   // "keel-agent" any other slot.
   set_process_name(opts.join.empty() ? "keel-launch" : "keel-agent");
+  // The job key a parent handed over (an agent's candidate; KEEL_JOB_SECRET for --join).
+  const std::string key_from = adopt_inherited_job_key();
   if (opts.candidate) return lead_as_candidate(opts, &g_signal);
   LaunchOptions o = opts;
   if (!o.resume.empty() && o.join.empty()) resolve_resume(&o);
@@ -495,6 +515,20 @@ int run_launch(const LaunchOptions& opts) {
     throw InputError("--config FILE is required with --join; run with --help for usage");
   config::JobConfig cfg = load_config(o.config_path, o.overrides);
   if (!o.join.empty()) {
+    // The job's key: --secret-file, else KEEL_JOB_SECRET, else the job's run directory here
+    // (a run directory on a shared file system, or a slot on slot 0's machine).
+    const std::string in_run_dir = (fs::path(o.run_dir) / o.job / kSecretFile).string();
+    if (!o.secret_file.empty()) {
+      set_process_job_key(JobKey::load(o.secret_file));
+    } else if (key_from.empty()) {
+      std::error_code ec;
+      if (!fs::exists(in_run_dir, ec))
+        throw InputError(detail::concat(
+            "--join needs the job's secret: --secret-file FILE (a copy of runs/<job>/secret "
+            "from slot 0's machine, mode 0600) or KEEL_JOB_SECRET in the environment (",
+            in_run_dir, " does not exist)"));
+      set_process_job_key(JobKey::load(in_run_dir));
+    }
     const std::string host = reachable_address(endpoint_host(o.join));
     return run_agent(o, cfg, o.slot, o.join, o.job, host);
   }
@@ -516,6 +550,8 @@ int run_launch(const LaunchOptions& opts) {
     control::Bootstrap b;
     KEEL_CHECK(n + 4 <= kBootstrapBytes && b.ParseFromArray(buf.data() + 4, int(n)),
                "slot 0's bootstrap message does not parse");
+    set_process_job_key(JobKey::from_bytes(b.job_key(), "slot 0's bootstrap message"));
+    sodium_memzero(buf.data(), buf.size());
     return run_agent(o, cfg, rank, b.controller(), b.job(),
                      reachable_address(endpoint_host(b.controller())));
   }

@@ -56,6 +56,11 @@ void add_launch_flags(LaunchCli* c, LaunchOptions* o) {
       ->type_name("K")
       ->check(cli::range(0, cli::kMaxCount));
   app.add_option("--job", o->job, "the job to join (with --join)")->type_name("ID");
+  app.add_option("--secret-file", o->secret_file,
+                 "the job's secret (with --join): a copy of runs/<job>/secret from slot 0's "
+                 "machine, mode 0600; or KEEL_JOB_SECRET in the environment (read and unset at "
+                 "start); default: RUN_DIR/<job>/secret, where slot 0 wrote it")
+      ->type_name("FILE");
   app.add_flag("--quiet", o->quiet, "no per-step lines");
   app.add_flag("--candidate", o->candidate,
                "internal: a slot's controller candidate (its agent starts it once the job's "

@@ -11,16 +11,18 @@ namespace keel {
 
 struct LaunchOptions {
   std::string config_path;
-  std::vector<std::string> overrides;    // --set path=value
-  int local = 0;                         // --local N: N slots on this machine
-  int slots = 0;                         // --slots N: this process is slot 0 of N; the
-                                         // others join by hand (--join)
-  int workers_per_slot = 0;              // --workers-per-slot W (0: one per GPU, or 1 on CPU)
-  int standby = 0;                       // --standby K: the last K slots are warm standbys
-  std::string run_dir = "runs";          // --run-dir DIR: runs/<job>/ holds logs and events
-  std::string join;                      // --join ENDPOINT: the controller of a running job
-  int slot = -1;                         // --slot K (with --join)
-  std::string job;                       // --job ID (with --join; default: from the endpoint)
+  std::vector<std::string> overrides;  // --set path=value
+  int local = 0;                       // --local N: N slots on this machine
+  int slots = 0;                       // --slots N: this process is slot 0 of N; the
+                                       // others join by hand (--join)
+  int workers_per_slot = 0;            // --workers-per-slot W (0: one per GPU, or 1 on CPU)
+  int standby = 0;                     // --standby K: the last K slots are warm standbys
+  std::string run_dir = "runs";        // --run-dir DIR: runs/<job>/ holds logs and events
+  std::string join;                    // --join ENDPOINT: the controller of a running job
+  int slot = -1;                       // --slot K (with --join)
+  std::string job;                     // --job ID (with --join; default: from the endpoint)
+  std::string secret_file;             // --secret-file FILE (with --join): the job's key, a copy of
+                                       // runs/<job>/secret (parallel/job_key.h)
   std::vector<std::string> worker_args;  // passed to every keel-worker (--report, --fault, ...),
                                          // flag then value, in the order given
   std::string resume;  // --resume DIR: a checkpoint directory, or a run directory runs/<job>/

@@ -13,6 +13,7 @@
 
 #include "ckpt/snapshot_region.h"
 #include "launcher/job_env.h"
+#include "parallel/job_key.h"
 #include "runtime/check.h"
 #include "runtime/logging.h"
 
@@ -47,10 +48,31 @@ pid_t spawn_child(const std::vector<std::string>& argv,
   for (const auto& a : args_owned) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const std::string exec_failed = "keel: exec " + args_owned[0];
+  // keel's own programs get the job key through a pipe they read at start-up: nothing on a
+  // command line, nothing lasting in the environment, nothing for other programs (etcd).
+  int key_pipe[2] = {-1, -1};
+  std::string key_fd;
+  if (args_owned[0] == self ||
+      std::filesystem::path(args_owned[0]).filename().string().rfind("keel-", 0) == 0) {
+    KEEL_CHECK_ERRNO(::pipe2(key_pipe, O_CLOEXEC));
+    const std::string hex = process_job_key().hex();
+    // 64 bytes: a pipe's buffer always takes them.
+    KEEL_CHECK(::write(key_pipe[1], hex.data(), hex.size()) == ssize_t(hex.size()),
+               "the job key's pipe: ", std::strerror(errno));
+    ::close(key_pipe[1]);
+    key_fd = std::to_string(key_pipe[0]);
+  }
   std::fflush(nullptr);
   pid_t pid = fork();
   KEEL_CHECK_ERRNO(pid);
-  if (pid != 0) return pid;
+  if (pid != 0) {
+    if (key_pipe[0] >= 0) ::close(key_pipe[0]);
+    return pid;
+  }
+  if (key_pipe[0] >= 0) {
+    fcntl(key_pipe[0], F_SETFD, 0);  // kept across exec
+    setenv(kSecretFdEnv, key_fd.c_str(), 1);
+  }
   // Die with the parent, whatever kills it (SIGKILL included); and if it died between
   // fork() and prctl(), the parent is already someone else: leave at once.
   if (prctl(PR_SET_PDEATHSIG, death_signal) != 0 || getppid() != parent) _exit(1);

@@ -62,6 +62,12 @@ FoundRun read_run(const std::string& dir) {
     throw InputError((fs::path(dir) / "controller").string() +
                      ": missing or empty (is it a keel-launch run directory?)");
   r.end_code = end_code(dir);
+  try {
+    r.key = JobKey::load((fs::path(dir) / kSecretFile).string());
+  } catch (const InputError& e) {
+    r.key_error =
+        std::string(e.what()) + "; only who can read the job's run directory may command the job";
+  }
   return r;
 }
 
@@ -79,6 +85,7 @@ FoundRun find_run(const std::string& runs_dir, bool accept_ended) {
   std::sort(runs.begin(), runs.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });
   std::optional<FoundRun> ended;
+  std::string key_error;
   int probes = 0;
   for (const auto& [t, dir] : runs) {
     FoundRun r;
@@ -91,13 +98,20 @@ FoundRun find_run(const std::string& runs_dir, bool accept_ended) {
       if (!ended) ended = r;
       continue;
     }
+    if (!r.key) {
+      // Not ours to ask: its controller would refuse us.
+      if (key_error.empty()) key_error = r.key_error;
+      continue;
+    }
     if (probes++ == kMaxProbes) break;
+    set_process_job_key(*r.key);
     if (answers(r.endpoint)) return r;
   }
   if (accept_ended && ended) return *ended;
   throw InputError(detail::concat(
       "no running job under ./", runs_dir, " answers (newest: ", runs.front().second.string(),
       ended ? detail::concat("; newest ended: ", ended->dir) : std::string(),
+      key_error.empty() ? std::string() : "; " + key_error,
       "); say which with --run or --controller"));
 }
 

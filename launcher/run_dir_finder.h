@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "parallel/job_key.h"
 #include "proto/report.pb.h"
 
 namespace keel {
@@ -15,9 +16,14 @@ struct FoundRun {
   std::string dir;              // runs/<job>
   std::string endpoint;         // its controller's (empty when the job has ended)
   std::optional<int> end_code;  // the job has ended, with this exit code
+  // The job's key from DIR/secret (parallel/job_key.h), or why it could not be read: without
+  // it no controller will listen to this process.
+  std::optional<JobKey> key;
+  std::string key_error;
 };
 
-// `runs_dir`'s newest run whose controller answers a status request; else, when
+// `runs_dir`'s newest run whose controller answers a status request (asked with the run's key,
+// which becomes this process's key); else, when
 // `accept_ended`, the newest run that has ended. Throws keel::InputError saying what was
 // found when there is neither.
 FoundRun find_run(const std::string& runs_dir, bool accept_ended);

@@ -16,6 +16,7 @@
 #include "launcher/worker/worker.h"
 #include "launcher/worker_options.h"
 #include "parallel/comm_error.h"
+#include "parallel/job_key.h"
 #include "proto/config_loader.h"
 #include "runtime/cpu/blas_core.h"
 #include "runtime/logging.h"
@@ -32,6 +33,9 @@ int main(int argc, char** argv) {
         o.config_path.empty() ? "auto"
                               : keel::load_config(o.config_path, o.overrides).runtime().blas_core(),
         argv);
+    // After that re-execution (the key's pipe and variable survive it), before any thread or
+    // connection: the job key its launcher handed over, if any (parallel/job_key.h).
+    keel::adopt_inherited_job_key();
     // Before any thread starts, so that every thread of the process carries the name.
     const keel::JobEnv& env = keel::JobEnv::get();
     const bool replay = !env.replay_key.empty();

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstring>
 
+#include "parallel/peer_auth.h"
 #include "parallel/tcp_store.h"
 #include "runtime/check.h"
 
@@ -29,6 +30,12 @@ static_assert(std::endian::native == std::endian::little);
 
 std::string addr_key(const SocketCommOptions& o, int rank) {
   return concat(o.name, "/addr/", rank);
+}
+
+// The job-key handshake of a connection of this group: its name holds the epoch, so a peer
+// of another group or epoch cannot complete it.
+AuthChannel mesh_channel(const SocketCommOptions& o) {
+  return {"comm " + o.name, 0};
 }
 
 std::chrono::milliseconds ms_left(Clock::time_point deadline) {
@@ -65,6 +72,8 @@ Fd connect_peer(Store& store, const SocketCommOptions& o, int peer, Clock::time_
   std::string who = concat("rank ", peer, " of ", o.name);
   Fd fd = cancellable(o, deadline,
                       [&](Clock::time_point d) { return connect_tcp(host, port, d, who); });
+  authenticate_to_server(fd.get(), mesh_channel(o), deadline,
+                         concat(o.name, ": rank ", o.rank, ": ", who, " at ", addr));
   Hello h{kMagic,
           kVersion,
           static_cast<uint32_t>(o.rank),
@@ -91,9 +100,11 @@ Fd connect_peer(Store& store, const SocketCommOptions& o, int peer, Clock::time_
   return fd;
 }
 
-// An accepted connection whose handshake has not fully arrived.
+// An accepted connection whose handshakes (the job key's, then the group's) have not
+// fully arrived.
 struct Incoming {
   Fd fd;
+  ServerHandshake auth;
   std::string buf;
 };
 
@@ -157,7 +168,9 @@ void accept_peers(int listener, const SocketCommOptions& o, std::vector<Fd>& pee
     for (size_t i = pending.size(); i-- > 0;) {
       if (!pfds[i + 1].revents) continue;
       Incoming& in = pending[i];
-      HelloState state = read_hello(in);
+      ServerHandshake::State a = in.auth.pump(in.fd.get());
+      if (a == ServerHandshake::State::kPending) continue;
+      HelloState state = a == ServerHandshake::State::kDone ? read_hello(in) : HelloState::kDrop;
       if (state == HelloState::kPartial) continue;
       if (state == HelloState::kComplete) {
         int from = check_hello(in, o, peers);
@@ -175,7 +188,7 @@ void accept_peers(int listener, const SocketCommOptions& o, std::vector<Fd>& pee
       for (;;) {
         int fd = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
-        pending.push_back({Fd(fd), {}});
+        pending.push_back({Fd(fd), ServerHandshake(mesh_channel(o)), {}});
       }
     }
   }

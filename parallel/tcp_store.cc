@@ -15,6 +15,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "parallel/peer_auth.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -95,6 +96,9 @@ std::string join_keys(const std::vector<std::string>& keys) {
 
 struct Client {
   Fd fd;
+  // The job-key handshake, until it is done no byte is taken as a request.
+  ServerHandshake auth{AuthChannel{"store", 0}};
+  Clock::time_point accepted_at = Clock::now();
   std::string in;   // received bytes not yet parsed into frames
   std::string out;  // replies not yet sent
   bool dead = false;
@@ -104,6 +108,15 @@ struct Client {
   std::vector<std::string> wait_keys;
   Clock::time_point deadline;
 };
+
+bool authenticated(const Client& c) {
+  return c.auth.state() == ServerHandshake::State::kDone;
+}
+
+// How long an accepted connection may take to prove the job's key, and how many may be at
+// it at once.
+constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+constexpr ptrdiff_t kMaxUnauthenticated = 256;
 
 }  // namespace
 
@@ -196,6 +209,7 @@ void TcpStoreServer::Impl::serve() {
       if (!c->out.empty()) ev |= POLLOUT;
       pfds.push_back({c->fd.get(), ev, 0});
       if (c->waiting) next = std::min(next, c->deadline);
+      if (!authenticated(*c)) next = std::min(next, c->accepted_at + kHandshakeTimeout);
     }
     int ms = next == Clock::time_point::max() ? -1 : detail::poll_ms_left(next);
     int rc = ::poll(pfds.data(), pfds.size(), ms);
@@ -212,6 +226,8 @@ void TcpStoreServer::Impl::serve() {
     }
     auto now = Clock::now();
     for (auto& c : clients) {
+      // A connection that never proves the key holds a descriptor: not for long.
+      if (!authenticated(*c) && now - c->accepted_at >= kHandshakeTimeout) c->dead = true;
       if (!c->waiting || c->dead || c->deadline > now) continue;
       Writer w;
       w.u8(kTimedOut);
@@ -236,10 +252,23 @@ void TcpStoreServer::Impl::accept_clients() {
     c->fd = Fd(fd);
     detail::set_nodelay(fd);
     clients.push_back(std::move(c));
+    // A flood of connections that never authenticate must not crowd out the job's own: the
+    // oldest such one goes.
+    if (std::count_if(clients.begin(), clients.end(), [](const auto& x) {
+          return !x->dead && !authenticated(*x);
+        }) > kMaxUnauthenticated)
+      (*std::find_if(clients.begin(), clients.end(), [](const auto& x) {
+        return !x->dead && !authenticated(*x);
+      }))->dead = true;
   }
 }
 
 void TcpStoreServer::Impl::read_client(Client& c) {
+  if (!authenticated(c)) {
+    ServerHandshake::State a = c.auth.pump(c.fd.get());
+    if (a == ServerHandshake::State::kRefused) c.dead = true;
+    if (a != ServerHandshake::State::kDone) return;
+  }
   char buf[64 * 1024];
   for (;;) {
     ssize_t n = ::recv(c.fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
@@ -374,8 +403,10 @@ bool TcpStoreServer::Impl::try_answer(Client& c) {
 
 TcpStore::TcpStore(const std::string& host, int port, std::chrono::milliseconds connect_timeout)
     : addr_(detail::join_host_port(host, port)), op_timeout_(connect_timeout) {
-  fd_ = detail::connect_tcp(host, port, Clock::now() + connect_timeout, "the rendezvous store");
+  const auto deadline = Clock::now() + connect_timeout;
+  fd_ = detail::connect_tcp(host, port, deadline, "the rendezvous store");
   detail::set_nodelay(fd_.get());
+  authenticate_to_server(fd_.get(), {"store", 0}, deadline, "the rendezvous store at " + addr_);
 }
 
 // Sends one request and returns the reply payload. Caller holds mu_.

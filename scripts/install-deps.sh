@@ -6,7 +6,7 @@ pkgs=(build-essential cmake ninja-build pkg-config clang-format
       libopenblas-dev libgoogle-glog-dev libgtest-dev libgmock-dev
       libprotobuf-dev protobuf-compiler libzmq3-dev cppzmq-dev libgloo-dev
       libopenmpi-dev openmpi-bin libunwind-dev libxxhash-dev libcli11-dev fortunes iproute2
-      etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc golang-etcd-server-dev)
+      etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc golang-etcd-server-dev libsodium-dev libssl-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

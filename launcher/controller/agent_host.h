@@ -126,7 +126,7 @@ class AgentHost : public RankHost {
   void start_etcd_member(int slot, const std::string& name, const std::string& cluster,
                          const std::string& data_root, const std::string& log_dir,
                          std::chrono::milliseconds timeout);
-  // The peer URL an etcd member on `slot` would have ("http://host:port").
+  // The peer URL an etcd member on `slot` would have ("https://host:port").
   std::string etcd_peer_url(int slot) const;
   // Whether `slot` is lost (its agent silent or its connection closed).
   bool slot_lost(int slot) const { return members_->link(slot) == JobMembership::Link::kLost; }

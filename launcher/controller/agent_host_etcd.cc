@@ -4,6 +4,7 @@
 
 #include "launcher/control_plane.h"
 #include "launcher/controller/agent_host.h"
+#include "launcher/etcd/etcd_client.h"
 #include "launcher/etcd/etcd_members.h"
 #include "runtime/check.h"
 
@@ -41,7 +42,8 @@ std::vector<std::string> AgentHost::start_etcd_members(int n, const std::string&
   std::vector<std::string> endpoints;
   for (int k = 0; k < n; ++k) {
     send(k, etcd_start(specs[size_t(k)].name, cluster, data_root, log_dir, /*existing=*/false));
-    endpoints.push_back(specs[size_t(k)].host + ":" + std::to_string(specs[size_t(k)].client_port));
+    endpoints.push_back(kEtcdTlsScheme + specs[size_t(k)].host + ":" +
+                        std::to_string(specs[size_t(k)].client_port));
   }
   wait_until([&] { return int(etcd_replies_.size()) == n; }, timeout);
   for (int k = 0; k < n; ++k) check_etcd_reply(k, timeout);
@@ -68,7 +70,7 @@ void AgentHost::start_etcd_member(int slot, const std::string& name, const std::
 
 std::string AgentHost::etcd_peer_url(int slot) const {
   const Agent& a = agents_[size_t(slot)];
-  return "http://" + a.host + ":" + std::to_string(a.etcd_peer_port);
+  return kEtcdTlsScheme + a.host + ":" + std::to_string(a.etcd_peer_port);
 }
 
 }  // namespace keel

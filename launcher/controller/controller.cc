@@ -85,6 +85,16 @@ void Controller::Impl::pump() {
   }
   if (!server) return;
   while (auto in = server->poll(std::chrono::milliseconds(0))) handle(in->identity, in->msg);
+  // A peer without the job's keys never got a message through; the event says who tried.
+  for (const Refusal& r : server->take_refused()) {
+    ctx.event("refused", EventFields()
+                             .add("plane", "control")
+                             .add("peer", r.peer)
+                             .add("why", r.why)
+                             .add("more", double(r.more)));
+    LOG(WARNING) << "control plane: refused " << r.peer << ": " << r.why
+                 << (r.more ? detail::concat(" (and ", r.more, " more)") : std::string());
+  }
 }
 
 void Controller::Impl::take_up(const std::string& identity, const control::Envelope& m) {

@@ -27,12 +27,11 @@ constexpr std::chrono::milliseconds kCutOffMemberGrace{10000};
 constexpr std::chrono::milliseconds kProbe{100};
 constexpr std::chrono::milliseconds kProbeEvery{2000};
 
-// Whether the member at `peer_url` ("http://host:port") is gone while its host is up (its
+// Whether the member at `peer_url` ("https://host:port") is gone while its host is up (its
 // port refuses a connection): it closed its streams, so removing it cannot stall etcd.
 bool member_process_gone(const std::string& peer_url) {
-  const std::string scheme = "http://";
-  const std::string addr =
-      peer_url.rfind(scheme, 0) == 0 ? peer_url.substr(scheme.size()) : peer_url;
+  const size_t scheme = peer_url.find("://");
+  const std::string addr = scheme == std::string::npos ? peer_url : peer_url.substr(scheme + 3);
   try {
     const auto [host, port] = parse_host_port(addr);
     return detail::connection_refused(host, port, std::chrono::steady_clock::now() + kProbe);

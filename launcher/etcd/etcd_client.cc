@@ -3,9 +3,11 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "launcher/etcd/detail/etcd_rpc.h"
+#include "launcher/etcd/etcd_tls.h"
 
 namespace keel {
 
@@ -13,12 +15,14 @@ namespace {
 
 using std::chrono::steady_clock;
 
-// "http://1.2.3.4:2379" or "1.2.3.4:2379" -> "1.2.3.4:2379"; anything else is refused here,
-// not found out by a gRPC resolver later.
-std::string host_port(const std::string& endpoint) {
+// "https://1.2.3.4:2379" (a member keel started: TLS with the job's certificates),
+// "http://1.2.3.4:2379" or "1.2.3.4:2379" (plain) -> "1.2.3.4:2379"; anything else is refused
+// here, not found out by a gRPC resolver later.
+std::string host_port(const std::string& endpoint, bool* tls) {
   std::string s = endpoint;
-  const std::string scheme = "http://";
-  if (s.compare(0, scheme.size(), scheme) == 0) s = s.substr(scheme.size());
+  *tls = s.starts_with(kEtcdTlsScheme);
+  if (*tls) s = s.substr(std::strlen(kEtcdTlsScheme));
+  if (s.starts_with("http://")) s = s.substr(7);
   const size_t colon = s.rfind(':');
   in_addr addr{};
   if (colon == std::string::npos || ::inet_pton(AF_INET, s.substr(0, colon).c_str(), &addr) != 1)
@@ -60,14 +64,18 @@ void EtcdClient::Impl::fail(const std::string& what, const grpc::Status& status,
   throw EtcdError(os.str(), int(code));
 }
 
-EtcdClient::EtcdClient(const std::vector<std::string>& endpoints, std::chrono::milliseconds timeout)
+EtcdClient::EtcdClient(const std::vector<std::string>& endpoints, std::chrono::milliseconds timeout,
+                       const JobKey& key)
     : timeout_(timeout), impl_(std::make_unique<Impl>()) {
   if (endpoints.empty()) throw InputError("etcd: no endpoints");
   KEEL_CHECK(timeout.count() > 0, "etcd: a call's timeout must be positive");
   std::string list;
+  std::vector<std::pair<std::string, bool>> targets;
   for (const auto& e : endpoints) {
-    endpoints_.push_back(host_port(e));
-    list += (list.empty() ? "" : ",") + endpoints_.back();
+    bool tls = false;
+    targets.emplace_back(host_port(e, &tls), tls);
+    endpoints_.push_back(tls ? kEtcdTlsScheme + targets.back().first : targets.back().first);
+    list += (list.empty() ? "" : ",") + targets.back().first;
   }
   impl_->names = list;
   // A third of the deadline, so that a call lost with a dead Raft leader or a cut-off member
@@ -89,11 +97,25 @@ EtcdClient::EtcdClient(const std::vector<std::string>& endpoints, std::chrono::m
   // of this process through gRPC's global pool.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(-1);  // a prefix read may be large; etcd limits requests
+  // A member keel started takes TLS with a client certificate of the job's CA, issued here.
+  std::shared_ptr<grpc::ChannelCredentials> tls;
+  if (std::any_of(targets.begin(), targets.end(), [](const auto& t) { return t.second; })) {
+    const EtcdTlsCerts certs = issue_etcd_certs("", key);
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = certs.ca_pem;
+    o.pem_private_key = certs.key_pem;
+    o.pem_cert_chain = certs.cert_pem;
+    tls = grpc::SslCredentials(o);
+  }
   impl_->members.reserve(endpoints_.size());
-  for (const std::string& e : endpoints_) {
+  for (const auto& [e, with_tls] : targets) {
     EtcdMemberChannel m;
     m.name = e;
-    m.channel = grpc::CreateCustomChannel("ipv4:" + e, grpc::InsecureChannelCredentials(), args);
+    grpc::ChannelArguments a = args;
+    // Members are reached by address; their certificates all name kEtcdServerName.
+    if (with_tls) a.SetSslTargetNameOverride(kEtcdServerName);
+    m.channel = grpc::CreateCustomChannel("ipv4:" + e,
+                                          with_tls ? tls : grpc::InsecureChannelCredentials(), a);
     m.kv = etcdserverpb::KV::NewStub(m.channel);
     m.lease = etcdserverpb::Lease::NewStub(m.channel);
     m.watch = etcdserverpb::Watch::NewStub(m.channel);

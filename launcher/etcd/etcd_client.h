@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "launcher/etcd/etcd_error.h"
+#include "parallel/job_key.h"
 
 namespace keel {
 
@@ -80,12 +81,18 @@ struct EtcdMemberInfo {
 // quorum), or by the member asked, from its own copy.
 enum class EtcdRead { kLinearizable, kLocal };
 
+// The scheme of an endpoint of a member keel started, which takes TLS only.
+inline constexpr const char* kEtcdTlsScheme = "https://";
+
 class EtcdClient {
  public:
-  // endpoints: "host:port" or "http://host:port", IPv4 literals (the slots' addresses).
+  // endpoints: "host:port" or "http://host:port" (plain gRPC: an existing cluster), or
+  // "https://host:port" (a member keel started: TLS, this client's certificate issued by the
+  // CA of `key`, launcher/etcd/etcd_tls.h); IPv4 literals (the slots' addresses).
   // timeout: the deadline of every call. Throws InputError on a malformed endpoint.
   explicit EtcdClient(const std::vector<std::string>& endpoints,
-                      std::chrono::milliseconds timeout = std::chrono::seconds(5));
+                      std::chrono::milliseconds timeout = std::chrono::seconds(5),
+                      const JobKey& key = process_job_key());
   ~EtcdClient();
   EtcdClient(const EtcdClient&) = delete;
   EtcdClient& operator=(const EtcdClient&) = delete;

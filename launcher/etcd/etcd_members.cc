@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "launcher/etcd/etcd_client.h"
+#include "launcher/etcd/etcd_tls.h"
 #include "launcher/processes.h"
 
 namespace keel {
@@ -25,8 +26,8 @@ using std::chrono::steady_clock;
 
 namespace {
 
-std::string url(const std::string& host, int port) {
-  return "http://" + host + ":" + std::to_string(port);
+std::string url(const std::string& host, int port, bool tls) {
+  return (tls ? kEtcdTlsScheme : "http://") + host + ":" + std::to_string(port);
 }
 
 // `binary` itself if it names a path, else the first executable of that name in PATH.
@@ -57,7 +58,7 @@ bool exited(pid_t pid) {
 std::string etcd_cluster(const std::vector<EtcdMemberSpec>& members) {
   std::string out;
   for (const auto& m : members)
-    out += (out.empty() ? "" : ",") + m.name + "=" + url(m.host, m.peer_port);
+    out += (out.empty() ? "" : ",") + m.name + "=" + url(m.host, m.peer_port, m.tls);
   return out;
 }
 
@@ -98,9 +99,9 @@ EtcdMember::EtcdMember(EtcdMemberSpec spec) : spec_(std::move(spec)) {
   if (fs::exists(spec_.data_dir) && !fs::is_empty(spec_.data_dir))
     throw InputError("etcd member " + spec_.name + ": data dir " + spec_.data_dir +
                      " is not empty (a stale member's data would rejoin its old cluster)");
-  const std::string peer = url(spec_.host, spec_.peer_port);
-  const std::string client = url(spec_.host, spec_.client_port);
-  const std::vector<std::string> argv = {
+  const std::string peer = url(spec_.host, spec_.peer_port, spec_.tls);
+  const std::string client = url(spec_.host, spec_.client_port, spec_.tls);
+  std::vector<std::string> argv = {
       find_binary(spec_.binary),
       "--name=" + spec_.name,
       "--data-dir=" + spec_.data_dir,
@@ -134,6 +135,17 @@ EtcdMember::EtcdMember(EtcdMemberSpec spec) : spec_(std::move(spec)) {
       "--logger=zap",
       "--log-outputs=stderr",
   };
+  if (spec_.tls) {
+    // The job's CA and a certificate of this member's own (launcher/etcd/etcd_tls.h); every
+    // client and every peer must show one too.
+    const std::string dir = tls_dir();
+    write_etcd_certs(issue_etcd_certs(spec_.host), dir);
+    for (const char* side : {"", "peer-"})
+      argv.insert(argv.end(), {std::string("--") + side + "cert-file=" + dir + "/cert.pem",
+                               std::string("--") + side + "key-file=" + dir + "/key.pem",
+                               std::string("--") + side + "trusted-ca-file=" + dir + "/ca.pem",
+                               std::string("--") + side + "client-cert-auth=true"});
+  }
   started_ = steady_clock::now();
   // SIGKILL with its parent: a member outliving its launcher would hold a quorum vote for a
   // job that is gone.
@@ -155,7 +167,11 @@ EtcdMember::~EtcdMember() {
 }
 
 std::string EtcdMember::endpoint() const {
-  return spec_.host + ":" + std::to_string(spec_.client_port);
+  return (spec_.tls ? kEtcdTlsScheme : "") + spec_.host + ":" + std::to_string(spec_.client_port);
+}
+
+std::string EtcdMember::tls_dir() const {
+  return spec_.data_dir + ".tls";
 }
 
 void EtcdMember::wait_healthy(milliseconds timeout) {
@@ -203,6 +219,8 @@ void EtcdMember::stop() {
   std::error_code ec;
   fs::remove_all(spec_.data_dir, ec);
   KEEL_CHECK(!ec, "remove etcd data dir ", spec_.data_dir, ": ", ec.message());
+  fs::remove_all(tls_dir(), ec);
+  KEEL_CHECK(!ec, "remove etcd certificates ", tls_dir(), ": ", ec.message());
 }
 
 std::string EtcdMember::log_tail() const {

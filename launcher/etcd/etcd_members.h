@@ -19,7 +19,7 @@ struct EtcdMemberSpec {
   std::string data_dir;  // must not hold data yet (a stale member would rejoin its old
                          // cluster); removed by stop()
   std::string log_path;  // the member's own log (stdout and stderr)
-  std::string cluster;   // every member: "name=http://host:peer_port,..." (etcd_cluster())
+  std::string cluster;   // every member: "name=https://host:peer_port,..." (etcd_cluster())
   std::string token;     // the job id: members of another job never join this cluster
   // A member added to a running cluster (EtcdClient::member_add) to replace a lost one, not
   // one of a new cluster: --initial-cluster-state existing.
@@ -32,6 +32,10 @@ struct EtcdMemberSpec {
   int heartbeat_ms = 100;
   int election_timeout_ms = 1000;
   std::string binary = "etcd";  // looked up in PATH unless a path
+  // TLS with client certificates, clients and peers alike, from the CA of the process's job
+  // key (launcher/etcd/etcd_tls.h); certificates in `data_dir`.tls. Off only for tests of
+  // plain etcd.
+  bool tls = true;
 };
 
 // The --initial-cluster value naming every member of `members`.
@@ -64,7 +68,7 @@ class EtcdMember {
 
   // The member's process (for tests and fault injection: kill -9, kill -STOP); -1 once stopped.
   pid_t pid() const { return pid_; }
-  // "host:client_port": an EtcdClient endpoint.
+  // "https://host:client_port" ("host:client_port" without TLS): an EtcdClient endpoint.
   std::string endpoint() const;
   // From start to healthy (wait_healthy's return); zero before.
   std::chrono::milliseconds startup_time() const { return startup_time_; }
@@ -72,6 +76,8 @@ class EtcdMember {
 
  private:
   std::string log_tail() const;
+  // Where its certificates are (beside its data dir, removed with it).
+  std::string tls_dir() const;
 
   EtcdMemberSpec spec_;
   pid_t pid_ = -1;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <charconv>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -40,6 +41,8 @@ constexpr milliseconds kRecheck(1000);
 constexpr milliseconds kPoll(100);
 
 constexpr std::string_view kScheme = "etcd://";
+// The same with TLS to every endpoint (members keel started, launcher/etcd/etcd_tls.h).
+constexpr std::string_view kTlsScheme = "etcds://";
 
 struct Waiter {
   std::set<std::string> missing;  // etcd keys not seen yet
@@ -292,14 +295,19 @@ void EtcdStore::erase(const std::vector<std::string>& keys,
 }
 
 bool is_etcd_store_address(const std::string& address) {
-  return address.starts_with(kScheme);
+  return address.starts_with(kScheme) || address.starts_with(kTlsScheme);
 }
 
 std::string etcd_store_address(const std::vector<std::string>& endpoints,
                                const std::string& prefix) {
   if (endpoints.empty()) throw InputError("etcd store address: no endpoints");
   std::vector<std::string> hosts;
+  const bool tls = endpoints.front().starts_with(kEtcdTlsScheme);
   for (std::string e : endpoints) {
+    if (e.starts_with(kEtcdTlsScheme) != tls)
+      throw InputError("etcd store address: endpoints with and without TLS (" + endpoints.front() +
+                       ", " + e + ")");
+    if (tls) e = e.substr(std::strlen(kEtcdTlsScheme));
     if (e.starts_with("http://")) e = e.substr(7);
     if (e.empty() || e.find_first_of(",/") != std::string::npos)
       throw InputError("etcd store address: bad endpoint '" + e + "' (expected host:port)");
@@ -307,24 +315,25 @@ std::string etcd_store_address(const std::vector<std::string>& endpoints,
   }
   if (!prefix.starts_with('/'))
     throw InputError("etcd store address: the key prefix '" + prefix + "' must start with '/'");
-  return std::string(kScheme) + join(hosts, ",") + prefix;
+  return std::string(tls ? kTlsScheme : kScheme) + join(hosts, ",") + prefix;
 }
 
 std::shared_ptr<Store> connect_etcd_store(const std::string& address,
                                           std::chrono::milliseconds call_timeout, EtcdRead reads) {
   auto bad = [&](const std::string& why) {
     return InputError("bad etcd store address '" + address + "': " + why +
-                      " (expected etcd://host:port,...,host:port/key/prefix/)");
+                      " (expected etcd[s]://host:port,...,host:port/key/prefix/)");
   };
   if (!is_etcd_store_address(address)) throw bad("no etcd:// scheme");
-  const std::string rest = address.substr(kScheme.size());
+  const bool tls = address.starts_with(kTlsScheme);
+  const std::string rest = address.substr(tls ? kTlsScheme.size() : kScheme.size());
   const size_t slash = rest.find('/');
   if (slash == std::string::npos) throw bad("no key prefix");
   std::vector<std::string> endpoints;
   for (size_t begin = 0; begin <= slash;) {
     size_t end = std::min(rest.find(',', begin), slash);
     if (end == begin) throw bad("an empty endpoint");
-    endpoints.push_back(rest.substr(begin, end - begin));
+    endpoints.push_back((tls ? kEtcdTlsScheme : "") + rest.substr(begin, end - begin));
     begin = end + 1;
   }
   try {

@@ -2,6 +2,8 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
+
 #include "launcher/etcd/detail/etcd_rpc.h"
 #include "launcher/processes.h"
 
@@ -11,6 +13,12 @@ namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
+
+// The longest a watch may take to be in place, at least: the first call of a new client opens
+// its connections, a TLS handshake with each member (launcher/etcd/etcd_tls.h), which on a
+// loaded machine can outlast a short call timeout (a standby promoted while its machine was
+// busy died of a 1 s one).
+constexpr milliseconds kSetupAtLeast{5000};
 
 }  // namespace
 
@@ -25,12 +33,12 @@ EtcdWatch::EtcdWatch(EtcdClient& client, std::string key, bool prefix, Callback 
   KEEL_CHECK(bool(callback_), "etcd watch: no callback");
   thread_ = std::thread([this] { run(); });
   std::unique_lock<std::mutex> lock(mu_);
-  if (!changed_.wait_for(lock, client_.timeout(), [&] { return created_; })) {
+  const milliseconds setup = std::max(client_.timeout(), kSetupAtLeast);
+  if (!changed_.wait_for(lock, setup, [&] { return created_; })) {
     lock.unlock();
     cancel();
     throw EtcdUnavailable("etcd (" + client_.impl_->names + "): watch " + key_ +
-                              ": not in place within " + std::to_string(client_.timeout().count()) +
-                              " ms",
+                              ": not in place within " + std::to_string(setup.count()) + " ms",
                           int(grpc::StatusCode::DEADLINE_EXCEEDED));
   }
 }

@@ -17,6 +17,7 @@
 #include "ckpt/checksum.h"
 #include "ckpt/snapshot_region.h"
 #include "ckpt_test_util.h"
+#include "parallel/peer_auth.h"
 #include "parallel/socket_util.h"
 #include "runtime/profiling_backend.h"
 #include "test_expect.h"
@@ -197,6 +198,7 @@ TEST_F(BackupServiceTest, FetchDamagedInFlightIsRefused) {
       fd = ::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     ASSERT_GE(fd, 0);
     detail::Fd conn(fd);
+    authenticate_client(fd, {"backup", 0}, deadline, "fake holder");  // a holder of the job
     char request[48];
     std::string err;
     ASSERT_EQ(detail::recv_all(fd, request, sizeof(request), deadline, &err),
@@ -287,6 +289,7 @@ TEST_F(BackupServiceTest, StalledAndDyingPeersDoNotHangTheServer) {
   // cost the backups held so far).
   {
     detail::Fd dying = detail::connect_tcp("127.0.0.1", server.port(), deadline, "test");
+    authenticate_to_server(dying.get(), {"backup", 0}, deadline, "test");
     struct {
       uint32_t magic = 0x4b42524bu, op = 1;
       int32_t owner = 0;
@@ -312,6 +315,63 @@ TEST_F(BackupServiceTest, StalledAndDyingPeersDoNotHangTheServer) {
   auto seg = SnapshotRegion::open_existing(backup_segment_name(guard.job(), 1));
   ASSERT_NE(seg, nullptr);
   EXPECT_EQ(seg->valid_steps(), (std::vector<int64_t>{4, 3}));
+}
+
+// What an intruder with the holder's address can do: a FETCH with no handshake, or with a
+// key of its own, gets not one byte of a snapshot; a forged PUSH changes nothing held.
+TEST_F(BackupServiceTest, PeersWithoutTheJobKeyGetNothingAndPushNothing) {
+  BackupServer server(guard.job(), 1);
+  auto held = snapshot(7);
+  BackupClient(server.address(), 5s).push(*own, 7);
+  const auto deadline = detail::Clock::now() + 5s;
+  struct {
+    uint32_t magic = 0x4b42524bu, op = 2;  // FETCH
+    int32_t owner = 0;
+    uint32_t flags = 0;
+    int64_t step = 7;
+    uint64_t fingerprint = 0, bytes = 0, checksum = 0;
+  } fetch;
+  std::string err;
+  {
+    detail::Fd fd = detail::connect_tcp("127.0.0.1", server.port(), deadline, "intruder");
+    ASSERT_EQ(detail::send_all(fd.get(), &fetch, sizeof(fetch), deadline, &err),
+              detail::IoResult::kOk);
+    char buf[256];
+    size_t got = 0;
+    for (;;) {  // until the server closes the connection
+      ssize_t n = ::recv(fd.get(), buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      got += size_t(n);
+    }
+    EXPECT_EQ(got, 0u) << "a FETCH without the job key was answered";
+  }
+  {
+    detail::Fd fd = detail::connect_tcp("127.0.0.1", server.port(), deadline, "intruder");
+    EXPECT_THROW(
+        authenticate_to_server(fd.get(), {"backup", 0}, deadline, "intruder", JobKey::generate()),
+        AuthError);
+  }
+  {
+    // A forged push: a valid header and payload for step 8, no key.
+    detail::Fd fd = detail::connect_tcp("127.0.0.1", server.port(), deadline, "intruder");
+    struct {
+      uint32_t magic = 0x4b42524bu, op = 1;  // PUSH
+      int32_t owner = 0;
+      uint32_t flags = 0;
+      int64_t step = 8;
+      uint64_t fingerprint, bytes, checksum = 0;
+    } push{.fingerprint = state->layout_fingerprint(), .bytes = state->bytes()};
+    detail::send_all(fd.get(), &push, sizeof(push), deadline, &err);
+    std::vector<char> forged(state->bytes(), 'x');
+    detail::send_all(fd.get(), forged.data(), forged.size(), deadline, &err);
+  }
+  auto seg = SnapshotRegion::open_existing(backup_segment_name(guard.job(), 1));
+  ASSERT_NE(seg, nullptr);
+  EXPECT_EQ(seg->valid_steps(0), (std::vector<int64_t>{7}));
+  auto b = make_state(backend.get());
+  std::string why;
+  ASSERT_TRUE(BackupClient(server.address(), 5s).fetch(0, 7, *b, &why)) << why;
+  EXPECT_EQ(dump(*b), held);
 }
 
 TEST_F(BackupServiceTest, UnreachableHolderIsATypedError) {

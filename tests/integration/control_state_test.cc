@@ -64,7 +64,8 @@ TEST(ControlState, AJobOfThreeSlotsKeepsItsStateInEtcd) {
         if (read || job_dir.empty() || !find_event(job_dir, "recovered")) return;
         const auto etcd = find_event(job_dir, "etcd");
         ASSERT_TRUE(etcd);
-        EtcdClient c(split(etcd->data().fields().at("endpoints").string_value(), ','));
+        EtcdClient c(split(etcd->data().fields().at("endpoints").string_value(), ','),
+                     std::chrono::seconds(5), JobKey::load(job_dir + "/secret"));
         const std::string job = fs::path(job_dir).filename();
         spec.ParseFromString(c.get(keys::state::spec(job)).value().value);
         members.ParseFromString(c.get(keys::state::membership(job)).value().value);
@@ -152,7 +153,8 @@ TEST(ControlState, TheControllerDiesFourTimesAndTrainingNeverStops) {
         if (deaths >= 4 || job_dir.empty() || count_events(job_dir, "takeover") < deaths) return;
         const auto etcd = find_event(job_dir, "etcd");
         ASSERT_TRUE(etcd);
-        EtcdClient c(split(etcd->data().fields().at("endpoints").string_value(), ','));
+        EtcdClient c(split(etcd->data().fields().at("endpoints").string_value(), ','),
+                     std::chrono::seconds(5), JobKey::load(job_dir + "/secret"));
         const auto leader =
             find_leader(c, keys::state::leader_prefix(fs::path(job_dir).filename()));
         if (!leader) return;  // between two leaders
@@ -210,7 +212,8 @@ pid_t rank_pid(const std::string& job, int rank) {
 pid_t leader_pid(const std::string& job_dir) {
   const auto etcd = find_event(job_dir, "etcd");
   if (!etcd) return -1;
-  EtcdClient c(split(etcd->data().fields().at("endpoints").string_value(), ','));
+  EtcdClient c(split(etcd->data().fields().at("endpoints").string_value(), ','),
+               std::chrono::seconds(5), JobKey::load(job_dir + "/secret"));
   const auto leader = find_leader(c, keys::state::leader_prefix(fs::path(job_dir).filename()));
   state::Leader l;
   return leader && l.ParseFromString(leader->value) ? pid_t(l.pid()) : -1;

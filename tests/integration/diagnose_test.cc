@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/job_key.h"
 #include "parallel/tcp_store.h"
 #include "proto/config_loader.h"
 #include "proto/membership.pb.h"
@@ -82,6 +83,8 @@ class DiagnoseTest : public testing::Test {
     env.push_back(detail::concat("KEEL_JOB_ID=diagtest", ::getpid()));
     env.push_back(detail::concat("KEEL_SLOT=", kSlotBase + rank));
     env.push_back("KEEL_SUPERVISED=1");  // what the controller sets; a stand-in ignores it
+    // The job key, as a launcher keel does not control hands it over (read and unset at once).
+    env.push_back("KEEL_JOB_SECRET=" + process_job_key().hex());
     std::vector<std::string> args = {bin_dir() + "/keel-worker", "--config",
                                      config.empty() ? cfg_path : config, "--set",
                                      detail::concat("recovery.diagnostics_timeout_ms=", budget_ms)};

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/job_key.h"
 #include "test_paths.h"
 #include "worker_harness.h"
 
@@ -111,8 +112,10 @@ TEST(JoinErrors, RefusedJoinsExitTwoWithTheReasonAndTheJobTrainsOn) {
         std::string endpoint, job;
         std::getline(c, endpoint);
         std::getline(c, job);
+        // The job's secret given, so that what is refused is the join itself.
         const std::string join = bin_dir() + "/keel-launch --join " + endpoint + " --config " +
-                                 cfg + " --run-dir " + dir + "/runs";
+                                 cfg + " --run-dir " + dir + "/runs --secret-file " + job_dir +
+                                 "/secret";
         cases = {
             {"wrong job", join + " --slot 1 --job 1-nosuchjob",
              "job id '1-nosuchjob' is not this controller's job (" + job + ")"},
@@ -237,6 +240,8 @@ TEST(CommandLinePrefix, KeelLaunchSaysItsNameOnce) {
 TEST(CommandLinePrefix, KeelCtlErrorsSayKeelCtlOnce) {
   const std::string dir = temp_dir("ctl-prefix");
   const std::string ctl = bin_dir() + "/keel-ctl ";
+  const std::string secret = dir + "/secret";
+  JobKey::generate().save(secret);
   const std::vector<std::tuple<std::string, int, std::string>> cases = {
       {"", 2, "keel-ctl: error: a command is needed"},
       {"bogus", 2, "keel-ctl: error: The following argument was not expected: bogus"},
@@ -254,8 +259,11 @@ TEST(CommandLinePrefix, KeelCtlErrorsSayKeelCtlOnce) {
        "keel-ctl: error: --controller: control-plane endpoint 'bogus': expected tcp://HOST:PORT"},
       {"status --controller tcp://127.0.0.1", 2,
        "keel-ctl: error: --controller: bad address '127.0.0.1': no port"},
+      // No secret to talk with: refused before it tries.
+      {"status --controller tcp://127.0.0.1:1", 2,
+       "keel-ctl: error: --controller needs the job's secret: --secret-file FILE"},
       // Nothing listens on port 1: the request times out.
-      {"status --controller tcp://127.0.0.1:1", 1,
+      {"status --controller tcp://127.0.0.1:1 --secret-file " + secret, 1,
        "keel-ctl: error: the controller did not answer within 3 s"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {

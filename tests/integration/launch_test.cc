@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "integration/netns.h"
+#include "parallel/job_key.h"
 #include "proto/events.pb.h"
 #include "test_paths.h"
 #include "worker_harness.h"
@@ -257,10 +258,15 @@ TEST(Launch, CrashedRankIsRestartedInItsSlot) {
 TEST(LaunchErrors, SlotThatCannotReachTheControllerSaysSo) {
   const std::string dir = temp_dir("launch-unreachable");
   const std::string cfg = job_config(dir, kTp2Dp2);
-  LaunchRun r = run_launch(dir,
-                           launch_bin() + " --join tcp://127.0.0.1:1 --slot 1 --job x " +
-                               "--config " + cfg + " --run-dir " + dir + "/runs",
-                           {}, 60);
+  const std::string join = launch_bin() + " --join tcp://127.0.0.1:1 --slot 1 --job x " +
+                           "--config " + cfg + " --run-dir " + dir + "/runs";
+  // Without the job's secret it is refused before it tries (naming where it looked).
+  LaunchRun no_key = run_launch(dir, join, {}, 60);
+  EXPECT_EQ(no_key.exit_code, 2) << no_key.output;
+  EXPECT_TRUE(contains(no_key.output, "--join needs the job's secret")) << no_key.output;
+  EXPECT_TRUE(contains(no_key.output, dir + "/runs/x/secret does not exist")) << no_key.output;
+  JobKey::generate().save(dir + "/secret");
+  LaunchRun r = run_launch(dir, join + " --secret-file " + dir + "/secret", {}, 60);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "cannot reach the controller at tcp://127.0.0.1:1")) << r.output;
   // It gave up by itself (the register timeout), not killed at run_launch's deadline.

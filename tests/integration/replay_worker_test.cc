@@ -27,6 +27,7 @@
 #include "model/plugin_loader.h"
 #include "model/trainer.h"
 #include "parallel/hash_store.h"
+#include "parallel/job_key.h"
 #include "parallel/tcp_store.h"
 #include "proto/config_loader.h"
 #include "proto/store_keys.h"
@@ -109,6 +110,7 @@ class ReplayWorkerTest : public testing::Test {
       env.push_back("KEEL_JOB_ID=" + job);
       env.push_back(detail::concat("KEEL_SLOT=", slots[size_t(g)]));
       env.push_back("KEEL_SUPERVISED=1");  // what the controller sets; a replay ignores it
+      env.push_back("KEEL_JOB_SECRET=" + process_job_key().hex());  // the job's key
       std::vector<std::string> args = {bin_dir() + "/keel-worker", "--config", cfg_path};
       for (const auto& a : extra) args.push_back(a);
       std::vector<char*> argv, envp;

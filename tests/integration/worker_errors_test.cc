@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "parallel/job_key.h"
 #include "parallel/tcp_store.h"
 #include "test_paths.h"
 #include "worker_harness.h"
@@ -79,6 +80,7 @@ TEST(WorkerErrors, RankKilledMidTrainingFailsItsPeerWithTypedError) {
       setenv("KEEL_WORLD_SIZE", "2", 1);
       setenv("KEEL_LOCAL_WORLD_SIZE", "2", 1);
       setenv("KEEL_STORE_ADDR", ("127.0.0.1:" + std::to_string(store.port())).c_str(), 1);
+      setenv("KEEL_JOB_SECRET", process_job_key().hex().c_str(), 1);  // the store's key
       std::string bin = bin_dir() + "/keel-worker";
       // A communicator timeout of an hour: only noticing the dead peer can end rank 0 before
       // the test's deadline.

@@ -404,10 +404,86 @@ TEST(ControlPlane, SigkilledClientProcessLeavesServerServingOthers) {
   EXPECT_TRUE(next(agent));
 }
 
+// A raw DEALER with the job's CURVE keys: what a broken peer of the job could send.
+void curve_client(zmq::socket_t& s, const JobKey& key, const JobKey& server_key) {
+  const CurveKeyPair mine = control_curve_keys(key, false);
+  s.set(zmq::sockopt::curve_serverkey, zmq::buffer(control_curve_keys(server_key, true).pub));
+  s.set(zmq::sockopt::curve_publickey, zmq::buffer(mine.pub));
+  s.set(zmq::sockopt::curve_secretkey, zmq::buffer(mine.sec));
+}
+
+// Without the job's keys nothing gets through: a plain ZeroMQ client, a CURVE client with a
+// key pair of its own (it knows the server's public key), a keel client of another job, and
+// bytes that are no ZMTP at all. Each is refused before any message is read, and reported.
+TEST(ControlPlane, PeersWithoutTheJobsKeysAreRefusedAndReported) {
+  ControlServer server(kHost, 0);
+  // Every refusal reported until `want` are in, one report a second at most.
+  auto reports_until = [&](int64_t want) {
+    std::vector<Refusal> got;
+    int64_t total = 0;
+    EXPECT_TRUE(test::eventually(
+        [&] {
+          for (const Refusal& r : server.take_refused()) {
+            got.push_back(r);
+            total += 1 + r.more;
+            EXPECT_NE(r.peer.find("127.0.0.1"), std::string::npos) << r.peer;
+          }
+          return total >= want;
+        },
+        5s))
+        << total << " refusals";
+    return got;
+  };
+  const std::string good = heartbeat(0, 5).SerializeAsString();
+  zmq::context_t ctx;
+  // A CURVE client with a key pair of its own (it knows the server's public key): the ZAP
+  // handler refuses its key.
+  zmq::socket_t own(ctx, zmq::socket_type::dealer);
+  own.set(zmq::sockopt::linger, 0);
+  std::array<char, 41> pub{}, sec{};
+  ASSERT_EQ(zmq_curve_keypair(pub.data(), sec.data()), 0);
+  own.set(zmq::sockopt::curve_serverkey,
+          zmq::buffer(control_curve_keys(process_job_key(), true).pub));
+  own.set(zmq::sockopt::curve_publickey, std::string(pub.data(), 40));
+  own.set(zmq::sockopt::curve_secretkey, std::string(sec.data(), 40));
+  own.connect(server.endpoint());
+  own.send(zmq::buffer(good), zmq::send_flags::dontwait);
+  const std::vector<Refusal> first = reports_until(1);
+  ASSERT_FALSE(first.empty());
+  EXPECT_NE(first[0].why.find("CURVE key that is not this job's"), std::string::npos)
+      << first[0].why;
+  own.close();
+  // A plain ZeroMQ client, a keel client of another job (its server key is not this server's)
+  // and bytes that are no ZMTP fail the handshake before the ZAP handler; reported once a
+  // second, folded into a count (each client retries every 100 ms).
+  zmq::socket_t plain(ctx, zmq::socket_type::dealer);
+  plain.set(zmq::sockopt::linger, 0);
+  plain.connect(server.endpoint());
+  plain.send(zmq::buffer(good), zmq::send_flags::dontwait);
+  ControlClient stranger(server.endpoint(), "agent/66", JobKey::generate());
+  stranger.send(heartbeat(0, 6));
+  {
+    detail::Fd raw = detail::connect_tcp(kHost, server.port(), Clock::now() + 5s, "server");
+    std::string err;
+    const std::string junk = std::string(4, '\xff') + std::string(3, '\0') + "@ garbage";
+    detail::send_all(raw.get(), junk.data(), junk.size(), Clock::now() + 1s, &err);
+  }
+  const std::vector<Refusal> flood = reports_until(10);
+  EXPECT_LE(flood.size(), 6u) << "more than one report a second";
+  EXPECT_FALSE(server.poll(300ms)) << "a message got through without the job's keys";
+  // The job's own client is served all along.
+  ControlClient mine(server.endpoint(), "agent/1");
+  ASSERT_TRUE(mine.send(heartbeat(0, 1)));
+  auto in = next(server);
+  ASSERT_TRUE(in);
+  EXPECT_EQ(in->identity, "agent/1");
+}
+
 TEST(ControlPlane, MalformedFramesAreCountedAndDropped) {
   ControlServer server(kHost, 0);
   zmq::context_t ctx;
   zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  curve_client(raw, process_job_key(), process_job_key());
   raw.set(zmq::sockopt::linger, 0);
   raw.set(zmq::sockopt::routing_id, "raw/1");
   raw.connect(server.endpoint());

@@ -22,6 +22,7 @@
 #include "launcher/controller/context.h"
 #include "launcher/controller/diagnose_coordinator.h"
 #include "launcher/controller/membership.h"
+#include "parallel/job_key.h"
 #include "parallel/tcp_store.h"
 #include "proto/config_loader.h"
 #include "proto/store_keys.h"
@@ -63,6 +64,7 @@ class LocalSlots : public RankHost {
     for (const auto& [k, v] : env) e.push_back(k + "=" + v);
     e.push_back(detail::concat("KEEL_SLOT=", slot));  // what the agent adds
     e.push_back("KEEL_LOCAL_WORLD_SIZE=1");
+    e.push_back("KEEL_JOB_SECRET=" + process_job_key().hex());  // the job's key, as env
     std::vector<char*> argv, envp;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -106,7 +106,8 @@ TEST(EtcdMember, QuorumLostFailsWithinDeadlineAndComesBack) {
   }
   const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - start);
   EXPECT_LT(took, deadline + milliseconds(500)) << "the deadline was not kept";
-  EXPECT_HAS(msg, cluster.member(0).endpoint());  // names the endpoints
+  const std::string ep = cluster.member(0).endpoint();
+  EXPECT_HAS(msg, ep.substr(ep.find("://") + 3));  // names the endpoints
   EXPECT_HAS(msg, "put /k");
   ASSERT_EQ(::kill(a, SIGCONT), 0);
   ASSERT_EQ(::kill(b, SIGCONT), 0);
@@ -185,3 +186,28 @@ TEST(EtcdMember, FailedStartShowsTheLog) {
 
 }  // namespace
 }  // namespace keel
+
+namespace keel::test {
+namespace {
+
+// The members keel starts take TLS only, with client certificates of the job's CA (issue
+// 29): a client with the job's key reads and writes; one with another job's key, and a plain
+// gRPC client (what anyone with the address has), get nothing and change nothing.
+TEST(EtcdMember, OnlyTheJobsCertificatesGetIn) {
+  EtcdTestCluster cluster(1, "etcd-tls");
+  const std::string ep = cluster.endpoints()[0];
+  ASSERT_EQ(ep.rfind("https://", 0), 0u) << ep;
+  EtcdClient mine({ep}, std::chrono::seconds(5));
+  mine.put("/job/state", "ours");
+  EtcdClient stranger({ep}, std::chrono::milliseconds(1500), JobKey::generate());
+  EXPECT_THROW(stranger.put("/job/state", "theirs"), EtcdError);
+  EtcdClient plain({ep.substr(std::string("https://").size())}, std::chrono::milliseconds(1500));
+  EXPECT_THROW(plain.get("/job/state"), EtcdError);
+  EXPECT_THROW(plain.put("/job/state", "theirs"), EtcdError);
+  const auto kv = mine.get("/job/state");
+  ASSERT_TRUE(kv);
+  EXPECT_EQ(kv->value, "ours");
+}
+
+}  // namespace
+}  // namespace keel::test
