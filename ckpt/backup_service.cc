@@ -53,10 +53,6 @@ constexpr size_t kStaging = size_t{16} << 20;
 // No state of one rank comes near this; a larger claim is a garbled header.
 constexpr uint64_t kMaxPayload = uint64_t{1} << 40;
 constexpr uint32_t kMaxMessage = 1 << 16;
-// How long an accepted connection may take to prove the job's key, and how many may be at it
-// at once.
-constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
-constexpr ptrdiff_t kMaxUnauthenticated = 256;
 
 // RequestHeader::flags of a push: the payload is the owner's verified snapshot (SDC checks),
 // kept in the holder's verified slot beside the two newest backups.
@@ -304,7 +300,7 @@ void BackupServer::Impl::accept_all() {
     conns.push_back(Conn{Fd(fd)});
     // A flood of connections that never authenticate must not crowd out the job's own.
     auto pending = [](const Conn& c) { return !c.authenticated(); };
-    if (std::count_if(conns.begin(), conns.end(), pending) > kMaxUnauthenticated)
+    if (std::count_if(conns.begin(), conns.end(), pending) > kMaxPendingHandshakes)
       conns.erase(std::find_if(conns.begin(), conns.end(), pending));
   }
 }

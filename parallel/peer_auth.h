@@ -16,6 +16,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -36,6 +37,12 @@ struct AuthChannel {
   std::string purpose;  // "store", "backup", "comm"
   int64_t epoch = 0;
 };
+
+// Limits of a server's connections still at the handshake: how long one may take, and how
+// many may wait at once (the oldest goes), so that connections that never prove the key
+// neither hold descriptors nor crowd out the job's own.
+inline constexpr std::chrono::seconds kHandshakeTimeout{10};
+inline constexpr ptrdiff_t kMaxPendingHandshakes = 256;
 
 // The client side, blocking until `deadline` on a connected non-blocking socket. Throws
 // AuthError (naming `what`) if the server does not prove the key or refuses ours, CommTimeout

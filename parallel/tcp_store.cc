@@ -113,11 +113,6 @@ bool authenticated(const Client& c) {
   return c.auth.state() == ServerHandshake::State::kDone;
 }
 
-// How long an accepted connection may take to prove the job's key, and how many may be at
-// it at once.
-constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
-constexpr ptrdiff_t kMaxUnauthenticated = 256;
-
 }  // namespace
 
 std::pair<std::string, int> parse_host_port(const std::string& addr) {
@@ -254,12 +249,9 @@ void TcpStoreServer::Impl::accept_clients() {
     clients.push_back(std::move(c));
     // A flood of connections that never authenticate must not crowd out the job's own: the
     // oldest such one goes.
-    if (std::count_if(clients.begin(), clients.end(), [](const auto& x) {
-          return !x->dead && !authenticated(*x);
-        }) > kMaxUnauthenticated)
-      (*std::find_if(clients.begin(), clients.end(), [](const auto& x) {
-        return !x->dead && !authenticated(*x);
-      }))->dead = true;
+    auto pending = [](const auto& x) { return !x->dead && !authenticated(*x); };
+    if (std::count_if(clients.begin(), clients.end(), pending) > kMaxPendingHandshakes)
+      (*std::find_if(clients.begin(), clients.end(), pending))->dead = true;
   }
 }
 
