@@ -9,7 +9,8 @@
 //            whole path a worker takes, connection included;
 // over loopback (server and client in this process, 127.0.0.1) and across two network
 // namespaces (the server on "machine" 0, the client on machine 1, veth pairs on a bridge;
-// needs root). GB/s counts payload bytes, 1 GB = 1e9 bytes. A last table gives the bytes
+// needs root), each plain and sealed (AES-256-GCM, what keel does between machines), with
+// the ratio of the two. GB/s counts payload bytes, 1 GB = 1e9 bytes. A last table gives the bytes
 // of the rank's snapshot segment and of the backup segment a holder keeps for it.
 //
 //   keel-bench restore [--repeats 5] [--sizes medium,1g] [--no-netns]
@@ -34,6 +35,7 @@
 #include "ckpt/snapshot_region.h"
 #include "integration/netns.h"
 #include "model/train_state.h"
+#include "parallel/sealed_channel.h"
 #include "runtime/backend.h"
 #include "runtime/cpu/cpu_features.h"
 
@@ -195,7 +197,7 @@ void bench_path(const std::string& job, const Size& size, TrainState& owner, Tra
   });
   check("fetch");
   rows->push_back(fetch);
-  std::printf("  %-22s %-9s %-8s %6.3f GB/s\n", size.label.c_str(), path.c_str(), "fetch",
+  std::printf("  %-22s %-14s %-8s %6.3f GB/s\n", size.label.c_str(), path.c_str(), "fetch",
               double(fetch.bytes) / fetch.t.best / 1e9);
   std::fflush(stdout);
 
@@ -209,7 +211,7 @@ void bench_path(const std::string& job, const Size& size, TrainState& owner, Tra
   });
   check("restore_state");
   rows->push_back(restore);
-  std::printf("  %-22s %-9s %-8s %6.3f GB/s\n", size.label.c_str(), path.c_str(), "restore",
+  std::printf("  %-22s %-14s %-8s %6.3f GB/s\n", size.label.c_str(), path.c_str(), "restore",
               double(restore.bytes) / restore.t.best / 1e9);
   std::fflush(stdout);
   server.reset();
@@ -263,25 +265,45 @@ int restore_main(const RestoreOptions& o) {
       own->write(*owner, 6);  // both slots used, as on a rank that snapshots every step
       own->write(*owner, 7);
     }
-    bench_path(job, size, *owner, *target, repeats, "loopback", "127.0.0.1", here, here, &rows);
-    if (lab) {
-      bench_path(
-          job, size, *owner, *target, repeats, "netns", lab->address(0),
-          [&](const std::function<void()>& fn) { lab->run_in(0, fn); },
-          [&](const std::function<void()>& fn) { lab->run_in(1, fn); }, &rows);
+    // Each path plain and sealed (AES-256-GCM, parallel/sealed_channel.h), one after the
+    // other, so that the ratio compares runs on the same machine at the same time.
+    for (const SealPolicy seal : {SealPolicy::kNever, SealPolicy::kAlways}) {
+      set_seal_policy(seal);
+      const std::string tag = seal == SealPolicy::kAlways ? "+seal" : "";
+      bench_path(job, size, *owner, *target, repeats, "loopback" + tag, "127.0.0.1", here, here,
+                 &rows);
+      if (lab) {
+        bench_path(
+            job, size, *owner, *target, repeats, "netns" + tag, lab->address(0),
+            [&](const std::function<void()>& fn) { lab->run_in(0, fn); },
+            [&](const std::function<void()>& fn) { lab->run_in(1, fn); }, &rows);
+      }
     }
+    set_seal_policy(SealPolicy::kBetweenMachines);
     mem.push_back({size.label, owner->bytes(), segment_bytes(snapshot_segment_name(job, 0)),
                    segment_bytes(backup_segment_name(job, 1))});
     unlink_job_segments(job);
   }
   lab.reset();
 
-  std::printf("\n%-16s %8s %-9s %-8s %8s %7s %11s %12s\n", "state", "MB", "path", "op", "best s",
+  std::printf("\n%-16s %8s %-14s %-8s %8s %7s %11s %12s\n", "state", "MB", "path", "op", "best s",
               "GB/s", "first GB/s", "CPU s/GB");
   for (const Row& r : rows)
-    std::printf("%-16s %8.1f %-9s %-8s %8.4f %7.3f %11.3f %12.3f\n", r.state.c_str(), r.bytes / 1e6,
-                r.path.c_str(), r.op.c_str(), r.t.best, double(r.bytes) / r.t.best / 1e9,
-                double(r.bytes) / r.t.first / 1e9, r.t.cpu / (double(r.bytes) / 1e9));
+    std::printf("%-16s %8.1f %-14s %-8s %8.4f %7.3f %11.3f %12.3f\n", r.state.c_str(),
+                r.bytes / 1e6, r.path.c_str(), r.op.c_str(), r.t.best,
+                double(r.bytes) / r.t.best / 1e9, double(r.bytes) / r.t.first / 1e9,
+                r.t.cpu / (double(r.bytes) / 1e9));
+  // What sealing costs: sealed over plain on the same path, state and operation.
+  std::printf("\nsealed / plain GB/s (1.00: no cost; between machines keel seals by default):\n");
+  for (const Row& r : rows) {
+    const size_t plus = r.path.find("+seal");
+    if (plus == std::string::npos) continue;
+    for (const Row& p : rows)
+      if (p.state == r.state && p.op == r.op && p.path == r.path.substr(0, plus))
+        std::printf("  %-16s %-14s %-8s %5.2f   (CPU s/GB %.3f -> %.3f)\n", r.state.c_str(),
+                    p.path.c_str(), r.op.c_str(), p.t.best / r.t.best, p.t.cpu / (p.bytes / 1e9),
+                    r.t.cpu / (r.bytes / 1e9));
+  }
   std::printf(
       "\nhost memory per rank with pushed backups (its own snapshot segment, which holds the "
       "live state on CPU, + the backup segment it keeps for its peer; with replica backups "

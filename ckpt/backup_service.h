@@ -7,7 +7,10 @@
 //
 // Every transfer is checksummed end to end (ckpt/checksum.h of the payload as the owner
 // committed it) by its receiver, and bounded by deadlines: a dead or stalled peer costs a
-// dropped connection, never a hang.
+// dropped connection, never a hang. A connection proves the job's key first
+// (parallel/peer_auth.h), and between machines everything it carries is sealed
+// (parallel/sealed_channel.h): a snapshot crossing the network can be neither read nor
+// altered.
 #pragma once
 
 #include <chrono>
@@ -15,6 +18,7 @@
 #include <memory>
 #include <string>
 
+#include "parallel/sealed_channel.h"
 #include "parallel/socket_util.h"
 #include "runtime/check.h"
 
@@ -99,6 +103,14 @@ class BackupClient {
   // With `checksum`, a successful fetch stores there the checksum the state now has.
   bool fetch(int owner_rank, int64_t step, TrainState& state, std::string* why,
              uint64_t* checksum = nullptr);
+  // Reads `bytes` of the payload of `owner_rank`'s copy of `step` from byte `offset` into
+  // `out` (host memory): what a rank of another layout needs of it (ckpt/memory_reshard.h).
+  // The holder checks its slot whole (once per slot) and the layout `fingerprint`; the range
+  // is checksummed on its way. Returns false with the reason if the holder lacks the step or
+  // refuses (another layout, a range beyond the payload, a damaged slot, now dropped) or the
+  // range arrived damaged; throws BackupError if the transfer fails.
+  bool fetch_range(int owner_rank, int64_t step, uint64_t fingerprint, size_t offset, size_t bytes,
+                   void* out, std::string* why);
 
  private:
   void connect();
@@ -107,6 +119,7 @@ class BackupClient {
   std::string addr_;
   std::chrono::milliseconds timeout_, connect_timeout_;
   detail::Fd fd_;
+  SealedChannel ch_;  // over fd_: sealed when the holder is on another machine
 };
 
 }  // namespace keel

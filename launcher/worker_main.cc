@@ -17,6 +17,7 @@
 #include "launcher/worker_options.h"
 #include "parallel/comm_error.h"
 #include "parallel/job_key.h"
+#include "parallel/sealed_channel.h"
 #include "proto/config_loader.h"
 #include "runtime/cpu/blas_core.h"
 #include "runtime/logging.h"
@@ -29,13 +30,15 @@ int main(int argc, char** argv) {
     // First, while no thread of keel's runs: OpenBLAS chose its kernels when it loaded, and
     // if they are not the best for this CPU (or not runtime.blas_core's), this executes the
     // binary again with OPENBLAS_CORETYPE set and does not return.
-    keel::select_blas_core(
-        o.config_path.empty() ? "auto"
-                              : keel::load_config(o.config_path, o.overrides).runtime().blas_core(),
-        argv);
+    const keel::config::JobConfig boot = o.config_path.empty()
+                                             ? keel::config::JobConfig()
+                                             : keel::load_config(o.config_path, o.overrides);
+    keel::select_blas_core(boot.runtime().blas_core(), argv);
     // After that re-execution (the key's pipe and variable survive it), before any thread or
-    // connection: the job key its launcher handed over, if any (parallel/job_key.h).
+    // connection: the job key its launcher handed over, if any (parallel/job_key.h), and
+    // which connections are sealed (parallel/sealed_channel.h).
     keel::adopt_inherited_job_key();
+    keel::set_seal_policy(keel::seal_policy_of(boot.security()));
     // Before any thread starts, so that every thread of the process carries the name.
     const keel::JobEnv& env = keel::JobEnv::get();
     const bool replay = !env.replay_key.empty();

@@ -1,6 +1,7 @@
 #include "model/plugin_loader.h"
 
 #include <dlfcn.h>
+#include <sodium.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,7 +15,6 @@
 #include <set>
 #include <sstream>
 
-#include "runtime/block_digest.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -74,10 +74,14 @@ void check_trusted(const std::string& path) {
                                     ") nor root, and a plugin is code every rank runs"));
 }
 
-std::string hex16(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
-  return buf;
+// SHA-256 of a plugin file, 64 hex digits: the build the controller pins before any rank
+// loads it. Collision-resistant, so no other file can be made to pass for the pinned one.
+std::string sha256_hex(const std::string& bytes) {
+  unsigned char d[crypto_hash_sha256_BYTES];
+  crypto_hash_sha256(d, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
+  std::string hex(2 * sizeof(d), '0');
+  for (size_t i = 0; i < sizeof(d); ++i) std::snprintf(&hex[2 * i], 3, "%02x", unsigned(d[i]));
+  return hex;
 }
 
 std::string shape_text(const keel_param_desc& d) {
@@ -93,7 +97,7 @@ std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
   p->path_ = resolve(path);
   check_trusted(p->path_);
   const std::string bytes = read_file(p->path_);
-  p->hash_ = hex16(block_digest(bytes.data(), bytes.size()));
+  p->hash_ = sha256_hex(bytes);
   p->open(p->path_);
   return p;
 }
@@ -103,7 +107,7 @@ std::shared_ptr<Plugin> Plugin::load_copy(const std::string& path) {
   p->path_ = resolve(path);
   check_trusted(p->path_);
   const std::string bytes = read_file(p->path_);
-  p->hash_ = hex16(block_digest(bytes.data(), bytes.size()));
+  p->hash_ = sha256_hex(bytes);
   const char* tmp = std::getenv("TMPDIR");
   std::string file = std::string(tmp && *tmp ? tmp : "/tmp") + "/keel-plugin-XXXXXX";
   const int fd = mkstemp(file.data());

@@ -29,7 +29,7 @@ class Plugin {
   const std::string& path() const { return path_; }
   std::string name() const { return table_->name ? table_->name : "?"; }
   std::string version() const { return table_->version ? table_->version : "?"; }
-  // XXH3 block digest of the file's bytes as loaded, 16 hex digits: which build this is.
+  // SHA-256 of the file's bytes as loaded, 64 hex digits: which build this is.
   const std::string& hash() const { return hash_; }
 
   // validate + describe_params, with the plugin's own message turned into an InputError.

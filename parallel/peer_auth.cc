@@ -48,10 +48,21 @@ Mac proof(const Mac& k, const char* who, const uint8_t* client_nonce, const uint
   return out;
 }
 
+// The session keys both ends derive once the proofs are exchanged.
+SessionKeys session_keys(const Mac& k, const uint8_t* client_nonce, const uint8_t* server_nonce) {
+  SessionKeys s;
+  s.to_server = proof(k, "to server", client_nonce, server_nonce);
+  s.to_client = proof(k, "to client", client_nonce, server_nonce);
+  return s;
+}
+
+}  // namespace
+
 std::string peer_address(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "an unknown peer";
+  if (ss.ss_family == AF_UNIX) return "a local socket";
   char host[INET6_ADDRSTRLEN] = "?";
   int port = 0;
   if (ss.ss_family == AF_INET) {
@@ -65,6 +76,8 @@ std::string peer_address(int fd) {
   }
   return detail::join_host_port(host, port);
 }
+
+namespace {
 
 // One log line per second at most: a flood of intruders must not fill the disk or the
 // terminal, and the count says how many went unlogged.
@@ -103,8 +116,8 @@ void recv_or_throw(int fd, void* p, size_t n, Clock::time_point deadline, const 
 
 }  // namespace
 
-void authenticate_to_server(int fd, const AuthChannel& channel, Clock::time_point deadline,
-                            const std::string& what, const JobKey& key) {
+SessionKeys authenticate_to_server(int fd, const AuthChannel& channel, Clock::time_point deadline,
+                                   const std::string& what, const JobKey& key) {
   std::array<uint8_t, 40> hello{};
   std::memcpy(hello.data(), kMagic, sizeof(kMagic));
   randombytes_buf(hello.data() + 8, 32);
@@ -123,6 +136,7 @@ void authenticate_to_server(int fd, const AuthChannel& channel, Clock::time_poin
   uint8_t ok = 0;
   recv_or_throw(fd, &ok, 1, deadline, what, "refused by the peer: it does not accept our key");
   if (ok != kAccepted) throw AuthError(what + ": refused by the peer");
+  return session_keys(k, hello.data() + 8, challenge.data());
 }
 
 ServerHandshake::ServerHandshake(AuthChannel channel, const JobKey& key)
@@ -172,14 +186,15 @@ ServerHandshake::State ServerHandshake::pump(int fd) {
                               " epoch, or a replayed handshake)");
       if (::send(fd, &kAccepted, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1)
         return refuse(fd, "could not send the acceptance");
+      keys_ = session_keys(mac_key_, hello_.data() + 8, server_nonce_.data());
       state_ = State::kDone;
     }
   }
   return state_;
 }
 
-void authenticate_client(int fd, const AuthChannel& channel, Clock::time_point deadline,
-                         const std::string& what, const JobKey& key) {
+SessionKeys authenticate_client(int fd, const AuthChannel& channel, Clock::time_point deadline,
+                                const std::string& what, const JobKey& key) {
   ServerHandshake hs(channel, key);
   while (hs.pump(fd) == ServerHandshake::State::kPending) {
     const int ms = detail::poll_ms_left(deadline);
@@ -189,10 +204,16 @@ void authenticate_client(int fd, const AuthChannel& channel, Clock::time_point d
       throw CommError(what + ": poll: " + std::strerror(errno));
   }
   if (hs.state() == ServerHandshake::State::kRefused) throw AuthError(what + ": " + hs.why());
+  return hs.keys();
 }
 
 int64_t auth_refusals() {
   return g_refusals.load();
+}
+
+void note_refusal(const std::string& text) {
+  g_refusals.fetch_add(1);
+  log_refusal(text);
 }
 
 }  // namespace keel

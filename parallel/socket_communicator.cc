@@ -6,6 +6,10 @@
 // of the transfers in flight plus an eventfd that abort() writes, bounded by the call's
 // deadline. A collective step's send and receive progress together, so ranks that send to
 // each other at once never deadlock.
+//
+// A connection that crosses machines is sealed (parallel/sealed_channel.h): the header and
+// the payload go as AES-256-GCM records (parallel/sealed_link.h), a header in a record of
+// its own, the payload in records of at most 256 KiB, each opened before its bytes count.
 #include "parallel/socket_communicator.h"
 
 #include <poll.h>
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "parallel/link_delay.h"
+#include "parallel/sealed_link.h"
 #include "parallel/socket_rendezvous.h"
 #include "parallel/socket_util.h"
 #include "runtime/check.h"
@@ -84,6 +89,8 @@ struct Xfer {
   float* reduce_into = nullptr;
   ReduceOp op = ReduceOp::kSum;
   size_t reduced = 0;  // floats already reduced
+  // On a sealed connection: the header and payload bytes of the records in flight.
+  size_t sealing_hdr = 0, sealing_data = 0;
 
   bool complete() const { return hdr_done == sizeof(Header) && done == hdr.bytes; }
 };
@@ -119,13 +126,14 @@ void reduce_span(float* dst, const float* src, size_t n, ReduceOp op) {
 
 class SocketCommunicator final : public Communicator {
  public:
-  SocketCommunicator(std::vector<Fd> peers, const SocketCommOptions& o)
-      : name_(o.name),
-        rank_(o.rank),
-        size_(o.size),
-        timeout_(o.timeout),
-        peers_(std::move(peers)),
-        links_(size_t(size_)) {
+  SocketCommunicator(std::vector<detail::MeshPeer> mesh, const SocketCommOptions& o)
+      : name_(o.name), rank_(o.rank), size_(o.size), timeout_(o.timeout), links_(size_t(size_)) {
+    for (detail::MeshPeer& p : mesh) {
+      seal_.push_back(p.fd.valid() && seals(p.fd.get())
+                          ? std::make_unique<detail::SealedLink>(p.keys, p.client)
+                          : nullptr);
+      peers_.push_back(std::move(p.fd));
+    }
     if (size_ > 1) {
       abort_fd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
       KEEL_CHECK_ERRNO(abort_fd_.get());
@@ -349,6 +357,7 @@ class SocketCommunicator final : public Communicator {
 
   void progress_send(Xfer& x, const char* what) {
     const int fd = peers_[x.peer].get();
+    if (seal_[size_t(x.peer)]) return progress_sealed_send(*seal_[size_t(x.peer)], x, what);
     while (!x.complete()) {
       iovec iov[2];
       int cnt = 0;
@@ -373,13 +382,49 @@ class SocketCommunicator final : public Communicator {
     }
   }
 
+  // The same as progress_send on a sealed connection: records are sealed from the header
+  // (with the payload's first piece, so that a small message is one send) or the payload,
+  // and their bytes count once all of them have left.
+  void progress_sealed_send(detail::SealedLink& link, Xfer& x, const char* what) {
+    const int fd = peers_[x.peer].get();
+    while (!x.complete()) {
+      if (!link.pending()) {
+        x.sealing_hdr = sizeof(Header) - x.hdr_done;
+        if (x.sealing_hdr > 0)
+          link.seal(reinterpret_cast<const char*>(&x.hdr) + x.hdr_done, x.sealing_hdr);
+        x.sealing_data = std::min(detail::SealedLink::kMaxRecord, size_t(x.hdr.bytes) - x.done);
+        if (x.sealing_data > 0) link.seal(x.data + x.done, x.sealing_data);
+      }
+      std::string err;
+      const auto p = link.flush(fd, &err);
+      if (p == detail::SealedLink::Progress::kAgain) return;
+      if (p == detail::SealedLink::Progress::kError) fail_peer(x, what, err);
+      x.hdr_done += x.sealing_hdr;
+      x.done += x.sealing_data;
+      bytes_sent_ += x.sealing_data;
+      x.sealing_hdr = x.sealing_data = 0;
+    }
+  }
+
   void progress_recv(Xfer& x, const char* what) {
     const int fd = peers_[x.peer].get();
+    detail::SealedLink* link = seal_[size_t(x.peer)].get();
     while (!x.complete()) {
       const bool in_header = x.hdr_done < sizeof(Header);
       char* dst = in_header ? reinterpret_cast<char*>(&x.got) + x.hdr_done : x.data + x.done;
       size_t want = in_header ? sizeof(Header) - x.hdr_done : x.hdr.bytes - x.done;
-      ssize_t n = ::recv(fd, dst, want, MSG_DONTWAIT);
+      ssize_t n = 0;
+      if (link) {
+        // One whole record, opened and checked, or nothing yet.
+        size_t got = 0;
+        std::string err;
+        const auto p = link->recv_record(fd, dst, want, &got, &err);
+        if (p == detail::SealedLink::Progress::kAgain) return;
+        if (p == detail::SealedLink::Progress::kError) fail_peer(x, what, err);
+        n = static_cast<ssize_t>(got);
+      } else {
+        n = ::recv(fd, dst, want, MSG_DONTWAIT);
+      }
       if (n == 0) fail_peer(x, what, "connection closed");
       if (n < 0) {
         if (errno == EINTR) continue;
@@ -475,7 +520,8 @@ class SocketCommunicator final : public Communicator {
   const std::string name_;
   const int rank_, size_;
   const Millis timeout_;
-  std::vector<Fd> peers_;  // by rank; empty for our own
+  std::vector<Fd> peers_;                                  // by rank; empty for our own
+  std::vector<std::unique_ptr<detail::SealedLink>> seal_;  // by rank; null: not sealed
   Fd abort_fd_;
   std::atomic<bool> aborted_{false};
   std::exception_ptr error_;    // the first CommError; rethrown by every later call
@@ -498,7 +544,7 @@ std::unique_ptr<Communicator> make_socket_communicator(std::shared_ptr<Store> st
   KEEL_CHECK(!opts.name.empty(), "socket communicator needs a group name");
   KEEL_CHECK(opts.timeout.count() > 0, "socket communicator '", opts.name,
              "': timeout must be > 0");
-  std::vector<Fd> peers;
+  std::vector<detail::MeshPeer> peers;
   if (opts.size > 1) {
     KEEL_CHECK(store != nullptr, "socket communicator '", opts.name, "' needs a store");
     peers = detail::connect_mesh(*store, opts);

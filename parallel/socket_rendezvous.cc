@@ -65,15 +65,17 @@ auto cancellable(const SocketCommOptions& o, Clock::time_point deadline, Fn fn) 
   }
 }
 
-Fd connect_peer(Store& store, const SocketCommOptions& o, int peer, Clock::time_point deadline) {
+MeshPeer connect_peer(Store& store, const SocketCommOptions& o, int peer,
+                      Clock::time_point deadline) {
   std::string addr = cancellable(
       o, deadline, [&](Clock::time_point d) { return store.get(addr_key(o, peer), ms_left(d)); });
   auto [host, port] = parse_host_port(addr);
   std::string who = concat("rank ", peer, " of ", o.name);
   Fd fd = cancellable(o, deadline,
                       [&](Clock::time_point d) { return connect_tcp(host, port, d, who); });
-  authenticate_to_server(fd.get(), mesh_channel(o), deadline,
-                         concat(o.name, ": rank ", o.rank, ": ", who, " at ", addr));
+  const SessionKeys keys =
+      authenticate_to_server(fd.get(), mesh_channel(o), deadline,
+                             concat(o.name, ": rank ", o.rank, ": ", who, " at ", addr));
   Hello h{kMagic,
           kVersion,
           static_cast<uint32_t>(o.rank),
@@ -97,7 +99,7 @@ Fd connect_peer(Store& store, const SocketCommOptions& o, int peer, Clock::time_
     throw CommError(concat(o.name, ": rank ", o.rank, ": the listener at ", addr,
                            " refused the handshake: it is not ", who,
                            " (a stale address of another group or epoch?)"));
-  return fd;
+  return {std::move(fd), keys, true};
 }
 
 // An accepted connection whose handshakes (the job key's, then the group's) have not
@@ -109,13 +111,14 @@ struct Incoming {
 };
 
 // Checks a complete handshake; returns the peer's rank, or -1 to refuse it.
-int check_hello(const Incoming& in, const SocketCommOptions& o, const std::vector<Fd>& peers) {
+int check_hello(const Incoming& in, const SocketCommOptions& o,
+                const std::vector<MeshPeer>& peers) {
   Hello h;
   std::memcpy(&h, in.buf.data(), sizeof(h));
   bool ok = h.magic == kMagic && h.version == kVersion && h.size == uint32_t(o.size) &&
             h.to_rank == uint32_t(o.rank) && h.from_rank < uint32_t(o.rank) &&
             in.buf.compare(sizeof(h), std::string::npos, o.name) == 0;
-  if (!ok || peers[h.from_rank].valid()) return -1;
+  if (!ok || peers[h.from_rank].fd.valid()) return -1;
   return static_cast<int>(h.from_rank);
 }
 
@@ -144,7 +147,7 @@ HelloState read_hello(Incoming& in) {
   }
 }
 
-void accept_peers(int listener, const SocketCommOptions& o, std::vector<Fd>& peers,
+void accept_peers(int listener, const SocketCommOptions& o, std::vector<MeshPeer>& peers,
                   Clock::time_point deadline) {
   std::vector<Incoming> pending;
   int connected = 0;
@@ -161,7 +164,7 @@ void accept_peers(int listener, const SocketCommOptions& o, std::vector<Fd>& pee
     if (rc == 0) {
       std::string missing;
       for (int j = 0; j < o.rank; ++j)
-        if (!peers[j].valid()) missing += concat(missing.empty() ? "" : ", ", j);
+        if (!peers[j].fd.valid()) missing += concat(missing.empty() ? "" : ", ", j);
       throw CommTimeout(concat(o.name, ": rank ", o.rank, ": timed out waiting for rank(s) ",
                                missing, " to connect"));
     }
@@ -178,7 +181,7 @@ void accept_peers(int listener, const SocketCommOptions& o, std::vector<Fd>& pee
         // One byte on a fresh connection always fits in the send buffer.
         bool sent = ::send(in.fd.get(), &answer, 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1;
         if (from >= 0 && sent) {
-          peers[from] = std::move(in.fd);
+          peers[from] = {std::move(in.fd), in.auth.keys(), false};
           ++connected;
         }
       }
@@ -196,17 +199,17 @@ void accept_peers(int listener, const SocketCommOptions& o, std::vector<Fd>& pee
 
 }  // namespace
 
-std::vector<Fd> connect_mesh(Store& store, const SocketCommOptions& o) {
+std::vector<MeshPeer> connect_mesh(Store& store, const SocketCommOptions& o) {
   auto deadline = Clock::now() + o.timeout;
   Fd listener = listen_tcp(o.host, 0, std::max(o.size, 16));
   store.set(addr_key(o, o.rank), join_host_port(o.host, local_port(listener.get())));
-  std::vector<Fd> peers(static_cast<size_t>(o.size));
+  std::vector<MeshPeer> peers(static_cast<size_t>(o.size));
   // Connecting upwards before accepting cannot deadlock: the highest rank only accepts, and
   // every rank reaches its accept loop once all ranks above it have.
   for (int j = o.rank + 1; j < o.size; ++j) peers[j] = connect_peer(store, o, j, deadline);
   accept_peers(listener.get(), o, peers, deadline);
-  for (auto& fd : peers)
-    if (fd.valid()) set_nodelay(fd.get());
+  for (auto& p : peers)
+    if (p.fd.valid()) set_nodelay(p.fd.get());
   return peers;
 }
 

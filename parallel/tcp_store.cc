@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "parallel/peer_auth.h"
+#include "parallel/sealed_channel.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -101,6 +102,10 @@ struct Client {
   Clock::time_point accepted_at = Clock::now();
   std::string in;   // received bytes not yet parsed into frames
   std::string out;  // replies not yet sent
+  // A client on another machine: its bytes are sealed records (parallel/sealed_channel.h),
+  // opened from `wire` into `in`, and replies sealed into `out`.
+  std::unique_ptr<RecordCipher> seal_in, seal_out;
+  std::string wire;
   bool dead = false;
   // A blocked get/wait: the op, its keys and when to give up.
   bool waiting = false;
@@ -157,9 +162,21 @@ struct TcpStoreServer::Impl {
   void handle(Client& c, const std::string& payload);
   bool try_answer(Client& c);
   void reply(Client& c, const Writer& w) {
-    c.out += w.frame();
+    const std::string frame = w.frame();
+    if (!c.seal_out) {
+      c.out += frame;
+    } else {
+      for (size_t off = 0; off < frame.size(); off += SealedChannel::kMaxRecord) {
+        const size_t n = std::min(SealedChannel::kMaxRecord, frame.size() - off);
+        const size_t at = c.out.size();
+        c.out.resize(at + RecordCipher::kHeaderBytes + n + RecordCipher::kTagBytes);
+        c.seal_out->seal(frame.data() + off, n, reinterpret_cast<uint8_t*>(c.out.data() + at));
+      }
+    }
     flush(c);
   }
+  // Opens the whole records in c.wire into c.in; false if one fails its check.
+  bool open_records(Client& c);
   void notify_waiters() {
     for (auto& c : clients)
       if (c->waiting && !c->dead && try_answer(*c)) process(*c);
@@ -260,19 +277,49 @@ void TcpStoreServer::Impl::read_client(Client& c) {
     ServerHandshake::State a = c.auth.pump(c.fd.get());
     if (a == ServerHandshake::State::kRefused) c.dead = true;
     if (a != ServerHandshake::State::kDone) return;
+    if (seals(c.fd.get())) {
+      c.seal_in = std::make_unique<RecordCipher>(c.auth.keys().to_server, false);
+      c.seal_out = std::make_unique<RecordCipher>(c.auth.keys().to_client, true);
+    }
   }
   char buf[64 * 1024];
   for (;;) {
     ssize_t n = ::recv(c.fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
     if (n > 0) {
-      c.in.append(buf, static_cast<size_t>(n));
+      (c.seal_in ? c.wire : c.in).append(buf, static_cast<size_t>(n));
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
     if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) c.dead = true;
     break;
   }
+  if (c.seal_in && !open_records(c)) c.dead = true;
   if (!c.dead) process(c);
+}
+
+bool TcpStoreServer::Impl::open_records(Client& c) {
+  constexpr size_t kHeader = RecordCipher::kHeaderBytes, kTag = RecordCipher::kTagBytes;
+  size_t off = 0;
+  while (c.wire.size() - off >= kHeader) {
+    auto* rec = reinterpret_cast<uint8_t*>(c.wire.data() + off);
+    const size_t n = RecordCipher::length(rec);
+    if (n == 0 || n > SealedChannel::kMaxRecord) {
+      note_refusal(concat("a store connection from ", peer_address(c.fd.get()),
+                          ": a sealed record of ", n, " bytes: garbled"));
+      return false;
+    }
+    if (c.wire.size() - off < kHeader + n + kTag) break;
+    if (!c.seal_in->open(rec, rec + kHeader, n, rec + kHeader + n)) {
+      note_refusal(concat("a store connection from ", peer_address(c.fd.get()),
+                          ": a sealed record failed its check (altered in flight, replayed, or "
+                          "not of this connection)"));
+      return false;
+    }
+    c.in.append(reinterpret_cast<const char*>(rec + kHeader), n);
+    off += kHeader + n + kTag;
+  }
+  c.wire.erase(0, off);
+  return true;
 }
 
 void TcpStoreServer::Impl::flush(Client& c) {
@@ -398,7 +445,9 @@ TcpStore::TcpStore(const std::string& host, int port, std::chrono::milliseconds 
   const auto deadline = Clock::now() + connect_timeout;
   fd_ = detail::connect_tcp(host, port, deadline, "the rendezvous store");
   detail::set_nodelay(fd_.get());
-  authenticate_to_server(fd_.get(), {"store", 0}, deadline, "the rendezvous store at " + addr_);
+  const SessionKeys keys =
+      authenticate_to_server(fd_.get(), {"store", 0}, deadline, "the rendezvous store at " + addr_);
+  ch_ = SealedChannel(fd_.get(), keys, /*client=*/true);
 }
 
 // Sends one request and returns the reply payload. Caller holds mu_.
@@ -414,17 +463,16 @@ std::string TcpStore::request(const std::string& req, std::chrono::milliseconds 
   Writer w;
   w.buf = req;
   std::string frame = w.frame();
-  IoResult res =
-      detail::send_all(fd_.get(), frame.data(), frame.size(), Clock::now() + op_timeout_, &err);
+  IoResult res = ch_.send(frame.data(), frame.size(), Clock::now() + op_timeout_, &err);
   if (res == IoResult::kTimeout) return fail("the server stopped taking requests", true);
   if (res == IoResult::kClosed) return fail("connection lost: " + err, false);
   auto deadline = Clock::now() + reply_within;
   char len_buf[4];
-  res = detail::recv_all(fd_.get(), len_buf, 4, deadline, &err);
+  res = ch_.recv(len_buf, 4, deadline, &err);
   uint32_t len = static_cast<uint32_t>(load_le(len_buf, 4));
   if (res == IoResult::kOk && len > kMaxFrame) return fail("corrupt reply", false);
   std::string payload(res == IoResult::kOk ? len : 0, '\0');
-  if (res == IoResult::kOk) res = detail::recv_all(fd_.get(), payload.data(), len, deadline, &err);
+  if (res == IoResult::kOk) res = ch_.recv(payload.data(), len, deadline, &err);
   if (res == IoResult::kTimeout) return fail("the server stopped answering", true);
   if (res == IoResult::kClosed) return fail("connection lost: " + err, false);
   return payload;

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "parallel/sealed_channel.h"
 #include "parallel/socket_util.h"
 #include "parallel/store.h"
 
@@ -70,6 +71,7 @@ class TcpStore : public Store {
   std::string addr_;
   std::chrono::milliseconds op_timeout_;
   detail::Fd fd_;
+  SealedChannel ch_;    // over fd_: sealed when the store is on another machine
   std::string broken_;  // why the connection is unusable; empty while it is fine
 };
 

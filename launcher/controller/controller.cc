@@ -4,6 +4,8 @@
 #include "launcher/controller/controller.h"
 #include "launcher/recovery_protocol.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include "launcher/fault_checks.h"
 #include "launcher/job_env.h"
 #include "launcher/patient_store.h"
+#include "parallel/peer_auth.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
 #include "robust/fault_injector.h"
@@ -95,6 +98,20 @@ void Controller::Impl::pump() {
     LOG(WARNING) << "control plane: refused " << r.peer << ": " << r.why
                  << (r.more ? detail::concat(" (and ", r.more, " more)") : std::string());
   }
+  // This process's own TCP servers (the rendezvous store of a job without etcd).
+  note_tcp_refusals(getpid(), "the controller", auth_refusals());
+}
+
+void Controller::Impl::note_tcp_refusals(int64_t pid, const std::string& who, int64_t total) {
+  const auto e = tcp_refusals.report(pid, who, total);
+  if (!e) return;
+  ctx.event("refused", EventFields()
+                           .add("plane", "tcp")
+                           .add("peer", "see the log of " + e->at)
+                           .add("why", detail::concat(e->count, " connection(s) refused by ", e->at,
+                                                      ": no job key, or a sealed record that "
+                                                      "failed its check"))
+                           .add("more", double(e->count - 1)));
 }
 
 void Controller::Impl::take_up(const std::string& identity, const control::Envelope& m) {
@@ -141,6 +158,9 @@ void Controller::Impl::on_progress(const control::WorkerProgress& p) {
   if (p.rank() < 0 || p.rank() >= members.world() || finished.count(p.rank())) return;
   if (o.console_progress && p.rank() == 0) print_progress(p);
   if (p.has_round()) slow.on_round(p.rank(), p.round());
+  if (p.refusals() > 0)
+    note_tcp_refusals(p.pid(), detail::concat("rank ", p.rank(), " (pid ", p.pid(), ")"),
+                      p.refusals());
   detector.on_progress(p);
 }
 

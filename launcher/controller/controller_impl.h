@@ -24,6 +24,7 @@
 #include "launcher/controller/membership.h"
 #include "launcher/controller/replay_coordinator.h"
 #include "launcher/controller/slow_watcher.h"
+#include "launcher/controller/tcp_refusals.h"
 #include "launcher/controller/update_manager.h"
 #include "launcher/recovery_protocol.h"
 #include "proto/membership.pb.h"
@@ -63,6 +64,7 @@ struct Controller::Impl {
   ReplayCoordinator replays;
   DiagnoseCoordinator diagnostics;
   SlowWatcher slow;
+  TcpRefusals tcp_refusals;
 
   Impl(ControllerOptions opts, RankHost* h, std::shared_ptr<Store> s, ControlServer* srv);
   Impl(const Impl&) = delete;
@@ -77,6 +79,8 @@ struct Controller::Impl {
   void take_up(const std::string& identity, const control::Envelope& m);
   void handle(const std::string& identity, const control::Envelope& m);
   void on_progress(const control::WorkerProgress& p);
+  // Writes a `refused` event (plane tcp) when process `pid`'s count of refusals rose.
+  void note_tcp_refusals(int64_t pid, const std::string& who, int64_t total);
   void print_progress(const control::WorkerProgress& p);
   void status(control::StatusReply* r);
   void inject(const std::string& fault, control::InjectReply* r);

@@ -6,6 +6,7 @@
 
 #include "launcher/control_plane.h"
 #include "launcher/recovery_protocol.h"
+#include "parallel/peer_auth.h"
 
 namespace keel {
 namespace {
@@ -116,6 +117,7 @@ void ProgressReporter::loop() {
     // Stamped here, on this thread: it is the liveness signal, alive while the main thread
     // is stuck and silent only when the whole process is stopped.
     p->set_alive_at(unix_now());
+    p->set_refusals(auth_refusals());
     l.unlock();
     client->send(e);
     l.lock();

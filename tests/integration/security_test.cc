@@ -172,6 +172,8 @@ TEST(Security, StrangersOnEveryPortLeaveTheJobUntouched) {
   const std::string job_dir = launched_job_dir(dir);
   const std::string events = read_text(job_dir + "/events.jsonl");
   EXPECT_TRUE(contains(events, "\"refused\"")) << events;
+  // The TCP planes' refusals too, reported by the processes that refused them.
+  EXPECT_TRUE(contains(events, "\"tcp\"")) << events;
   EXPECT_FALSE(contains(events, "inject_request")) << "a stranger's inject was taken";
   EXPECT_EQ(json_number_field(r.report, "steps_completed"), 400);
   EXPECT_EQ(json_string_field(r.report, "param_checksum"),
