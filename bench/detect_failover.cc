@@ -172,6 +172,37 @@ Trial controller_crash(const std::string& dir, const std::string& cfg, const std
   return t;
 }
 
+// The leader cut off while its machine trains on: its controller process alone stopped from
+// outside (SIGSTOP: it can neither renew its lease nor command anyone, as a partitioned
+// leader cannot), continued once another has taken over, when it must find itself fenced and
+// step aside. `deposed`: it said so in the event log.
+Trial leader_partition(const std::string& dir, const std::string& cfg, const std::string& sets,
+                       bool* deposed) {
+  Trial t;
+  Clock::time_point next{};
+  double stopped_at = 0;
+  pid_t leader = 0;
+  const auto r = run_acting(dir, job_args(cfg, sets), [&](const std::string& job_dir) {
+    if (stopped_at == 0) {
+      if (!training(job_dir, &next)) return false;
+      leader = job_leader(job_dir);
+      if (leader <= 0 || ::kill(leader, SIGSTOP) != 0) return false;
+      stopped_at = unix_now();
+      return false;
+    }
+    if (!find(events_of(job_dir), "takeover") && unix_now() - stopped_at < 30) return false;
+    ::kill(leader, SIGCONT);
+    return true;
+  });
+  if (leader > 0) ::kill(leader, SIGCONT);  // the job ended first
+  if (!r || stopped_at == 0) return t;
+  const auto all = events_of(job_dir_in(dir + "/runs"));
+  if (const events::Event* to = find(all, "takeover")) t.detected = to->t() - stopped_at;
+  *deposed = find(all, "deposed") != nullptr;
+  steps_after(*r, stopped_at, &t);
+  return t;
+}
+
 // A slot_loss fault at `rank` (step 100): its slot's processes die.
 Trial slot_death(const std::string& dir, const std::string& cfg, const std::string& sets,
                  int rank) {
@@ -252,8 +283,8 @@ void print_row(const std::string& kind, int trials, const std::vector<Trial>& se
 }  // namespace
 
 const std::vector<std::string>& failover_kinds() {
-  static const std::vector<std::string> k = {"controller_crash", "slot0_loss", "swap_by_death",
-                                             "swap_by_silence"};
+  static const std::vector<std::string> k = {"controller_crash", "leader_partition", "slot0_loss",
+                                             "swap_by_death", "swap_by_silence"};
   return k;
 }
 
@@ -263,18 +294,26 @@ void failover_rows(const std::string& dir, const std::function<std::string(int)>
   std::printf(
       "\n== failover: the tiny TP2xPP2xDP2 job under keel-launch --local 5 --standby 1 (etcd "
       "members and controller candidates on slots 0-2), hot swap, one run per trial; seconds "
-      "from the injection: detected (controller_crash: the new leader's takeover), the first "
-      "step completed after it, the longest gap between two steps around it\n");
+      "from the injection: detected (controller_crash, leader_partition: the new leader's "
+      "takeover), the first step completed after it, the longest gap between two steps around "
+      "it. leader_partition: the leader's process stopped (SIGSTOP) while its machine trains, "
+      "continued after the takeover\n");
   std::printf("%-16s %6s %6s %10s %10s %10s %10s %10s %10s\n", "kind", "trials", "seen", "det med",
               "det worst", "step med", "step worst", "stall med", "stall worst");
   const std::string fault_cfg = config(kFaultSteps), outside_cfg = config(kOutsideSteps);
   for (const std::string& kind : failover_kinds()) {
     if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) continue;
     std::vector<Trial> seen;
+    int deposed = 0;
     for (int k = 0; k < trials; ++k) {
       const std::string d = dir + "/" + kind + "-" + std::to_string(k);
       fs::create_directories(d);
       if (kind == "controller_crash") seen.push_back(controller_crash(d, outside_cfg, sets));
+      if (kind == "leader_partition") {
+        bool stepped_aside = false;
+        seen.push_back(leader_partition(d, outside_cfg, sets, &stepped_aside));
+        deposed += stepped_aside;
+      }
       if (kind == "slot0_loss") seen.push_back(slot_death(d, fault_cfg, sets, 0));
       if (kind == "swap_by_death") seen.push_back(slot_death(d, fault_cfg, sets, kSwapRank));
       if (kind == "swap_by_silence") seen.push_back(slot_silence(d, outside_cfg, sets));
@@ -282,6 +321,9 @@ void failover_rows(const std::string& dir, const std::function<std::string(int)>
         LOG(WARNING) << kind << " trial " << k << ": nothing measured (see " << d << "/run.log)";
     }
     print_row(kind, trials, seen);
+    if (kind == "leader_partition")
+      std::printf("%-16s the old leader, continued, stepped aside (event deposed) in %d of %d\n",
+                  "", deposed, trials);
   }
 }
 
