@@ -74,6 +74,15 @@ std::string recv_reply(SealedChannel& ch, std::chrono::milliseconds timeout, Rep
   return r == IoResult::kOk ? "" : io_text(r, err);
 }
 
+// Sends request `rq` and reads its reply; returns "" or what failed.
+std::string ask(SealedChannel& ch, const RequestHeader& rq, std::chrono::milliseconds timeout,
+                ReplyHeader* h, std::string* msg) {
+  std::string err;
+  IoResult r = ch.send(&rq, sizeof(rq), Clock::now() + timeout, &err);
+  if (r != IoResult::kOk) return io_text(r, err);
+  return recv_reply(ch, timeout, h, msg);
+}
+
 }  // namespace
 
 BackupClient::BackupClient(std::string addr, std::chrono::milliseconds timeout,
@@ -144,13 +153,10 @@ bool BackupClient::fetch(int owner_rank, int64_t step, TrainState& state, std::s
   if (!why) why = &local;
   connect();
   RequestHeader rq{kRequestMagic, kFetch, owner_rank, 0, step, 0, 0, 0, 0};
-  std::string err;
   const std::string what = "fetch of step " + std::to_string(step) + ": ";
-  IoResult r = ch_.send(&rq, sizeof(rq), Clock::now() + timeout_, &err);
-  if (r != IoResult::kOk) fail(what + io_text(r, err));
   ReplyHeader h{};
   std::string msg;
-  if (std::string e = recv_reply(ch_, timeout_, &h, &msg); !e.empty()) fail(what + e);
+  if (std::string e = ask(ch_, rq, timeout_, &h, &msg); !e.empty()) fail(what + e);
   if (h.status != kOk) {
     *why = msg;
     return false;
@@ -167,14 +173,13 @@ bool BackupClient::fetch(int owner_rank, int64_t step, TrainState& state, std::s
   }
   // Straight into the state, checksummed as it arrives.
   ChecksumStream sum;
-  r = recv_into_state(ch_, state, timeout_, &sum, &err);
+  std::string err;
+  IoResult r = recv_into_state(ch_, state, timeout_, &sum, &err);
   if (r != IoResult::kOk) fail(what + io_text(r, err));
   if (sum.digest() != h.checksum) {
     // The holder's slot or the wire: the holder checks its slot (and drops it if damaged).
     rq.op = kVerify;
-    r = ch_.send(&rq, sizeof(rq), Clock::now() + timeout_, &err);
-    if (r != IoResult::kOk) fail(what + io_text(r, err));
-    if (std::string e = recv_reply(ch_, timeout_, &h, &msg); !e.empty()) fail(what + e);
+    if (std::string e = ask(ch_, rq, timeout_, &h, &msg); !e.empty()) fail(what + e);
     *why = h.status == kRefused
                ? msg
                : detail::concat("backup of rank ", owner_rank, " step ", step, " from ", addr_,
@@ -189,21 +194,19 @@ bool BackupClient::fetch_range(int owner_rank, int64_t step, uint64_t fingerprin
                                size_t bytes, void* out, std::string* why) {
   connect();
   RequestHeader rq{kRequestMagic, kFetchRange, owner_rank, 0, step, fingerprint, bytes, 0, offset};
-  std::string err;
   const std::string what = detail::concat("fetch of bytes ", offset, "+", bytes, " of rank ",
                                           owner_rank, " step ", step, ": ");
-  IoResult r = ch_.send(&rq, sizeof(rq), Clock::now() + timeout_, &err);
-  if (r != IoResult::kOk) fail(what + io_text(r, err));
   ReplyHeader h{};
   std::string msg;
-  if (std::string e = recv_reply(ch_, timeout_, &h, &msg); !e.empty()) fail(what + e);
+  if (std::string e = ask(ch_, rq, timeout_, &h, &msg); !e.empty()) fail(what + e);
   if (h.status != kOk) {
     *why = msg;
     return false;
   }
   if (h.bytes != bytes) fail(what + "garbled reply");
   ChecksumStream sum;
-  r = recv_chunked(ch_, out, bytes, timeout_, &sum, &err);
+  std::string err;
+  const IoResult r = recv_chunked(ch_, out, bytes, timeout_, &sum, &err);
   if (r != IoResult::kOk) fail(what + io_text(r, err));
   if (sum.digest() != h.checksum) {
     *why = detail::concat("backup holder ", addr_, ": ", what, "checksum mismatch in transfer");

@@ -195,6 +195,14 @@ void load_state(const ResumePoint& point, const Plugin& plugin, const config::Jo
   KEEL_CHECK(shape.fingerprint == state.layout_fingerprint(),
              "the planned layout differs from rank ", rank, "'s state");
   SourceFiles files(point, from);
+  carry_out_reshard(runs, shape, state, [&](const CopyRun& r, float* out) {
+    files.at(r.src_rank).read_span(r.span, r.src_offset, r.floats, out);
+  });
+  state.set_step(point.step);
+}
+
+void carry_out_reshard(const std::vector<CopyRun>& runs, const RankStateShape& shape,
+                       TrainState& state, const std::function<void(const CopyRun&, float*)>& read) {
   std::vector<StateSpan> spans = state.spans();
   std::vector<float> host;
   for (int span = 0; span < 3; ++span) {
@@ -202,13 +210,11 @@ void load_state(const ResumePoint& point, const Plugin& plugin, const config::Jo
     host.assign(shape.span_floats(span), 0.0f);
     KEEL_CHECK(spans[size_t(span)].floats == host.size());
     for (const CopyRun& r : runs)
-      if (r.span == span)
-        files.at(r.src_rank).read_span(span, r.src_offset, r.floats, host.data() + r.dst_offset);
+      if (r.span == span) read(r, host.data() + r.dst_offset);
     state.backend()->copy_from_host(spans[size_t(span)].data, host.data(),
                                     host.size() * sizeof(float));
   }
   state.backend()->synchronize();
-  state.set_step(point.step);
 }
 
 void for_each_full_tensor(

@@ -39,6 +39,13 @@ ShardedLayout sharded_layout(const Plugin& plugin, const config::JobConfig& cfg,
 void load_state(const ResumePoint& point, const Plugin& plugin, const config::JobConfig& cfg,
                 const Topology& topo, int rank, TrainState& state);
 
+// Carries out `runs` (plan_reshard's, for a rank of shape `shape`) into `state`, one span at
+// a time through a host buffer of that span's size: read(run, out) puts the run's floats at
+// `out`. The source is a checkpoint's rank files or the peers' in-memory copies
+// (ckpt/memory_reshard.h).
+void carry_out_reshard(const std::vector<CopyRun>& runs, const RankStateShape& shape,
+                       TrainState& state, const std::function<void(const CopyRun&, float*)>& read);
+
 // The checkpoint's parameters as whole tensors, one at a time in the single-rank describe
 // order (tied copies once), for an export: fn(desc, data) with data the row-major tensor.
 // Host memory: the largest tensor. `base` supplies what the manifest does not record.

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ckpt/backup_service.h"
+#include "ckpt/checkpoint_reshard.h"
 #include "model/train_state.h"
 #include "runtime/check.h"
 
@@ -45,18 +46,7 @@ void load_state_from_memory(const ShardedLayout& from, const ShardedLayout& to, 
                                       " of rank ", r.src_rank, " and no copy gave it (",
                                       tried.empty() ? "no source known" : tried, ")"));
   };
-  std::vector<StateSpan> spans = state.spans();
-  std::vector<float> host;
-  for (int span = 0; span < 3; ++span) {
-    // One span at a time: the host buffer is never more than the rank's own share.
-    host.assign(shape.span_floats(span), 0.0f);
-    KEEL_CHECK(spans[size_t(span)].floats == host.size());
-    for (const CopyRun& r : runs)
-      if (r.span == span) read(r, host.data() + r.dst_offset);
-    state.backend()->copy_from_host(spans[size_t(span)].data, host.data(),
-                                    host.size() * sizeof(float));
-  }
-  state.backend()->synchronize();
+  carry_out_reshard(runs, shape, state, read);
   state.set_step(step);
 }
 

@@ -15,6 +15,7 @@
 #include "parallel/peer_auth.h"
 #include "parallel/sealed_channel.h"
 #include "parallel/socket_util.h"
+#include "tests/parallel/wire_tap.h"
 
 namespace keel {
 namespace {
@@ -24,24 +25,8 @@ using detail::Clock;
 using detail::Fd;
 using detail::IoResult;
 
-// Every byte waiting on `fd` (what an intruder on the path reads).
-std::string drain(int fd) {
-  std::string out;
-  char buf[65536];
-  for (;;) {
-    ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-    if (n <= 0) return out;
-    out.append(buf, size_t(n));
-  }
-}
-
-std::string pattern(size_t n) {
-  const std::string unit = "the weights of a model that must not walk out of the job. ";
-  std::string s;
-  while (s.size() < n) s += unit;
-  s.resize(n);
-  return s;
-}
+using test::drain;
+using test::pattern;
 
 // A backup pushed through an intruder's relay that alters one byte of the payload: the holder
 // refuses the connection and keeps what it held; the snapshot never shows on the wire.

@@ -17,6 +17,7 @@
 #include "parallel/peer_auth.h"
 #include "parallel/socket_util.h"
 #include "parallel/tcp_store.h"
+#include "tests/parallel/wire_tap.h"
 
 namespace keel {
 namespace {
@@ -58,24 +59,8 @@ Pair tcp_pair() {
   return {std::move(c), Fd(s)};
 }
 
-// Every byte waiting on `fd` (what an intruder on the path reads).
-std::string drain(int fd) {
-  std::string out;
-  char buf[65536];
-  for (;;) {
-    ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-    if (n <= 0) return out;
-    out.append(buf, size_t(n));
-  }
-}
-
-std::string pattern(size_t n) {
-  const std::string unit = "the weights of a model that must not walk out of the job. ";
-  std::string s;
-  while (s.size() < n) s += unit;
-  s.resize(n);
-  return s;
-}
+using test::drain;
+using test::pattern;
 
 TEST(SealedChannel, OneMachineIsLeftPlainUnlessThePolicySaysAlways) {
   Pair t = tcp_pair();
