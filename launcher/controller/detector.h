@@ -60,6 +60,7 @@ class Detector {
   int64_t last_min_step_ = -1;
   Clock::time_point last_advance_ = Clock::now();
   Clock::time_point stacks_for_stall_{};  // the stall (last_advance_) whose stacks were taken
+  Clock::time_point next_hang_check_{};   // hang() judges no more often than kHangCheckEvery
 };
 
 }  // namespace keel
