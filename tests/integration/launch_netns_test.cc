@@ -270,12 +270,13 @@ TEST_F(LaunchNetns, PartitionedMachineIsReplacedByAStandby) {
 
   NetnsLab lab(4);
   const std::string dir = temp_dir("netns-swap");
-  // Paced after the swap (rank 0 sleeps 700 ms a step, numbers unchanged) so that the job
-  // outlives the cut-off member's grace (kCutOffMemberGrace, 10 s): removed at once, that
-  // member held etcd's leader 5 s and cost the quorum for 10 s or more.
+  // Paced after the swap (rank 0 sleeps 1 s a step, numbers unchanged) so that the job
+  // outlives the cut-off member's grace (kCutOffMemberGrace, 10 s) and its replacement's
+  // start (seconds on a loaded machine: at 700 ms a step the job ended first in a suite run):
+  // removed at once, that member held etcd's leader 5 s and cost the quorum for 10 s or more.
   NetJob job(&lab, dir,
              {"--standby", "1", "--set", "detect.slot_timeout_ms=1000", "--fault",
-              "partition@step=10,rank=2", "--fault", "slow@step=12,rank=0,delay_ms=700", "--set",
+              "partition@step=10,rank=2", "--fault", "slow@step=12,rank=0,delay_ms=1000", "--set",
               "detect.slow_round_steps=0"},
              4);
   const int code = job.wait({}, 120);
