@@ -79,9 +79,13 @@ control::StacksReply ControllerContext::capture_stacks(const std::string& name) 
 }
 
 int64_t store_incident(const ControllerContext& ctx, const report::Incident& inc) {
-  const int64_t n = ctx.store->add(keys::kIncidentCount, 1) - 1;
+  // The record first, then the count: a controller killed between the two leaves a record
+  // past the count, which the next leader counts (repair_incidents), never a counted
+  // incident without its record. Only the leader writes incidents, so the index is its own.
+  const int64_t n = ctx.store->add(keys::kIncidentCount, 0);
   if (ctx.o->state) ctx.o->state->incident(n, inc);
   set_message(*ctx.store, keys::incident_key(n), inc);
+  ctx.store->add(keys::kIncidentCount, 1);
   return n;
 }
 

@@ -35,7 +35,14 @@ void Controller::Impl::take_over() {
 }
 
 void Controller::Impl::repair_incidents() {
-  const int64_t n = store->add(keys::kIncidentCount, 0);
+  // A record past the count: the controller before this one wrote it and died before it
+  // counted it (store_incident writes the record first).
+  int64_t n = store->add(keys::kIncidentCount, 0);
+  while (try_get_message<report::Incident>(*store, keys::incident_key(n)) ||
+         (o.state && o.state->incident_record(n))) {
+    n = store->add(keys::kIncidentCount, 1);
+    LOG(WARNING) << "incident " << n << " was recorded but not counted: counted now";
+  }
   int newest_epoch = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (auto have = try_get_message<report::Incident>(*store, keys::incident_key(i))) {
