@@ -1,21 +1,10 @@
 // The backup client (ckpt/backup_service.h); its wire format is ckpt/backup_wire.h.
 #include "ckpt/backup_service.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <memory>
-#include <mutex>
-#include <thread>
-#include <vector>
+#include <string>
 
 #include "ckpt/backup_wire.h"
 #include "ckpt/checksum.h"
@@ -25,7 +14,6 @@
 #include "parallel/peer_auth.h"
 #include "parallel/sealed_channel.h"
 #include "parallel/tcp_store.h"
-#include "runtime/logging.h"
 
 namespace keel {
 

@@ -10,21 +10,20 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "ckpt/backup_wire.h"
 #include "ckpt/checksum.h"
 #include "ckpt/snapshot_region.h"
-#include "model/train_state.h"
-#include "parallel/comm_error.h"
 #include "parallel/peer_auth.h"
 #include "parallel/sealed_channel.h"
-#include "parallel/tcp_store.h"
+#include "parallel/socket_util.h"
 #include "runtime/logging.h"
 
 namespace keel {

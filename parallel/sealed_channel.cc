@@ -20,7 +20,6 @@ namespace {
 
 std::atomic<SealPolicy> g_policy{SealPolicy::kBetweenMachines};
 
-constexpr size_t kHeaderBytes = 4;
 constexpr size_t kNonceBytes = 12;
 
 bool read_name(int fd, bool peer, sockaddr_storage* ss) {

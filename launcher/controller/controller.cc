@@ -99,7 +99,8 @@ void Controller::Impl::pump() {
                  << (r.more ? detail::concat(" (and ", r.more, " more)") : std::string());
   }
   // This process's own TCP servers (the rendezvous store of a job without etcd).
-  note_tcp_refusals(getpid(), "the controller", auth_refusals());
+  if (const int64_t refused = auth_refusals(); refused > 0)
+    note_tcp_refusals(getpid(), "the controller", refused);
 }
 
 void Controller::Impl::note_tcp_refusals(int64_t pid, const std::string& who, int64_t total) {

@@ -62,24 +62,6 @@ bool wait_for(const std::function<bool()>& done, std::chrono::milliseconds timeo
   return true;
 }
 
-// Starts `argv` as the leader of a session of its own, output into `log`.
-pid_t start(const std::vector<std::string>& argv, const std::string& log) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    setsid();
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
-}
-
 // Exit code of a reaped status (128 + signal when killed).
 int exit_code(int status) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -203,7 +185,7 @@ void start_and_lose_slot0(SlotsJob* j, const std::string& name, int slots,
   common.insert(common.end(), extra.begin(), extra.end());
   std::vector<std::string> argv0 = {bin("keel-launch"), "--slots", std::to_string(slots)};
   argv0.insert(argv0.end(), common.begin(), common.end());
-  j->slot0 = start(argv0, j->dir + "/slot0.log");
+  j->slot0 = start_session(argv0, j->dir + "/slot0.log");
   j->leaders = {j->slot0};
   ASSERT_TRUE(wait_for(
       [&] {
@@ -218,7 +200,7 @@ void start_and_lose_slot0(SlotsJob* j, const std::string& name, int slots,
     std::vector<std::string> argv = {bin("keel-launch"), "--join", j->endpoint, "--slot",
                                      std::to_string(k),  "--job",  j->job};
     argv.insert(argv.end(), common.begin(), common.end());
-    j->joined[k] = start(argv, j->dir + "/slot" + std::to_string(k) + ".log");
+    j->joined[k] = start_session(argv, j->dir + "/slot" + std::to_string(k) + ".log");
     j->leaders.push_back(j->joined[k]);
   }
   // Every rank has trained a step, by the controller's own account.
@@ -437,7 +419,7 @@ TEST(ControllerLoss, ResumeSaysWhatIsMissing) {
 TEST(ProcessNames, LaunchedSlotsAndWorkersShowWhatTheyAre) {
   const std::string dir = temp_dir("process-names");
   const std::string cfg = write_config(dir, {{"parallel", "tp: 2 dp: 2"}});
-  const pid_t root = start(
+  const pid_t root = start_session(
       {bin("keel-launch"), "--local", "2", "--workers-per-slot", "2", "--quiet", "--config", cfg,
        "--run-dir", dir + "/runs", "--set", "train.steps=100000", "--set", "train.eval_every=0"},
       dir + "/launch.log");
@@ -519,9 +501,9 @@ TEST(ProcessNames, LaunchedSlotsAndWorkersShowWhatTheyAre) {
 TEST(ProcessNames, NprocSupervisorAndRanksShowWhatTheyAre) {
   const std::string dir = temp_dir("process-names-nproc");
   const std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
-  const pid_t root = start({bin("keel-worker"), "--nproc", "2", "--quiet", "--config", cfg, "--set",
-                            "train.steps=100000", "--set", "train.eval_every=0"},
-                           dir + "/nproc.log");
+  const pid_t root = start_session({bin("keel-worker"), "--nproc", "2", "--quiet", "--config", cfg,
+                                    "--set", "train.steps=100000", "--set", "train.eval_every=0"},
+                                   dir + "/nproc.log");
   std::vector<pid_t> ranks;
   // Two ranks, each past its exec (a forked child shows its parent's command line first).
   const bool up = wait_for(

@@ -98,16 +98,7 @@ inline LaunchRun run_launch(const std::string& dir, const std::string& cmd,
   LaunchRun r;
   const std::string log = dir + "/launch.log";
   const auto t0 = Clock::now();
-  pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    setsid();
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  const pid_t pid = start_session({"/bin/sh", "-c", "exec " + cmd}, log);
   int status = 0;
   while (waitpid(pid, &status, WNOHANG) == 0) {
     if (poll) poll(pid);

@@ -159,6 +159,13 @@ double event_time(const std::string& events, const std::string& kind) {
   return 0;
 }
 
+// The job's shared memory on every machine is gone (what is left is counted, then removed).
+void expect_no_shm_left(LaunchRun* r) {
+  r->leftover_shm = job_shm(r->job);
+  EXPECT_TRUE(r->leftover_shm.empty()) << r->leftover_shm[0];
+  for (const auto& p : r->leftover_shm) fs::remove(p);
+}
+
 // Machine 2 loses its launcher and workers at step 10; with on_slot_loss = wait the job
 // parks until slot 2's launcher is started again, restores slot 2's ranks from their backups
 // on slot 0 and ends bit for bit where the fault-free job ends.
@@ -252,9 +259,7 @@ TEST_F(LaunchNetns, PartitionedMachineIsDetectedAndReported) {
   EXPECT_TRUE(machine_empties(lab, 2)) << "machine 2\n" << job.output(2);
   lab.kill_machine(1);
   EXPECT_TRUE(lab.processes_in(1).empty());
-  r.leftover_shm = job_shm(r.job);
-  EXPECT_TRUE(r.leftover_shm.empty()) << r.leftover_shm[0];
-  for (const auto& p : r.leftover_shm) fs::remove(p);
+  expect_no_shm_left(&r);
 }
 
 // Hot swap across machines (issue: standbys): machine 1's network is cut; it is evicted
@@ -315,9 +320,7 @@ TEST_F(LaunchNetns, PartitionedMachineIsReplacedByAStandby) {
   EXPECT_TRUE(event_data(r.events, "takeover").empty()) << r.events;
   for (int i : {0, 2, 3}) EXPECT_TRUE(machine_empties(lab, i)) << "machine " << i;
   lab.kill_machine(1);  // cut off, alive by design
-  r.leftover_shm = job_shm(r.job);
-  EXPECT_TRUE(r.leftover_shm.empty()) << r.leftover_shm[0];
-  for (const auto& p : r.leftover_shm) fs::remove(p);
+  expect_no_shm_left(&r);
 }
 
 // The leader's machine cut off (issue 28): machine 0 runs the job's first controller, and its
@@ -384,9 +387,7 @@ TEST_F(LaunchNetns, PartitionedLeaderIsFencedAndAnotherCarriesTheJobOn) {
                              .others = "memory"});
   }
   for (int i : {0, 1, 2, 3}) EXPECT_TRUE(machine_empties(lab, i)) << "machine " << i;
-  r.leftover_shm = job_shm(r.job);
-  EXPECT_TRUE(r.leftover_shm.empty()) << r.leftover_shm[0];
-  for (const auto& p : r.leftover_shm) fs::remove(p);
+  expect_no_shm_left(&r);
 }
 
 }  // namespace

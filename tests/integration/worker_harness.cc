@@ -132,6 +132,23 @@ std::vector<pid_t> session_processes(pid_t sid) {
   return out;
 }
 
+pid_t start_session(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    setsid();
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
 namespace {
 JobRun run_program(const std::string& dir, const std::string& cmd,
                    const std::function<void(pid_t)>& poll, int timeout_s);
@@ -164,17 +181,7 @@ JobRun run_program(const std::string& dir, const std::string& command,
   const std::set<std::string> shm_before = keel_shm();
   const std::string report = dir + "/report.json", log = dir + "/job.log";
   std::filesystem::remove(report);
-  const std::string cmd = "exec " + command;
-  pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    setsid();
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  const pid_t pid = start_session({"/bin/sh", "-c", "exec " + command}, log);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   int status = 0;
   while (waitpid(pid, &status, WNOHANG) == 0) {

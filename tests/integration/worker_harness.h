@@ -75,6 +75,10 @@ JobRun run_launch_job(const std::string& dir, const std::string& args,
 std::string launched_job_dir(const std::string& dir);
 int launched_job_step(const std::string& job_dir);
 
+// Starts argv (argv[0] a path) as the leader of a session of its own, its stdout and
+// stderr into `log` (truncated), so that kill(-pid, sig) reaches all it starts.
+pid_t start_session(const std::vector<std::string>& argv, const std::string& log);
+
 // Processes whose session id is `sid` (field 6 of /proc/PID/stat), zombies aside.
 std::vector<pid_t> session_processes(pid_t sid);
 // Waits until the session `sid` has no process left or `deadline` passes; returns those left
