@@ -174,6 +174,8 @@ void UpdateManager::decide(int64_t ahead) {
   }
   if (plan_.mode() == report::lazy) {
     phase_ = Phase::kStaged;  // with the next recovery
+    LOG(INFO) << "update " << n << " checked by every rank; it waits for the next recovery";
+    ctx_.event("update", EventFields().add("id", int(n)).add("outcome", "staged"));
     return;
   }
   // A step every rank is still before.

@@ -49,6 +49,19 @@ struct Ctl {
   std::string out;
 };
 
+// Runs keel-ctl with --run added; its exit status and what it printed.
+Ctl run_ctl(const std::string& dir, const std::string& job_dir, const std::string& command) {
+  const std::string out = dir + "/ctl.out";
+  Ctl c;
+  c.rc = std::system(
+      (bin_dir() + "/keel-ctl " + command + " --run " + job_dir + " > " + out + " 2>&1").c_str());
+  std::ifstream in(out);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  c.out = ss.str();
+  return c;
+}
+
 // Runs the job; once it has done `at` steps, runs each keel-ctl command (with --run added).
 // Paces a job (rank 0 sleeps 10 ms a step: 300 steps take 3 s at least) whose commands must
 // land between given steps: unpaced, this job runs 60-90 steps a second on 2 cores, and a
@@ -68,17 +81,8 @@ JobRun run_with(const std::string& dir, const std::string& extra,
         if (next >= commands.size()) return;
         if (job_dir.empty()) job_dir = launched_job_dir(dir);
         if (job_dir.empty() || launched_job_step(job_dir) < at) return;
-        for (; next < commands.size(); ++next) {
-          const std::string out = dir + "/ctl" + std::to_string(next) + ".out";
-          Ctl& c = (*results)[next];
-          c.rc = std::system((bin_dir() + "/keel-ctl " + commands[next] + " --run " + job_dir +
-                              " > " + out + " 2>&1")
-                                 .c_str());
-          std::ifstream in(out);
-          std::stringstream ss;
-          ss << in.rdbuf();
-          c.out = ss.str();
-        }
+        for (; next < commands.size(); ++next)
+          (*results)[next] = run_ctl(dir, job_dir, commands[next]);
       },
       300);
 }
@@ -178,26 +182,49 @@ TEST(HotUpdate, APluginThatDoesNotFitTheStateIsRefused) {
 
 TEST(HotUpdate, ALazyUpdateRidesTheNextRecovery) {
   std::string dir = temp_dir("update-lazy");
-  std::vector<Ctl> ctl;
-  JobRun r = run_with(dir, kPaced,
-                      {"update --lazy --plugin " + bin_dir() + "/libkeel_gpt_proxy.so",
-                       "inject crash@step=150,rank=3"},
-                      &ctl);
-  ASSERT_EQ(ctl[0].rc, 0) << ctl[0].out;
-  ASSERT_EQ(ctl[1].rc, 0) << ctl[1].out;
+  // The crash is injected only once every rank has checked the update (its `staged` event),
+  // some steps ahead of the job: a crash injected beside the request could come before the
+  // checks on a loaded machine, and that recovery would rightly go without the update.
+  Ctl update, inject;
+  int64_t crash_step = -1;
+  std::string job_dir;
+  const JobRun r = run_launch_job(
+      dir, job_args(dir, " --fault slow@step=0,rank=0,delay_ms=20 --set detect.slow_round_steps=0"),
+      [&](pid_t) {
+        if (crash_step >= 0) return;
+        if (job_dir.empty()) job_dir = launched_job_dir(dir);
+        if (job_dir.empty()) return;
+        const int step = launched_job_step(job_dir);
+        if (update.rc < 0) {
+          if (step >= 20)
+            update = run_ctl(dir, job_dir,
+                             "update --lazy --plugin " + bin_dir() + "/libkeel_gpt_proxy.so");
+          return;
+        }
+        if (step < 0 || !contains(read_text(job_dir + "/events.jsonl"), "\"outcome\":\"staged\""))
+          return;
+        crash_step = step + 40;
+        inject =
+            run_ctl(dir, job_dir, "inject crash@step=" + std::to_string(crash_step) + ",rank=3");
+      },
+      300);
+  ASSERT_EQ(update.rc, 0) << update.out;
+  ASSERT_GE(crash_step, 0) << "the update was never staged\n"
+                           << read_text(job_dir + "/events.jsonl");
+  ASSERT_EQ(inject.rc, 0) << inject.out;
   expect_bitwise_and_whole(r);
   const std::vector<std::string> ups = json_object_array(r.report, "updates");
   ASSERT_EQ(ups.size(), 1u) << r.report;
   EXPECT_EQ(json_string_field(ups[0], "outcome"), "applied") << ups[0];
   EXPECT_EQ(json_string_field(ups[0], "mode"), "lazy") << ups[0];
-  EXPECT_EQ(json_string_field(ups[0], "applied_step"), "150") << ups[0];
-  // The recovery it rode: rank 3 crashed as it began step 150 and was restarted in its slot
-  // with the new code, loading step 150 from its own snapshot; no other rank could complete
-  // step 150 without it, so each went on from its live state, not from step 0.
+  EXPECT_EQ(json_string_field(ups[0], "applied_step"), std::to_string(crash_step)) << ups[0];
+  // The recovery it rode: rank 3 crashed as it began the crash step and was restarted in its
+  // slot with the new code, loading that step from its own snapshot; no other rank could
+  // complete the step without it, so each went on from its live state, not from step 0.
   const std::vector<std::string> crash = incidents_of(r, "crash");
   ASSERT_EQ(crash.size(), 1u) << r.report;
   EXPECT_EQ(json_number_field(crash[0], "rank"), 3) << crash[0];
-  expect_restored(crash[0], {.step = 150,
+  expect_restored(crash[0], {.step = int(crash_step),
                              .from = "memory",
                              .world = 8,
                              .ranks = {{3, "own_snapshot"}},
