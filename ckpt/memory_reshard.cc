@@ -35,7 +35,8 @@ void load_state_from_memory(const ShardedLayout& from, const ShardedLayout& to, 
       if (!c) c = std::make_unique<BackupClient>(src.addr, timeout);
       std::string why;
       try {
-        if (c->fetch_range(r.src_rank, step, s.fingerprint, offset, bytes, out, &why)) return;
+        const int owner = src.copy_of >= 0 ? src.copy_of : r.src_rank;
+        if (c->fetch_range(owner, step, s.fingerprint, offset, bytes, out, &why)) return;
       } catch (const BackupError& e) {
         why = e.what();
       }

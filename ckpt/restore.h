@@ -47,6 +47,10 @@ RestoreResult restore_state(TrainState& state, int64_t step, SnapshotRegion* own
 struct BackupSource {
   std::string addr;
   int rank = -1;
+  // load_state_from_memory (ckpt/memory_reshard.h): the rank whose copy this server gives for
+  // the one asked for, when another's is the same state (a DP replica without ZeRO-1);
+  // -1: the asked rank's own.
+  int copy_of = -1;
 };
 // The same with several servers, tried in order after `own`: a replay on another machine asks
 // the rank's holder, then the rank's own server, which serves the rank's own snapshots.

@@ -22,6 +22,7 @@ class Topology {
   int pp() const { return pp_; }
   int dp() const { return dp_; }
   int world_size() const { return tp_ * pp_ * dp_; }
+  bool operator==(const Topology&) const = default;
 
   Coord coord(int rank) const;
   int rank(Coord c) const;

@@ -554,6 +554,14 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
             "recovery.on_no_standby", Raw{"shrink_dp"},
             "needs recovery.mode = hot_swap, not restart_all (restart_all restarts every rank "
             "in the full layout; it cannot drop a replica)");
+  v.require(rc.on_no_standby() != RC::reshape || rc.mode() == RC::hot_swap,
+            "recovery.on_no_standby", Raw{"reshape"},
+            "needs recovery.mode = hot_swap, not " + mode +
+                " (the survivors re-lay their state out from each other's memory)");
+  v.require(rc.on_no_standby() != RC::reshape || cfg.checkpoint().snapshot_every_step(),
+            "recovery.on_no_standby", Raw{"reshape"},
+            "needs checkpoint.snapshot_every_step = true (the new layout is read from the "
+            "ranks' snapshots in memory)");
 
   const auto& r = cfg.runtime();
   v.require(

@@ -64,6 +64,12 @@ inline std::string first_step_key(int epoch) {
 inline std::string backup_addr_key(int epoch, int rank) {
   return detail::join("backup_addr/", epoch, rank);
 }
+// Set by rank r of epoch E's layout once it has read its state from the old layout's copies
+// (a reshape): store::Step, its step, or -1 when it could not. The old servers close after
+// every rank's.
+inline std::string reshard_read_key(int epoch, int rank) {
+  return epoch_prefix(epoch) + "reshard_read/" + std::to_string(rank);
+}
 // The prefixes of epoch E's keys that nothing reads once every rank has left it.
 inline std::string ack_prefix(int epoch) {
   return detail::join("ack/", epoch) + "/";

@@ -1,8 +1,8 @@
 // The verdict of stop-time diagnostics (DESIGN.md, Failure handling, rung 2): when a failure
 // names no culprit (every rank saw a communication error, no process died), the controller
 // stands a fresh process in for each rank of the suspect slots and for every peer of their
-// TP, PP and DP groups (launcher/worker/diagnose_worker.h). Each runs the device GEMM self-check, the
-// golden mini-GPT and one collective test per group, and answers with a report::Diagnostic.
+// TP, PP and DP groups (launcher/worker/diagnose_worker.h). Each runs the device GEMM self-check,
+// the golden mini-GPT and one collective test per group, and answers with a report::Diagnostic.
 // This decides, from those answers alone, which suspect slots fail. Pure code;
 // launcher/controller/controller_diagnose.cc runs the processes.
 #pragma once

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ckpt/backup_placement.h"
+#include "robust/reshape_plan.h"
 #include "runtime/check.h"
 
 namespace keel::policy {
@@ -423,6 +424,28 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
         }
         return sp;
       }
+      case config::RecoveryConfig::reshape: {
+        // Dropping a replica keeps every survivor's state as it is: that first, where it can.
+        if (!o.zero1) {
+          Plan sp = shrink(restart, v, have, o, evict);
+          if (sp.kind == Plan::Kind::kRecover) {
+            sp.evict.assign(evict.begin(), evict.end());
+            sp.kill.insert(p.kill.begin(), p.kill.end());
+            return sp;
+          }
+        }
+        std::set<int> gone(evict.begin(), evict.end());
+        gone.insert(lost_slots.begin(), lost_slots.end());
+        Plan rp = plan_reshape(
+            restart, v,
+            usable(have, topo, v, restart, moved, gone, replicas_hold_backups(topo, o.zero1)), o,
+            gone);
+        if (rp.kind == Plan::Kind::kRecover) {
+          rp.evict.assign(evict.begin(), evict.end());
+          rp.kill.insert(p.kill.begin(), p.kill.end());
+        }
+        return rp;
+      }
       case config::RecoveryConfig::wait:
         return wait(detail::concat("slot ", s,
                                    " is out and no standby is ready; waiting "
@@ -507,12 +530,16 @@ const char* plan_rung_name(PlanRung r) {
       return "shrink";
     case PlanRung::kGrow:
       return "grow";
+    case PlanRung::kReshape:
+      return "reshape";
   }
   return "reattempt";
 }
 
 bool can_grow(const ClusterView& v, const Options& o) {
   const Topology& topo = v.topo;
+  if (o.recovery.on_no_standby() == config::RecoveryConfig::reshape)
+    return reshape_growth(v, o).has_value();
   return o.recovery.on_no_standby() == config::RecoveryConfig::shrink_dp &&
          topo.dp() < v.configured_dp && v.has_slots() &&
          int(v.ready_standbys.size()) * v.workers_per_slot >= topo.tp() * topo.pp();
@@ -521,6 +548,8 @@ bool can_grow(const ClusterView& v, const Options& o) {
 std::optional<Plan> decide_grow(const ClusterView& v, const std::map<int, Holdings>& have,
                                 const Options& o) {
   const Topology& topo = v.topo;
+  if (o.recovery.on_no_standby() == config::RecoveryConfig::reshape)
+    return plan_reshape_grow(v, have, o);
   if (!can_grow(v, o)) return std::nullopt;
   Plan p;
   p.rung = PlanRung::kGrow;

@@ -24,7 +24,8 @@
 //                                            (without slots its rank restarts); everyone
 //                                            rolls back to the newest verified step; with
 //                                            no culprit named, only the rollback;
-//   no standby ready                         recovery.on_no_standby: fail, wait, shrink_dp.
+//   no standby ready                         recovery.on_no_standby: fail, wait, shrink_dp,
+//                                            reshape (robust/reshape_plan.h).
 // in_place never evicts (a lost slot: detect.on_slot_loss fail | wait). restart_all stops every
 // rank and restarts all of them from the newest persistent checkpoint, placing a lost slot's
 // ranks on a standby. The restore point is the newest step every rank holds in memory, in
@@ -34,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -105,6 +107,10 @@ struct Options {
   bool zero1 = false;
   int micro_batch = 1, global_batch = 1;
   int64_t persistent_step = -1;  // newest complete persistent checkpoint (-1: none)
+  // on_no_standby = reshape: the job's layout as configured (unset: the current one), and
+  // why the model cannot be laid out as a given layout ("" when it can; unset: any can).
+  std::optional<Topology> configured;
+  std::function<std::string(const Topology&)> layout_invalid;
 };
 
 // Where the job restores from.
@@ -126,8 +132,17 @@ RestorePoint restore_point(const std::map<int, Holdings>& have, int world, int64
 // decision is robust/ladder.h's Rung): restart the culprit in place, evict its slot for a
 // standby, reattempt in place, roll back, restart every rank, shrink or grow data
 // parallelism.
-enum class PlanRung { kRestart, kEvict, kReattempt, kRollback, kRestartAll, kShrink, kGrow };
-// "restart", "evict", "reattempt", "rollback", "restart_all", "shrink", "grow": the
+enum class PlanRung {
+  kRestart,
+  kEvict,
+  kReattempt,
+  kRollback,
+  kRestartAll,
+  kShrink,
+  kGrow,
+  kReshape
+};
+// "restart", "evict", "reattempt", "rollback", "restart_all", "shrink", "grow", "reshape": the
 // incident's rung field.
 const char* plan_rung_name(PlanRung r);
 
@@ -147,8 +162,8 @@ struct Plan {
   std::set<int> restart;                 // ranks (ids of the next epoch) to start
   std::vector<int> evict;                // slots taken out of the job
   std::map<int, int> promote;            // evicted slot -> standby slot that takes its ranks
-  std::vector<int> retire_slots;         // slots left without ranks (shrink): become standbys
-  std::optional<Topology> next_topo;     // shrink / grow
+  std::vector<int> retire_slots;         // slots left without ranks (shrink, reshape): standbys
+  std::optional<Topology> next_topo;     // shrink / grow / reshape
   std::map<int, int> renumber;           // old -> new id for every rank that stays
   std::vector<int> new_ranks;            // grow: the ranks of the new replica
   RestorePoint restore;

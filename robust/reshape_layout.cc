@@ -10,10 +10,6 @@ namespace keel::policy {
 
 namespace {
 
-std::string name(const Topology& t) {
-  return detail::concat("TP", t.tp(), "xPP", t.pp(), "xDP", t.dp());
-}
-
 // Larger is better: the order of the file comment's preferences.
 std::tuple<int, int, int, int> rank_of(const Topology& t, const ReshapeRequest& r) {
   // A share smaller than the configured one is no better: the configured layout had room.
@@ -23,6 +19,10 @@ std::tuple<int, int, int, int> rank_of(const Topology& t, const ReshapeRequest& 
 }
 
 }  // namespace
+
+std::string layout_label(const Topology& t) {
+  return detail::concat("TP", t.tp(), "xPP", t.pp(), "xDP", t.dp());
+}
 
 std::optional<ReshapeChoice> choose_reshape(const ReshapeRequest& r, std::string* why_not) {
   KEEL_CHECK(r.workers_per_slot >= 1 && r.micro_batch >= 1 && r.global_batch >= 1,
@@ -40,7 +40,7 @@ std::optional<ReshapeChoice> choose_reshape(const ReshapeRequest& r, std::string
         if (r.invalid) {
           const std::string why = r.invalid(t);
           if (!why.empty()) {
-            if (first_refusal.empty()) first_refusal = name(t) + ": " + why;
+            if (first_refusal.empty()) first_refusal = layout_label(t) + ": " + why;
             continue;
           }
         }
@@ -60,9 +60,9 @@ std::optional<ReshapeChoice> choose_reshape(const ReshapeRequest& r, std::string
   c.slots = best->world_size() / r.workers_per_slot;
   const bool back = best->world_size() == r.configured.world_size() &&
                     best->tp() == r.configured.tp() && best->pp() == r.configured.pp();
-  c.why = detail::concat(name(*best), " on ", c.slots, " of ", r.live_slots, " slot(s)",
+  c.why = detail::concat(layout_label(*best), " on ", c.slots, " of ", r.live_slots, " slot(s)",
                          back ? " (the configured layout)"
-                              : detail::concat(" (configured ", name(r.configured), ", ",
+                              : detail::concat(" (configured ", layout_label(r.configured), ", ",
                                                r.global_batch / (r.micro_batch * best->dp()),
                                                " micro-batch(es) per replica a step)"));
   return c;

@@ -41,6 +41,9 @@ struct ReshapeChoice {
   std::string why;  // one line for the incident: what was chosen and why
 };
 
+// "TP2xPP1xDP1": how incidents and refusals name a layout.
+std::string layout_label(const Topology& t);
+
 // The layout to take, or nullopt with `*why_not` naming the rule nothing passed (e.g. "no
 // layout of at most 2 ranks keeps train.global_batch_size = 16 with micro-batches of 4 and
 // fits the model").

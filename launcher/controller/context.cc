@@ -2,10 +2,12 @@
 
 #include <cstdio>
 
+#include "ckpt/checkpoint_reshard.h"
 #include "ckpt/persistent_checkpoint.h"
 #include "launcher/controller/etcd_control_state.h"
 #include "launcher/controller/stack_report.h"
 #include "launcher/job_env.h"
+#include "model/plugin_loader.h"
 #include "proto/store_keys.h"
 
 namespace keel {
@@ -54,6 +56,12 @@ policy::Options ControllerContext::policy_options(bool with_checkpoint) const {
   po.zero1 = o->cfg.parallel().zero1();
   po.micro_batch = o->cfg.train().micro_batch_size();
   po.global_batch = o->cfg.train().global_batch_size();
+  po.configured = Topology(o->cfg.parallel().tp(), o->cfg.parallel().pp(), o->cfg.parallel().dp());
+  if (po.recovery.on_no_standby() == config::RecoveryConfig::reshape) {
+    // Loaded once: growing back asks every 200 ms.
+    if (!layout_check) layout_check = layout_checker();
+    po.layout_invalid = layout_check;
+  }
   const auto& ck = o->cfg.checkpoint();
   if (with_checkpoint && ck.persistent_every_steps() > 0) {
     const Topology& topo = members->topo();
@@ -70,6 +78,32 @@ policy::Options ControllerContext::policy_options(bool with_checkpoint) const {
     }
   }
   return po;
+}
+
+std::function<std::string(const Topology&)> ControllerContext::layout_checker() const {
+  // The plugin's own parameter tables say which layouts it allows (a third-party plugin's
+  // rules as much as the GPT's). An update must fit the running state's tables, so the
+  // configured plugin answers for whichever is in force. A private copy: the ranks' file
+  // may be replaced meanwhile.
+  std::shared_ptr<Plugin> plugin;
+  std::string load_error;
+  try {
+    plugin = Plugin::load_copy(o->cfg.model().plugin());
+  } catch (const std::exception& e) {
+    load_error = e.what();
+  }
+  const config::JobConfig cfg = o->cfg;
+  return [plugin, load_error, cfg](const Topology& t) -> std::string {
+    if (!plugin) return "the plugin cannot be loaded to check the layout: " + load_error;
+    if (cfg.parallel().stage_layers_size() > 0 && t.pp() != cfg.parallel().pp())
+      return detail::concat("parallel.stage_layers fixes pp at ", cfg.parallel().pp());
+    try {
+      sharded_layout(*plugin, cfg, t);
+      return "";
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  };
 }
 
 control::StacksReply ControllerContext::capture_stacks(const std::string& name) const {

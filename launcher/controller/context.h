@@ -42,6 +42,10 @@ struct ControllerContext {
   // The policy's options; `with_checkpoint` also finds the newest complete persistent
   // checkpoint (reads and verifies it: only when a failure is decided, not on every poll).
   policy::Options policy_options(bool with_checkpoint) const;
+  // recovery.on_no_standby = reshape: why the job's model cannot be laid out as a layout ("" if
+  // it can), from the plugin's own parameter tables.
+  std::function<std::string(const Topology&)> layout_checker() const;
+  mutable std::function<std::string(const Topology&)> layout_check;  // policy_options' copy
   // Captures every worker's stacks into <run_dir>/stacks/<name>/ and groups them
   // (launcher/controller/stack_report.h).
   control::StacksReply capture_stacks(const std::string& name) const;

@@ -138,7 +138,9 @@ struct Controller::Impl {
   // The membership's changes of `plan`, with the host carrying each out.
   void apply_membership(const policy::Plan& plan, Transition* t);
   // Writes rebuild/<E> for the membership's epoch.
-  void write_rebuild(const policy::Plan& plan, const membership::Rebuild* plugin);
+  // `before`: the layout of the epoch before (a reshape's copies are in it).
+  void write_rebuild(const policy::Plan& plan, const membership::Rebuild* plugin,
+                     const Topology* before = nullptr);
   // After a shrink: once standby slots for a whole replica are ready, the job moves to an
   // epoch with one replica more.
   void maybe_grow();

@@ -288,8 +288,16 @@ void Controller::Impl::apply_membership(const policy::Plan& plan, Transition* t)
   if (plan.rung == policy::PlanRung::kShrink)
     LOG(WARNING) << plan.why << ": data parallelism shrinks from " << dp_before << " to "
                  << plan.next_topo->dp() << " replicas (" << plan.action << ")";
-  ctx.event(plan.rung == policy::PlanRung::kGrow ? "grow_dp" : "shrink_dp",
-            EventFields().add("dp", plan.next_topo->dp()));
+  if (plan.rung == policy::PlanRung::kReshape) {
+    LOG(WARNING) << plan.why << ": " << plan.action;
+    ctx.event("reshape", EventFields()
+                             .add("tp", plan.next_topo->tp())
+                             .add("pp", plan.next_topo->pp())
+                             .add("dp", plan.next_topo->dp()));
+  } else {
+    ctx.event(plan.rung == policy::PlanRung::kGrow ? "grow_dp" : "shrink_dp",
+              EventFields().add("dp", plan.next_topo->dp()));
+  }
   if (plan.new_ranks.empty()) return;
   host->refresh();
   if (members.placeable() < int(plan.new_ranks.size())) {
@@ -300,13 +308,20 @@ void Controller::Impl::apply_membership(const policy::Plan& plan, Transition* t)
     host->adopt(p.rank, p.index);
 }
 
-void Controller::Impl::write_rebuild(const policy::Plan& plan, const membership::Rebuild* plugin) {
+void Controller::Impl::write_rebuild(const policy::Plan& plan, const membership::Rebuild* plugin,
+                                     const Topology* before) {
   membership::Rebuild rb;
   *rb.mutable_membership() = members.to_proto();
   rb.set_restore_step(members.epoch() == 0 ? kStartState : plan.restore.step);
   rb.set_source(plan.restore.job_source);
   for (const auto& [a, b] : plan.renumber) (*rb.mutable_renumber())[a] = b;
   for (int r : plan.new_ranks) rb.add_new_ranks(r);
+  if (plan.rung == policy::PlanRung::kReshape && before) {
+    rb.set_reshard(true);
+    rb.mutable_reshard_from()->set_tp(before->tp());
+    rb.mutable_reshard_from()->set_pp(before->pp());
+    rb.mutable_reshard_from()->set_dp(before->dp());
+  }
   rb.set_checkpoint_dir(o.cfg.checkpoint().dir());
   if (plugin) {
     rb.set_plugin_path(plugin->plugin_path());
@@ -331,10 +346,11 @@ void Controller::Impl::record_slots() {
 
 void Controller::Impl::carry_out(const policy::Plan& plan, int next, Transition* t,
                                  const membership::Rebuild* plugin) {
+  const Topology before = members.topo();
   apply_membership(plan, t);
   members.next_epoch(next);
   for (int r : plan.restart) spawn(r, /*restarted=*/true);
-  write_rebuild(plan, plugin);
+  write_rebuild(plan, plugin, &before);
   // Three epochs back: a rank restarted for epoch next-1 may still be starting and read its
   // rebuild; none is left in next-3, whose ranks all acked a later epoch.
   forget_epoch(next - 3);
@@ -354,10 +370,12 @@ void Controller::Impl::maybe_grow() {
   Detected d;
   d.found.set_detected_at(recovery::unix_now());
   d.found.set_kind("grow");
-  d.found.set_detail("grow data parallelism");
+  d.found.set_detail(po.recovery.on_no_standby() == config::RecoveryConfig::reshape
+                         ? "grow back to a larger layout"
+                         : "grow data parallelism");
   const int next = members.epoch() + 1;
   store::Abort abort;
-  abort.set_reason("grow data parallelism");
+  abort.set_reason(d.found.detail());
   set_message(*store, keys::abort_key(next), abort);
   std::map<int, membership::Ack> acks = collect_acks(next, &d);
   std::map<int, policy::Holdings> have;
@@ -376,8 +394,12 @@ void Controller::Impl::maybe_grow() {
   }
   Transition t;
   carry_out(*plan, next, &t);
-  LOG(INFO) << "data parallelism grows back to " << members.topo().dp() << " replicas (epoch "
-            << members.epoch() << ", step " << plan->restore.step << ")";
+  if (plan->rung == policy::PlanRung::kReshape)
+    LOG(INFO) << plan->action << " (epoch " << members.epoch() << ", step " << plan->restore.step
+              << ")";
+  else
+    LOG(INFO) << "data parallelism grows back to " << members.topo().dp() << " replicas (epoch "
+              << members.epoch() << ", step " << plan->restore.step << ")";
 }
 
 void Controller::Impl::forget_epoch(int e) {

@@ -16,16 +16,19 @@ void AppliedMembership::apply(const membership::Membership& m, config::JobConfig
   if (m.tp() < 1 || m.pp() < 1 || m.dp() < 1)
     throw Error(detail::concat("the membership of epoch ", m.epoch(), " has tp", m.tp(), " pp",
                                m.pp(), " dp", m.dp(), ": every size must be at least 1"));
-  if (m.tp() != cfg->parallel().tp() || m.pp() != cfg->parallel().pp())
-    throw Error(detail::concat("the membership of epoch ", m.epoch(), " has tp", m.tp(), " pp",
-                               m.pp(), ", but the job's config has tp", cfg->parallel().tp(), " pp",
-                               cfg->parallel().pp()));
+  // A reshape (recovery.on_no_standby = reshape) changes tp and pp as well: the membership
+  // is the layout. Fixed stages cannot follow another pp (the controller never picks one).
+  if (m.pp() != cfg->parallel().pp() && cfg->parallel().stage_layers_size() > 0)
+    throw Error(detail::concat("the membership of epoch ", m.epoch(), " has pp", m.pp(),
+                               ", but parallel.stage_layers fixes pp", cfg->parallel().pp()));
   const int world = m.tp() * m.pp() * m.dp();
   if (m.rank_slot_size() != 0 && m.rank_slot_size() != world)
     throw Error(detail::concat("the membership of epoch ", m.epoch(), " places ",
                                m.rank_slot_size(), " rank(s), but its layout has ", world));
   m_ = m;
   topo_ = Topology(m.tp(), m.pp(), m.dp());
+  cfg->mutable_parallel()->set_tp(m.tp());
+  cfg->mutable_parallel()->set_pp(m.pp());
   cfg->mutable_parallel()->set_dp(m.dp());
 }
 

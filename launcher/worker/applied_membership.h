@@ -2,7 +2,7 @@
 // of its epoch (rebuild/<E>, proto/membership.proto), or for a rank without a controller the
 // config's layout. The worker keeps exactly one of these and nothing else that says tp, pp,
 // dp or where a rank runs, so no copy of the layout can go stale when the job shrinks or
-// grows its data parallelism.
+// grows its data parallelism or reshapes.
 #pragma once
 
 #include <vector>
@@ -19,9 +19,10 @@ class AppliedMembership {
   static membership::Membership from_config(const config::JobConfig& cfg);
 
   // Takes `m` as the layout from now on. Throws keel::Error when it cannot be one (a size
-  // below 1, a placement that does not cover every rank) or when its tensor or pipeline
-  // parallelism differs from `cfg`'s, which no recovery changes. Sets cfg's parallel.dp to
-  // m's, since the Trainer and the TrainState size themselves from the config.
+  // below 1, a placement that does not cover every rank, a pp that parallel.stage_layers
+  // does not allow). Sets cfg's parallel.tp, pp and dp to m's (a shrink changes dp, a
+  // reshape any of them), since the Trainer and the TrainState size themselves from the
+  // config.
   void apply(const membership::Membership& m, config::JobConfig* cfg);
 
   const membership::Membership& membership() const { return m_; }

@@ -62,9 +62,14 @@ void Worker::take_rebuild(const membership::Rebuild& rb) {
     auto n = rb.renumber().find(o_.rank);
     KEEL_CHECK(n != rb.renumber().end(), "rank ", o_.rank, " is retired in epoch ", epoch(),
                " but still running");
-    relayout(n->second, rb);
+    if (rb.reshard())
+      reshape(n->second, rb);
+    else
+      relayout(n->second, rb);
   } else {
     apply_membership(rb.membership());
+    // A rank started on a standby as the job grows back into a larger layout.
+    if (rb.reshard()) read_old_layout(o_.rank, rb, *state_);
   }
   // The epoch's plugin (a lazy update applied with it, or a rollback of a failed one).
   adopt_plugin(rb.plugin_path(), rb.plugin_hash());
@@ -76,7 +81,7 @@ void Worker::load_epoch(const membership::Rebuild* rb) {
                        checkpoint_layout());
   if (!trainer_) make_trainer();
   // Growing back: every rank of the epoch takes part in its replica's broadcast.
-  const bool grow = rb && rb->new_ranks_size() > 0;
+  const bool grow = rb && rb->new_ranks_size() > 0 && !rb->reshard();
   if (grow) receive_state_from_replica();
   round_meter_.new_epoch();
   if (reporter_) {
@@ -155,14 +160,18 @@ void Worker::relayout(int rank, const membership::Rebuild& rb) {
   restore(rb);  // still under the old layout
   snapshots_->close(o_.rank);
   apply_membership(rb.membership());
-  o_.rank = rank;
-  o_.world_size = members_.topo().world_size();
-  leader_ = rank == 0;
   auto next = make_train_state(cfg_, backend_.get(), *plugin_, members_.topo(), rank);
   std::vector<StateSpan> from = state_->spans(), to = next->spans();
   for (size_t i = 0; i < from.size(); ++i)
     backend_->copy(to[i].data, from[i].data, std::min(from[i].bytes(), to[i].bytes()));
   next->set_step(state_->step());
+  take_id(rank, std::move(next));
+}
+
+void Worker::take_id(int rank, std::unique_ptr<TrainState> next) {
+  o_.rank = rank;
+  o_.world_size = members_.topo().world_size();
+  leader_ = rank == 0;
   trainer_.reset();  // it borrowed the old state
   state_ = std::move(next);
   if (recovery_) recovery_->set_rank(rank);

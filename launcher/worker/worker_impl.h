@@ -146,6 +146,18 @@ class Worker {
   // again (the flat buffers are padded to a multiple of dp); its snapshot names move to the
   // new id after the next rendezvous, when every rank has let go of its old ones.
   void relayout(int rank, const membership::Rebuild& rb);
+  // The job reshaped (recovery.on_no_standby = reshape, launcher/worker/worker_reshape.cc):
+  // this survivor becomes `rank` of another layout. Its new state is read from the old
+  // layout's copies in memory, only the byte ranges it needs (or loaded from the persistent
+  // checkpoint when the Rebuild says so); its old backup server serves the others until
+  // every new rank has read.
+  void reshape(int rank, const membership::Rebuild& rb);
+  // Reads rank `rank`'s state of the applied layout from the copies of the layout before
+  // (rb.reshard_from) in memory, then waits until every rank of the new layout has read.
+  // Nothing when the Rebuild restores a persistent checkpoint. Throws RestoreError.
+  void read_old_layout(int rank, const membership::Rebuild& rb, TrainState& into);
+  // Becomes `rank` of the applied layout with the state `next` (relayout, reshape).
+  void take_id(int rank, std::unique_ptr<TrainState> next);
   CheckpointLayout checkpoint_layout() const;
   Millis comm_timeout() const { return Millis(cfg_.parallel().comm_timeout_ms()); }
   int epoch() const { return epochs_.epoch(); }

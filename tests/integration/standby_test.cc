@@ -256,22 +256,7 @@ TEST(Standby, ShrinkDataParallelismAndGrowBackWhenTheSlotRejoins) {
         std::ifstream log(dir + "/job.log");
         std::string text((std::istreambuf_iterator<char>(log)), {});
         if (!contains(text, "data parallelism shrinks")) return;
-        for (const auto& d : std::filesystem::directory_iterator(dir + "/runs")) {
-          std::ifstream in(d.path() / "controller");
-          std::string endpoint, job;
-          std::getline(in, endpoint);
-          std::getline(in, job);
-          const std::string cmd = bin_dir() + "/keel-launch --join " + endpoint +
-                                  " --slot 1 --job " + job + " --config " + cfg + " --run-dir " +
-                                  dir + "/runs --workers-per-slot 2" + steps;
-          joiner = fork();
-          if (joiner == 0) {
-            setsid();
-            execl("/bin/sh", "sh", "-c", ("exec " + cmd + " > " + dir + "/join.log 2>&1").c_str(),
-                  static_cast<char*>(nullptr));
-            _exit(127);
-          }
-        }
+        joiner = join_slot(dir, 1, "--config " + cfg + " --workers-per-slot 2" + steps);
       });
   int join_status = 0;
   if (joiner > 0) waitpid(joiner, &join_status, 0);

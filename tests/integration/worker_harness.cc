@@ -149,6 +149,23 @@ pid_t start_session(const std::vector<std::string>& argv, const std::string& log
   return pid;
 }
 
+pid_t join_slot(const std::string& dir, int slot, const std::string& args) {
+  std::error_code ec;
+  for (const auto& d : std::filesystem::directory_iterator(dir + "/runs", ec)) {
+    std::ifstream in(d.path() / "controller");
+    std::string endpoint, job;
+    std::getline(in, endpoint);
+    std::getline(in, job);
+    if (job.empty()) continue;
+    return start_session(
+        {"/bin/sh", "-c",
+         "exec " + bin_dir() + "/keel-launch --join " + endpoint + " --slot " +
+             std::to_string(slot) + " --job " + job + " --run-dir " + dir + "/runs " + args},
+        dir + "/join.log");
+  }
+  return -1;
+}
+
 namespace {
 JobRun run_program(const std::string& dir, const std::string& cmd,
                    const std::function<void(pid_t)>& poll, int timeout_s);

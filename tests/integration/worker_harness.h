@@ -79,6 +79,11 @@ int launched_job_step(const std::string& job_dir);
 // stderr into `log` (truncated), so that kill(-pid, sig) reaches all it starts.
 pid_t start_session(const std::vector<std::string>& argv, const std::string& log);
 
+// Starts `keel-launch --join` for slot `slot` of the job started with --run-dir DIR/runs (its
+// endpoint and id from runs/<job>/controller), with `args` (config, workers per slot, ...),
+// in a session of its own, its output into DIR/join.log. -1 before the job has written them.
+pid_t join_slot(const std::string& dir, int slot, const std::string& args);
+
 // Processes whose session id is `sid` (field 6 of /proc/PID/stat), zombies aside.
 std::vector<pid_t> session_processes(pid_t sid);
 // Waits until the session `sid` has no process left or `deadline` passes; returns those left

@@ -44,11 +44,24 @@ TEST(AppliedMembership, StartsFromTheConfigAndFollowsTheRebuild) {
   EXPECT_EQ(a.membership().rank_slot_size(), 4);
 }
 
+TEST(AppliedMembership, AReshapeChangesEveryParallelism) {
+  config::JobConfig cfg = config(2, 2, 1);
+  AppliedMembership a;
+  a.apply(AppliedMembership::from_config(cfg), &cfg);
+  a.apply(layout(2, 1, 1, {0, 0}), &cfg);  // recovery.on_no_standby = reshape
+  EXPECT_EQ(a.topo().world_size(), 2);
+  EXPECT_EQ(cfg.parallel().tp(), 2);
+  EXPECT_EQ(cfg.parallel().pp(), 1);
+  EXPECT_EQ(cfg.parallel().dp(), 1);
+}
+
 TEST(AppliedMembership, RefusesALayoutThatCannotBeTheJobs) {
   config::JobConfig cfg = config(2, 1, 2);
   AppliedMembership a;
   a.apply(AppliedMembership::from_config(cfg), &cfg);
-  EXPECT_THROW(a.apply(layout(1, 1, 4), &cfg), Error);          // tp is the config's
+  cfg.mutable_parallel()->add_stage_layers(2);
+  EXPECT_THROW(a.apply(layout(2, 2, 1), &cfg), Error);  // stage_layers fixes pp
+  cfg.mutable_parallel()->clear_stage_layers();
   EXPECT_THROW(a.apply(layout(2, 1, 0), &cfg), Error);          // no replica
   EXPECT_THROW(a.apply(layout(2, 1, 2, {0, 1}), &cfg), Error);  // two ranks unplaced
   // Refused: nothing changed.

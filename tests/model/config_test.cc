@@ -267,6 +267,12 @@ TEST(ConfigTest, RecoverySettingsTheModeIgnoresAreRefused) {
       {"recovery {\n mode: restart_all\n on_no_standby: shrink_dp\n}",
        "cfg.pbtxt:3: recovery.on_no_standby = shrink_dp: needs recovery.mode = hot_swap, not "
        "restart_all"},
+      {"recovery {\n mode: restart_all\n on_no_standby: reshape\n}",
+       "cfg.pbtxt:3: recovery.on_no_standby = reshape: needs recovery.mode = hot_swap, not "
+       "restart_all"},
+      {"recovery {\n on_no_standby: reshape\n}\ncheckpoint { snapshot_every_step: false }",
+       "cfg.pbtxt:2: recovery.on_no_standby = reshape: needs checkpoint.snapshot_every_step = "
+       "true"},
   };
   for (const auto& r : rules) {
     std::string e = error_of(r.text);
@@ -278,6 +284,7 @@ TEST(ConfigTest, RecoverySettingsTheModeIgnoresAreRefused) {
        {"recovery { mode: in_place } detect { on_slot_loss: wait }",
         "recovery { mode: hot_swap evict: dp_replica on_no_standby: shrink_dp }",
         "recovery { mode: hot_swap on_no_standby: wait }",
+        "recovery { mode: hot_swap on_no_standby: reshape }",
         "recovery { mode: restart_all on_no_standby: wait }", "recovery { mode: in_place }"})
     EXPECT_NO_THROW(parse_config_text(ok, "x", {})) << ok;
 }
