@@ -97,12 +97,16 @@ void memory_verdict(const ProcessWatch& watch, double wall_s, SoakReport* rep) {
   for (const auto& [key, p] : watch.seen()) {
     const pid_t pid = key.first;
     if (p.samples.empty()) continue;
-    const double first = p.samples.front().t, last = p.samples.back().t;
-    if (first > 0.25 * wall_s || last < 0.75 * wall_s) continue;  // not long-lived
+    const double first = p.samples.front().t, last = p.samples.back().t, life = last - first;
+    // Long-lived: through half the run at least. Not from its start to its end: when the
+    // soak loses every machine in turn and kills leaders, no process lives that long, and a
+    // leak per fault still shows in one that lives through half of them. The windows are of
+    // the process's own life (for one alive throughout, the run's quarters).
+    if (life < 0.5 * wall_s) continue;
     std::vector<int64_t> early, late;
     for (const auto& s : p.samples) {
-      if (s.t >= 0.25 * wall_s && s.t < 0.5 * wall_s) early.push_back(s.rss);
-      if (s.t >= 0.75 * wall_s) late.push_back(s.rss);
+      if (s.t >= first + 0.25 * life && s.t < first + 0.5 * life) early.push_back(s.rss);
+      if (s.t >= first + 0.75 * life) late.push_back(s.rss);
     }
     if (early.empty() || late.empty()) continue;
     auto* m = rep->add_processes();

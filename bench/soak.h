@@ -12,8 +12,8 @@
 //     the leader controller from outside (every --soak-kill-controller-every seconds) a
 //     candidate took the job over;
 //   - no process of the job and no shared-memory segment of it is left;
-//   - the resident memory of every long-lived process (alive from the run's first quarter to
-//     its last) stayed flat.
+//   - the resident memory of every long-lived process (alive through half the run at least)
+//     stayed flat from the second quarter of its life to its last.
 // It writes DIR/soak.json (proto/bench.proto SoakReport), DIR/soak-schedule.pbtxt (to repeat
 // it with keel-launch --inject) and DIR/soak-rss.svg, and exits 0 only if every check passed.
 #pragma once

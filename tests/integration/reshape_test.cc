@@ -33,6 +33,17 @@ std::string read_line(int rank, int64_t step, const std::string& layout) {
          layout + " from the old ranks' copies in memory";
 }
 
+// Every loss within the layout tests' fp32 tolerance of the never-reshaped run's `want`, and
+// nothing of the job left behind.
+void expect_close_and_clean(const JobRun& r, const std::vector<double>& want) {
+  std::vector<double> got = json_array_field(r.report, "losses");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_LE(std::abs(got[i] - want[i]) / std::abs(want[i]), 1e-4) << "step " << i;
+  EXPECT_TRUE(r.leftover_shm.empty()) << r.leftover_shm.front();
+  EXPECT_EQ(r.leftover_processes, 0);
+}
+
 void reshape_after_losing_slot_one(const Case& c) {
   // Growing back needs time for slot 1's launcher to start and its standby to check itself:
   // rank 0 paces the job after the loss (only that; the numbers are the same).
@@ -104,12 +115,7 @@ void reshape_after_losing_slot_one(const Case& c) {
   } else {
     EXPECT_EQ(json_string_field(r.report, "layout"), "tp2 pp1 dp1");
   }
-  std::vector<double> got = json_array_field(r.report, "losses");
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_LE(std::abs(got[i] - want[i]) / std::abs(want[i]), 1e-4) << "step " << i;
-  EXPECT_TRUE(r.leftover_shm.empty()) << r.leftover_shm.front();
-  EXPECT_EQ(r.leftover_processes, 0);
+  expect_close_and_clean(r, want);
 }
 
 TEST(Reshape, ASlotLostAtDpOneTheSurvivorsGoOnAtTpTwoAndGrowBack) {
@@ -134,6 +140,41 @@ TEST(Reshape, ZeroOneShardsAreGatheredFromTheLostReplicasBackups) {
       {.name = "reshape-zero1",
        .parallel = "tp: 2 dp: 2 zero1: true",
        .action = "reshape from TP2xPP1xDP2 to TP2xPP1xDP1 on 1 of 1 slot(s)"});
+}
+
+// Four slots of one worker at DP4 with ZeRO-1 and a global batch of 8 (micro-batches of 2):
+// after slot 3 is lost, three slots could hold DP3, which does not split the batch, so the job
+// takes DP2 on slots 0 and 1 and slot 2 retires (its worker stopped, the slot a standby).
+// Rank 2's moment shard was backed up by rank 3, lost with it, and rank 2's own copy goes
+// with its process: memory cannot cover every old rank, so the new layout loads the newest
+// persistent checkpoint (step 20), and the incident says why.
+TEST(Reshape, WhatMemoryCannotCoverComesFromTheCheckpoint) {
+  const std::string dir = temp_dir("reshape-ckpt");
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 4 zero1: true"}});
+  const std::string common = "--config " + cfg +
+                             " --set train.eval_every=0 --set train.steps=40"
+                             " --set checkpoint.persistent_every_steps=10 --set checkpoint.dir=";
+  const JobRun base = run_job(dir, common + dir + "/ckpt-base --nproc 4");
+  ASSERT_EQ(base.exit_code, 0) << base.output;
+  const std::vector<double> want = json_array_field(base.report, "losses");
+  const JobRun r = run_launch_job(dir, common + dir +
+                                           "/ckpt --local 4 --set recovery.on_no_standby=reshape"
+                                           " --fault slot_loss@step=25,rank=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 40);
+  EXPECT_EQ(json_string_field(r.report, "layout"), "tp1 pp1 dp2");
+  const std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_EQ(json_string_field(inc[0], "rung"), "reshape") << inc[0];
+  EXPECT_TRUE(contains(json_string_field(inc[0], "action"),
+                       "reshape from TP1xPP1xDP4 to TP1xPP1xDP2 on 2 of 3 slot(s)"))
+      << inc[0];
+  EXPECT_TRUE(contains(json_string_field(inc[0], "action"), "slot(s) 2 wait as standbys"))
+      << inc[0];
+  EXPECT_EQ(json_string_field(inc[0], "restored_from"), "persistent") << inc[0];
+  EXPECT_EQ(json_number_field(inc[0], "restored_step"), 20) << inc[0];
+  EXPECT_TRUE(contains(json_string_field(inc[0], "why_not_memory"), "rank 2")) << inc[0];
+  expect_close_and_clean(r, want);
 }
 
 }  // namespace

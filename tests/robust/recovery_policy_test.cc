@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "policy_fixtures.h"
+
 namespace keel::policy {
 namespace {
 
@@ -22,17 +24,6 @@ ClusterView view_3d(int standbys_ready, int standbys_pending = 0) {
     (k < standbys_ready ? v.ready_standbys : v.pending_standbys).insert(4 + k);
   }
   return v;
-}
-
-// Every rank holds steps {S-1, S} in its own snapshot and at its holder; survivors hold S live.
-std::map<int, Holdings> holdings(int world, int64_t S, const std::set<int>& dead = {}) {
-  std::map<int, Holdings> h;
-  for (int r = 0; r < world; ++r) {
-    if (!dead.count(r)) h[r].live = S;
-    h[r].own = {S - 1, S};
-    h[r].backup = {S - 1, S};
-  }
-  return h;
 }
 
 Options opts(config::RecoveryConfig::Mode mode = config::RecoveryConfig::hot_swap) {

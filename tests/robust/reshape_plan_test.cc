@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "policy_fixtures.h"
+
 #include "ckpt/backup_placement.h"
 
 namespace keel::policy {
@@ -22,16 +24,6 @@ ClusterView view_of(const Topology& topo, int wps) {
   for (int r = 0; r < topo.world_size(); ++r) v.rank_slot.push_back(r / wps);
   for (int s = 0; s < topo.world_size() / wps; ++s) v.slots[s] = SlotInfo::active;
   return v;
-}
-
-std::map<int, Holdings> holdings(int world, int64_t S, const std::set<int>& dead) {
-  std::map<int, Holdings> h;
-  for (int r = 0; r < world; ++r) {
-    if (!dead.count(r)) h[r].live = S;
-    h[r].own = {S - 1, S};
-    h[r].backup = {S - 1, S};
-  }
-  return h;
 }
 
 Failure lose_slot(const ClusterView& v, int slot) {
