@@ -56,7 +56,7 @@ struct Options {
   bool persistent_restart_all_only = false;
   int soak = 0;  // faults of a soak (bench/soak.h); 0: the policy comparison
   std::string soak_machines = "auto";
-  double soak_kill_controller_every_s = 0;
+  double soak_kill_controller_every_s = 30;
 };
 
 // The longest checkpoint interval (the config's int32 field, with room to spare).
@@ -284,7 +284,7 @@ void add_flags(CLI::App& app, Options* o) {
       ->check(CLI::IsMember({"auto", "local", "netns"}));
   app.add_option("--soak-kill-controller-every", o->soak_kill_controller_every_s,
                  "the soak kills the leader controller (kill -9 of the PID its election names) "
-                 "this often, once the previous kill was taken over (default 0: never)")
+                 "this often, once the previous kill was taken over (default 30; 0: never)")
       ->option_text("S")
       ->check(CLI::Range(0.0, 3600.0));
 }

@@ -67,7 +67,7 @@ Controller::Impl::Impl(ControllerOptions opts, RankHost* h, std::shared_ptr<Stor
                   : JobMembership(Topology(o.cfg.parallel().tp(), o.cfg.parallel().pp(),
                                            o.cfg.parallel().dp()),
                                   o.cfg.parallel().dp(), h->slot_layout())),
-      ctx{&o, h, store, &members, [this] { pump(); }},
+      ctx{&o, h, store, &members, [this] { pump(); }, {}},
       detector(ctx, srv != nullptr),
       updates(ctx),
       replays(ctx),

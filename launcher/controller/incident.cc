@@ -3,15 +3,12 @@
 #include <algorithm>
 
 namespace keel {
-namespace {
 
 const char* restored_from_name(membership::Source s) {
   return s == membership::persistent ? "persistent"
          : s == membership::scratch  ? "scratch"
                                      : "memory";
 }
-
-}  // namespace
 
 report::Incident incident_of(const Detected& d, const policy::Plan& plan, const Transition& t) {
   report::Incident inc = d.found;

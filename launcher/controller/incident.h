@@ -23,6 +23,10 @@ struct Transition {
   double rebuilt_at = 0;
 };
 
+// An incident's restored_from for a restore source: "memory" (a survivor, an own snapshot, a
+// backup), "persistent" or "scratch".
+const char* restored_from_name(membership::Source s);
+
 // The incident of the recovery that `plan` carried out for `d` through `t`.
 report::Incident incident_of(const Detected& d, const policy::Plan& plan, const Transition& t);
 

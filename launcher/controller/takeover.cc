@@ -77,7 +77,11 @@ void Controller::Impl::repair_incidents() {
   inc.set_slot(-1);
   inc.set_epoch(epoch);
   inc.set_detected_at(recovery::unix_now());
+  // What the Rebuild says: the restore point and its source. The step in flight went with
+  // the acks the controller before this one read: the restore point is its lower bound.
   inc.set_restored_step(rb ? int(std::max<int64_t>(rb->restore_step(), 0)) : 0);
+  inc.set_step(inc.restored_step());
+  if (rb) inc.set_restored_from(restored_from_name(rb->source()));
   inc.set_rule("interrupted_transition");
   inc.set_detail(detail::concat(abort->reason(), " (the transition to epoch ", epoch,
                                 ", decided by the controller before this one, which died)"));

@@ -1,5 +1,6 @@
-// keel-bench --soak: its fault schedule, and a 100-fault soak of a TP2xPP2xDP2 job end to end
-// (the CI-sized soak; bench/RESULTS.md has the 1,000-fault one).
+// keel-bench --soak: its fault schedule, and a 100-fault soak of a TP2xPP2xDP2 job end to end,
+// its leader controller killed every 30 s besides (the CI-sized soak; bench/RESULTS.md has the
+// 1,000-fault one).
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
@@ -87,7 +88,8 @@ TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
   const std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 2 dp: 2"}});
   const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 900 " +
                           bin_dir() + "/keel-bench --soak 100 --config " + cfg +
-                          " --set parallel.comm_timeout_ms=5000 --set train.eval_every=0 --out " +
+                          " --set parallel.comm_timeout_ms=5000 --set train.eval_every=0"
+                          " --soak-kill-controller-every 30 --out " +
                           dir + "/out > " + dir + "/soak.log 2>&1";
   const int st = std::system(cmd.c_str());
   const std::string log = read_text(dir + "/soak.log");
@@ -115,6 +117,10 @@ TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
   EXPECT_FALSE(rep.reference_checksum().empty());
   EXPECT_EQ(rep.soak_checksum(), rep.reference_checksum());
   EXPECT_GE(rep.rejoins(), 1) << "no lost slot came back";
+  // The leader controller was killed from outside (kill -9) every 30 s and taken over each
+  // time, while the faults went on.
+  EXPECT_GE(rep.controller_kills(), 2) << log;
+  EXPECT_GE(rep.takeovers(), rep.controller_kills()) << log;
 
   EXPECT_EQ(rep.leftover_processes_size(), 0);
   EXPECT_EQ(rep.leftover_shm_size(), 0);
