@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "parallel/comm_error.h"
 #include "parallel/communicator.h"
 #include "runtime/backend.h"
 #include "runtime/check.h"
@@ -19,6 +20,10 @@ struct OpsThunks {
   static int guard(void* impl, Fn&& body) {
     OpsTable& t = self(impl);
     if (t.error_) return 1;
+    if (t.aborted_ && t.aborted_()) {
+      t.error_ = std::make_exception_ptr(CommAborted("the epoch was aborted during a plugin op"));
+      return 1;
+    }
     try {
       body(t);
       return 0;

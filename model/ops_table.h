@@ -28,6 +28,12 @@ class OpsTable {
 
   // Called for keel_ops::grad_ready(index); without one, grad_ready does nothing.
   void set_grad_ready(std::function<void(int)> fn) { grad_ready_ = std::move(fn); }
+  // Asked before every op: true once the epoch is aborted. The op then records a
+  // CommAborted like a failed one, so the rest of the plugin's forward or backward does
+  // nothing and the survivor answers the abort within one op instead of after its whole
+  // micro-batch (seconds of a large model). The step is given up anyway: nothing it computed
+  // is applied.
+  void set_abort_probe(std::function<bool()> aborted) { aborted_ = std::move(aborted); }
 
   // No exception ever crosses the C boundary. An op that threw (a CommError from the
   // communicator, an Error from the backend) records the first such exception; communicating
@@ -48,6 +54,7 @@ class OpsTable {
   Communicator* tp_;
   keel_ops ops_{};
   std::function<void(int)> grad_ready_;
+  std::function<bool()> aborted_;
   std::exception_ptr error_;
   float* xent_ = nullptr;
   size_t xent_rows_ = 0;

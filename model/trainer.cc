@@ -110,6 +110,7 @@ void Trainer::bind_groups() {
                                      cfg_.parallel().zero1());
   ops_ = std::make_unique<OpsTable>(backend_, topo_.tp() > 1 ? groups_->tp.get() : nullptr);
   ops_->set_grad_ready([this](int i) { sync_->mark_ready(i); });
+  ops_->set_abort_probe([this] { return groups_->any_aborted(); });
 }
 
 void Trainer::rebind(ProcessGroups* groups) {

@@ -66,8 +66,13 @@ Plan plan_reshape(const std::set<int>& out, const ClusterView& v,
   for (int s : live) {
     const std::vector<int> ranks = v.ranks_on(s);  // ascending: their places on the slot
     if (index < choice->slots) {
-      for (size_t j = 0; j < ranks.size(); ++j)
-        p.renumber[ranks[j]] = index * v.workers_per_slot + int(j);
+      for (size_t j = 0; j < ranks.size(); ++j) {
+        const int id = index * v.workers_per_slot + int(j);
+        p.renumber[ranks[j]] = id;
+        // A worker of a kept slot that died in the same failure: a new process takes its
+        // place and reads its state like every other rank.
+        if (out.count(ranks[j])) p.restart.insert(id);
+      }
     } else {
       for (int r : ranks) p.kill.insert(r);
       p.retire_slots.push_back(s);

@@ -118,6 +118,25 @@ TEST(GptOpsTable, GradReadyReachesTheRuntime) {
   EXPECT_THROW(table.rethrow_if_failed(), CommAborted);
 }
 
+TEST(GptOpsTable, AnAbortedEpochStopsEveryLaterOp) {
+  auto be = make_cpu_backend(1);
+  OpsTable table(be.get(), nullptr);
+  bool aborted = false;
+  table.set_abort_probe([&] { return aborted; });
+  float* x = static_cast<float*>(be->alloc(4 * sizeof(float)));
+  table.ops()->fill(table.ops()->impl, x, 4, 1.0f);
+  EXPECT_FALSE(table.failed());
+  // The abort comes between two ops: the next does nothing, and the abort is rethrown once.
+  aborted = true;
+  table.ops()->fill(table.ops()->impl, x, 4, 2.0f);
+  std::vector<float> host(4);
+  be->copy_to_host(host.data(), x, 4 * sizeof(float));
+  EXPECT_EQ(host, (std::vector<float>{1, 1, 1, 1}));
+  EXPECT_TRUE(table.failed());
+  EXPECT_THROW(table.rethrow_if_failed(), CommAborted);
+  be->free(x);
+}
+
 // Each communicating step of the plugin hands the failure back at once, in forward (the
 // embedding's all-reduce on stage 0; a block's on a later stage) and in backward.
 TEST(GptOpsTable, PluginReturnsCommunicatorFailure) {

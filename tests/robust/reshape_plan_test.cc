@@ -77,6 +77,24 @@ TEST(ReshapePlan, TwoSlotsLoseOneAndTheSurvivorsTakeTheLargestLayout) {
       << p.action;
 }
 
+TEST(ReshapePlan, AWorkerOfAKeptSlotThatDiedTooIsStartedAgain) {
+  // Slot 1 lost and, in the same failure, rank 1 on slot 0 crashed.
+  const ClusterView v = view_of(Topology(2, 2, 1), 2);
+  Failure f = lose_slot(v, 1);
+  f.dead.insert(1);
+  Options o = reshape_opts(8);
+  o.persistent_step = 40;
+  const Plan p = decide(f, v, holdings(4, 50, f.dead), o);
+  ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
+  EXPECT_EQ(p.rung, PlanRung::kReshape);
+  EXPECT_EQ(p.renumber, (std::map<int, int>{{0, 0}, {1, 1}}));
+  EXPECT_EQ(p.restart, std::set<int>{1});
+  // Rank 1's own copy went with its process and its backup with slot 1: the checkpoint.
+  ASSERT_EQ(backup_holder(v.topo, 1, false).holder / 2, 1) << "placement changed";
+  EXPECT_EQ(p.restore.job_source, membership::persistent);
+  EXPECT_EQ(p.restore.step, 40);
+}
+
 TEST(ReshapePlan, ShrinkingDataParallelismComesFirstWhereItApplies) {
   const ClusterView v = view_of(Topology(2, 2, 2), 2);
   const Failure f = lose_slot(v, 3);
