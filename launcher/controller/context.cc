@@ -92,13 +92,14 @@ std::function<std::string(const Topology&)> ControllerContext::layout_checker() 
   } catch (const std::exception& e) {
     load_error = e.what();
   }
-  const config::JobConfig cfg = o->cfg;
+  // Shared, not copied: policy_options hands a copy of this function out every 200 ms.
+  auto cfg = std::make_shared<const config::JobConfig>(o->cfg);
   return [plugin, load_error, cfg](const Topology& t) -> std::string {
     if (!plugin) return "the plugin cannot be loaded to check the layout: " + load_error;
-    if (cfg.parallel().stage_layers_size() > 0 && t.pp() != cfg.parallel().pp())
-      return detail::concat("parallel.stage_layers fixes pp at ", cfg.parallel().pp());
+    // Fixed stages refuse another pp there too ("parallel.stage_layers has 2 entries for pp
+    // = 1").
     try {
-      sharded_layout(*plugin, cfg, t);
+      sharded_layout(*plugin, *cfg, t);
       return "";
     } catch (const std::exception& e) {
       return e.what();

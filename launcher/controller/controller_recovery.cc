@@ -317,7 +317,6 @@ void Controller::Impl::write_rebuild(const policy::Plan& plan, const membership:
   for (const auto& [a, b] : plan.renumber) (*rb.mutable_renumber())[a] = b;
   for (int r : plan.new_ranks) rb.add_new_ranks(r);
   if (plan.rung == policy::PlanRung::kReshape && before) {
-    rb.set_reshard(true);
     rb.mutable_reshard_from()->set_tp(before->tp());
     rb.mutable_reshard_from()->set_pp(before->pp());
     rb.mutable_reshard_from()->set_dp(before->dp());

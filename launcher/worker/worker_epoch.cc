@@ -62,14 +62,14 @@ void Worker::take_rebuild(const membership::Rebuild& rb) {
     auto n = rb.renumber().find(o_.rank);
     KEEL_CHECK(n != rb.renumber().end(), "rank ", o_.rank, " is retired in epoch ", epoch(),
                " but still running");
-    if (rb.reshard())
+    if (rb.has_reshard_from())
       reshape(n->second, rb);
     else
       relayout(n->second, rb);
   } else {
     apply_membership(rb.membership());
     // A rank started on a standby as the job grows back into a larger layout.
-    if (rb.reshard()) read_old_layout(o_.rank, rb, *state_);
+    if (rb.has_reshard_from()) read_old_layout(o_.rank, rb, *state_);
   }
   // The epoch's plugin (a lazy update applied with it, or a rollback of a failed one).
   adopt_plugin(rb.plugin_path(), rb.plugin_hash());
@@ -81,7 +81,7 @@ void Worker::load_epoch(const membership::Rebuild* rb) {
                        checkpoint_layout());
   if (!trainer_) make_trainer();
   // Growing back: every rank of the epoch takes part in its replica's broadcast.
-  const bool grow = rb && rb->new_ranks_size() > 0 && !rb->reshard();
+  const bool grow = rb && rb->new_ranks_size() > 0 && !rb->has_reshard_from();
   if (grow) receive_state_from_replica();
   round_meter_.new_epoch();
   if (reporter_) {

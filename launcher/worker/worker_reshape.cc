@@ -40,13 +40,10 @@ void Worker::read_old_layout(int rank, const membership::Rebuild& rb, TrainState
   if (rb.source() != membership::memory) return;
   const membership::Membership& was = rb.reshard_from();
   const Topology old_topo(was.tp(), was.pp(), was.dp()), &topo = members_.topo();
-  config::JobConfig old_cfg = cfg_;
-  old_cfg.mutable_parallel()->set_tp(was.tp());
-  old_cfg.mutable_parallel()->set_pp(was.pp());
-  old_cfg.mutable_parallel()->set_dp(was.dp());
   const int old_epoch = epoch() - 1;
   const int64_t S = rb.restore_step();
-  const ShardedLayout from = sharded_layout(*plugin_, old_cfg, old_topo);
+  // sharded_layout lays the config out as the topology says: the old layout from cfg_ too.
+  const ShardedLayout from = sharded_layout(*plugin_, cfg_, old_topo);
   const ShardedLayout to = sharded_layout(*plugin_, cfg_, topo);
   const bool replicas = replicas_hold_backups(old_topo, cfg_.parallel().zero1());
   // Only survivors kept their servers: a lost rank's, or a retired one's, is gone.
