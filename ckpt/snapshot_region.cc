@@ -16,6 +16,7 @@
 
 #include "ckpt/checksum.h"
 #include "model/train_state.h"
+#include "runtime/logging.h"
 
 namespace keel {
 
@@ -186,6 +187,7 @@ SnapshotRegion::SnapshotRegion(std::string name, void* base, size_t mapped, bool
     : name_(std::move(name)), base_(base), mapped_(mapped), writable_(writable) {}
 
 SnapshotRegion::~SnapshotRegion() {
+  if (populating_.joinable()) populating_.join();
   ::munmap(base_, mapped_);
 }
 
@@ -208,8 +210,8 @@ int SnapshotRegion::owner_rank() const {
 
 std::unique_ptr<SnapshotRegion> SnapshotRegion::open_or_create(const std::string& name,
                                                                size_t capacity,
-                                                               uint64_t fingerprint,
-                                                               int owner_rank) {
+                                                               uint64_t fingerprint, int owner_rank,
+                                                               bool populate_in_background) {
   static_assert(sizeof(Header) <= kPage);
   const size_t total = segment_bytes(capacity);
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -249,8 +251,21 @@ std::unique_ptr<SnapshotRegion> SnapshotRegion::open_or_create(const std::string
   void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   KEEL_CHECK(base != MAP_FAILED, "mmap ", name, ": ", std::strerror(errno));
   // The verified slot is left unfaulted: it costs memory only once a check fills it.
-  populate(base, payload_offset() + kRotatingSlots * slot_stride(capacity));
+  const size_t rotating = payload_offset() + kRotatingSlots * slot_stride(capacity);
   std::unique_ptr<SnapshotRegion> r(new SnapshotRegion(name, base, total, true));
+  if (!populate_in_background) {
+    populate(base, rotating);
+  } else {
+    r->populating_ = std::thread([base, rotating, name] {
+      try {
+        populate(base, rotating);
+      } catch (const Error& e) {
+        // /dev/shm cannot hold the slots: the first snapshot written will fail (SIGBUS) and
+        // the rank with it, which the controller recovers from like any rank's death.
+        LOG(ERROR) << "snapshot segment " << name << ": " << e.what();
+      }
+    });
+  }
   Header* h = r->header();
   h->version = kVersion;
   h->num_slots = kSlots;

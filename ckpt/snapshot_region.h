@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/check.h"
@@ -83,9 +84,14 @@ class SnapshotRegion {
   // Opens the writer's segment `name`, creating it for payloads of up to `capacity` bytes of
   // layout `fingerprint` if it does not exist. An existing segment keeps its valid slots (a
   // restarted rank restores from them); one made for another capacity or fingerprint throws
-  // SnapshotError naming the segment and both values.
+  // SnapshotError naming the segment and both values. A new segment's rotating slots are
+  // faulted in before it returns, or, `populate_in_background`, by a thread of the region's
+  // while the caller goes on (a rank joining a running job: a promoted standby has its
+  // restore and first step to do; writing the slots meanwhile is safe, each page is faulted
+  // in once by whichever touches it first).
   static std::unique_ptr<SnapshotRegion> open_or_create(const std::string& name, size_t capacity,
-                                                        uint64_t fingerprint, int owner_rank);
+                                                        uint64_t fingerprint, int owner_rank,
+                                                        bool populate_in_background = false);
   // Opens an existing segment (read-only unless `writable`); nullptr if there is none or it
   // is still being created. Throws SnapshotError if it is not a keel snapshot segment.
   static std::unique_ptr<SnapshotRegion> open_existing(const std::string& name,
@@ -148,6 +154,7 @@ class SnapshotRegion {
   void* base_;
   size_t mapped_;
   bool writable_;
+  std::thread populating_;  // open_or_create's populate_in_background; joined before unmapping
 };
 
 // Test and ops helper: flips one byte (at `offset` modulo the payload size) of the payload of

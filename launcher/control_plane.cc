@@ -29,7 +29,7 @@ using Clock = std::chrono::steady_clock;
 
 // Reconnect quickly and at a steady rate (no backoff): a slot whose link comes back should
 // be heard from well within the controller's slot timeout (2 s by default).
-constexpr int kReconnectIvlMs = 100;
+constexpr int kReconnectIvlMs = 50;
 // ZMTP heartbeats: a connection whose peer sent nothing for kHeartbeatTimeoutMs is closed
 // (and, on a client, reconnected).
 constexpr int kHeartbeatIvlMs = 500;
@@ -346,7 +346,7 @@ ControlClient::ControlClient(const std::string& endpoint, const std::string& ide
   if (endpoint.find('[') != std::string::npos) sock_.set(zmq::sockopt::ipv6, true);
   monitor_ = open_monitor(ctx_, sock_,
                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL);
+                              ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
   try {
     sock_.connect(endpoint);
   } catch (const zmq::error_t& e) {
@@ -378,14 +378,28 @@ std::optional<control::Envelope> ControlClient::poll(std::chrono::milliseconds t
   return msg;
 }
 
-std::string ControlClient::handshake_refused() {
-  while (const std::optional<MonitorEvent> e = next_event(monitor_))
+void ControlClient::drain_monitor() {
+  while (const std::optional<MonitorEvent> e = next_event(monitor_)) {
+    if (e->event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      ++connections_;
+      continue;
+    }
     refused_ = e->event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
                    ? detail::concat("the controller refused this process's key (ZAP status ",
                                     e->value, "): not the job's secret")
                    : "the CurveZMQ handshake with the controller failed: it holds another "
                      "job's keys (a wrong secret), or is no keel controller";
+  }
+}
+
+std::string ControlClient::handshake_refused() {
+  drain_monitor();
   return refused_;
+}
+
+int64_t ControlClient::connections() {
+  drain_monitor();
+  return connections_;
 }
 
 bool ControlClient::queued() {

@@ -133,7 +133,7 @@ class ControlServer {
 
 // An agent's, worker's or keel-ctl's end: a DEALER connected to the controller. Connecting
 // never fails for a server that is not there yet or has gone: ZeroMQ reconnects every
-// 100 ms in the background, and messages sent meanwhile wait in a bounded queue.
+// 50 ms in the background, and messages sent meanwhile wait in a bounded queue.
 class ControlClient {
  public:
   // Connects to `endpoint` ("tcp://host:port", as ControlServer::endpoint() gives it) under
@@ -173,11 +173,20 @@ class ControlClient {
   // so instead of "no answer".
   std::string handshake_refused();
 
+  // Connections made to the server so far (CurveZMQ handshakes that succeeded): one more each
+  // time the client reconnects after its connection closed. An agent heartbeats at once when
+  // it grows, so that the controller sees a reset link come back within its grace
+  // (launcher/controller/agent_host_liveness.cc) rather than at the next heartbeat.
+  int64_t connections();
+
  private:
   zmq::context_t ctx_{1};
   zmq::socket_t sock_;
-  zmq::socket_t monitor_;  // failed handshakes
+  void drain_monitor();
+
+  zmq::socket_t monitor_;  // failed and succeeded handshakes
   std::string refused_;
+  int64_t connections_ = 0;
   std::string identity_;
   int64_t malformed_ = 0;
 };

@@ -69,6 +69,16 @@ class Backend {
   // Memory. alloc returns 64-byte aligned memory, zero-filled; free(nullptr) is a no-op.
   virtual void* alloc(size_t bytes) = 0;
   virtual void free(void* p) = 0;
+  // While on, large blocks that are freed are kept, their pages already faulted in, and
+  // handed to the next alloc of the same size instead of new memory; off releases them. A
+  // warm standby rehearses a rank's allocations with it (launcher/worker/standby.h), so that
+  // the rank it becomes does not pay ~1 ms per 2 MB of page faults on the recovery's path.
+  // Returns whether this backend keeps blocks; default: it does not (a device allocator is
+  // not faulted in page by page).
+  virtual bool keep_freed_blocks(bool on) {
+    (void)on;
+    return false;
+  }
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device

@@ -485,6 +485,7 @@ int Agent::run(const volatile int* stop) {
   send_register();
   const auto register_deadline = Clock::now() + o_.register_timeout;
   auto next_heartbeat = Clock::now();
+  int64_t connections_seen = 0;
   // Anything the controller sends proves it alive; it answers every heartbeat.
   auto last_heard = Clock::now();
   while (!(stop && *stop)) {
@@ -508,6 +509,12 @@ int Agent::run(const volatile int* stop) {
     }
     reap_workers();
     keep_candidate();
+    // A connection that closed and came back (a reset link, not this process's death):
+    // heartbeat at once, so that the controller sees the slot back within its grace.
+    if (const int64_t c = client_->connections(); c != connections_seen) {
+      if (c > 1) next_heartbeat = Clock::now();
+      connections_seen = c;
+    }
     // Only a welcomed agent holds its slot; until then its heartbeats would claim it.
     if (welcomed_ && Clock::now() >= next_heartbeat) {
       next_heartbeat = Clock::now() + kHeartbeatEvery;

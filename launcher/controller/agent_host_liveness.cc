@@ -13,10 +13,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // A slot whose agent's connection closed is lost once it has not reconnected for this long:
-// a live agent whose connection merely reset reconnects within 100 ms (the client's
-// reconnect interval, launcher/control_plane.cc) and heartbeats within 200 ms more
-// (launcher/agent/agent.h); a dead one never does.
-constexpr std::chrono::milliseconds kReopenGrace{400};
+// a live agent whose connection merely reset reconnects within 50 ms (the client's reconnect
+// interval, launcher/control_plane.cc) and heartbeats as soon as the handshake succeeds, within
+// its 20 ms poll (launcher/agent/agent.cc); a dead one never does. Every 100 ms here is 100 ms
+// more of a lost slot's stall (06-standby).
+constexpr std::chrono::milliseconds kReopenGrace{150};
 // A close that follows this much silence is the ZMTP heartbeat timeout's (1.5 s), not the
 // agent's own: a silent slot is judged by detect.slot_timeout_ms alone.
 constexpr std::chrono::milliseconds kSilentBeforeClose{1000};

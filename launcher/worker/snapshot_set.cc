@@ -20,7 +20,7 @@ void SnapshotSet::open(int rank, const Topology& topo, TrainState* state, Store&
                        FaultInjector* injector) {
   if (!o_.checkpoint.snapshot_every_step()) return;
   region_ = SnapshotRegion::open_or_create(snapshot_segment_name(o_.job, rank), state->bytes(),
-                                           state->layout_fingerprint(), rank);
+                                           state->layout_fingerprint(), rank, o_.joining);
   const BackupPlacement bp = backup_holder(topo, rank, replicas_hold_backups(topo, o_.zero1));
   holder_ = bp.holder;
   replica_holder_ = bp.replica;

@@ -34,6 +34,9 @@ struct SnapshotSetOptions {
   bool zero1 = false;                               // parallel.zero1 (who may hold a backup)
   int slot = -1;                                    // the machine, for incidents (-1: none)
   std::function<std::shared_ptr<Store>()> connect;  // store clients for the checkpointer
+  // A rank joining a running job (restarted, or a promoted standby): a new segment's slots
+  // are faulted in behind its restore instead of before it (SnapshotRegion::open_or_create).
+  bool joining = false;
 };
 
 class SnapshotSet {

@@ -27,7 +27,8 @@ StandbyIdentity standby_identity(const std::string& listen_host) {
 
 StandbyAssignment park_as_standby(Backend& backend, Precision precision,
                                   const std::function<std::shared_ptr<Store>()>& connect,
-                                  const StandbyIdentity& id, const TrainerHooks& golden_hooks) {
+                                  const StandbyIdentity& id, const TrainerHooks& golden_hooks,
+                                  const std::function<void()>& warm_up) {
   std::shared_ptr<Store> store = connect();
   const SelfCheckResult gemm = gemm_self_check(backend, precision);
   std::unique_ptr<Backend> one_thread;
@@ -40,6 +41,7 @@ StandbyAssignment park_as_standby(Backend& backend, Precision precision,
       id.slot >= 0 && FaultInjector::machine_link_defective(*store, id.slot));
   store::StandbyCheck check;
   check.set_ok(gemm.ok && golden.ok && coll.ok);
+  if (check.ok() && warm_up) warm_up();
   check.set_checks(gemm.message + "; " + golden.message + "; " + coll.message);
   set_message(*store, keys::standby_ready_key(id.slot, id.index, id.gen), check);
   if (!check.ok())

@@ -58,8 +58,11 @@ inline constexpr std::chrono::hours kParkWait{1};
 // the repo digest), or on CPU on a one-thread backend of its own, whose result does not depend
 // on the machine's core count. A key the repo has no digest for passes, and the message says
 // so. `golden_hooks` reach the golden run (a machine's injected defect: robust/fault_injector.h).
+// `warm_up` runs once the checks pass, before the standby says it is ready: what the caller
+// prepares for a promotion (the worker rehearses a rank's allocations).
 StandbyAssignment park_as_standby(Backend& backend, Precision precision,
                                   const std::function<std::shared_ptr<Store>()>& connect,
-                                  const StandbyIdentity& id, const TrainerHooks& golden_hooks = {});
+                                  const StandbyIdentity& id, const TrainerHooks& golden_hooks = {},
+                                  const std::function<void()>& warm_up = {});
 
 }  // namespace keel

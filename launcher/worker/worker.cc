@@ -153,6 +153,7 @@ std::optional<membership::Rebuild> Worker::setup() {
   so.zero1 = cfg_.parallel().zero1();
   so.slot = env_.slot;
   so.connect = connect_;
+  so.joining = env_.restarted;
   snapshots_ = std::make_unique<SnapshotSet>(so);
   snapshots_->open(o_.rank, members_.topo(), state_.get(), *store_, env_.epoch, injector_.get());
   if (injector_ && env_.slot >= 0) {
@@ -226,9 +227,10 @@ std::optional<membership::Rebuild> Worker::park_as_standby() {
     golden_hooks.computed = [&defect](int64_t s, TensorClass c, float* d, size_t n, bool r) {
       defect.on_computed(s, c, d, n, r);
     };
-  const StandbyAssignment a = keel::park_as_standby(
-      *backend_, config_precision(cfg_), connect_,
-      standby_identity(listen_host_.empty() ? "127.0.0.1" : listen_host_), golden_hooks);
+  const StandbyAssignment a =
+      keel::park_as_standby(*backend_, config_precision(cfg_), connect_,
+                            standby_identity(listen_host_.empty() ? "127.0.0.1" : listen_host_),
+                            golden_hooks, [this] { rehearse_rank_memory(); });
   o_.rank = a.rank;
   env_.epoch = a.epoch;
   env_.restarted = true;
@@ -241,6 +243,20 @@ std::optional<membership::Rebuild> Worker::park_as_standby() {
   }
   o_.world_size = members_.topo().world_size();
   return rb;
+}
+
+void Worker::rehearse_rank_memory() {
+  // Rank 0's state and Trainer in the configured layout, made and dropped with the backend
+  // keeping the freed blocks: the rank this standby becomes (any rank of a DP-only job, any of
+  // the same stage otherwise) then gets memory already faulted in. load_epoch() lets what is
+  // left go once the real Trainer stands. Groups of one rank: the Trainer only binds them.
+  if (!backend_->keep_freed_blocks(true)) return;  // a device's allocator: nothing to gain
+  ProcessGroupOptions go;
+  go.timeout = comm_timeout();
+  ProcessGroups solo = make_process_groups(Topology(1, 1, 1), 0, std::make_shared<HashStore>(), go);
+  const Topology& topo = members_.topo();
+  auto state = make_train_state(cfg_, backend_.get(), *plugin_, topo, 0);
+  Trainer rehearsal(cfg_, backend_.get(), plugin_, topo, 0, state.get(), &solo, data_.get());
 }
 
 void Worker::measure_peak() {

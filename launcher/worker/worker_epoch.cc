@@ -80,6 +80,7 @@ void Worker::load_epoch(const membership::Rebuild* rb) {
     snapshots_->reopen(o_.rank, members_.topo(), state_.get(), *store_, epoch(), injector_.get(),
                        checkpoint_layout());
   if (!trainer_) make_trainer();
+  backend_->keep_freed_blocks(false);  // a promoted standby's rehearsal has served
   // Growing back: every rank of the epoch takes part in its replica's broadcast.
   const bool grow = rb && rb->new_ranks_size() > 0 && !rb->has_reshard_from();
   if (grow) receive_state_from_replica();

@@ -103,6 +103,7 @@ class Worker {
   // A warm standby checks itself and waits for a rank (launcher/worker/standby.h); returns
   // the Rebuild of the epoch it joins (none without a controller).
   std::optional<membership::Rebuild> park_as_standby();
+  void rehearse_rank_memory();
   // Rank 0 measures (or reads) the device's peak before any rank computes.
   void measure_peak();
   // The fault injector and the progress reporter.

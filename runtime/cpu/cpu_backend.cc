@@ -9,6 +9,7 @@
 
 #include "runtime/backend.h"
 #include "runtime/check.h"
+#include "runtime/cpu/kept_blocks.h"
 #include "runtime/cpu/kernels.h"
 
 namespace keel {
@@ -32,12 +33,20 @@ class CpuBackend final : public Backend {
     constexpr size_t kAlign = 64;
     size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
     if (rounded == 0) rounded = kAlign;  // a distinct pointer even for zero bytes
-    void* p = std::aligned_alloc(kAlign, rounded);
+    void* p = kept_.take(rounded);
+    if (p == nullptr) p = std::aligned_alloc(kAlign, rounded);
     KEEL_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
     std::memset(p, 0, rounded);
+    kept_.note(p, rounded);
     return p;
   }
-  void free(void* p) override { std::free(p); }
+  void free(void* p) override {
+    if (!kept_.keep(p)) std::free(p);
+  }
+  bool keep_freed_blocks(bool on) override {
+    kept_.set_keeping(on);
+    return true;
+  }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     std::memmove(dst, src, bytes);
   }
@@ -148,6 +157,7 @@ class CpuBackend final : public Backend {
 
  private:
   const int nt_;
+  cpu::KeptBlocks kept_;
 };
 
 }  // namespace

@@ -38,8 +38,8 @@ TEST(ControlPlaneSim, SixtyFourRanksRegisterLoseASlotAndRebuildOnTheStandby) {
   EXPECT_LT(r.msgs_per_s, 400);
   // The controller answers every heartbeat.
   EXPECT_GT(r.ctl_kb_per_s, 0);
-  // A closed connection is lost after a 400 ms grace (agent_host.cc, kReopenGrace).
-  EXPECT_GE(r.detect_s, 0.4);
+  // A closed connection is lost after a 150 ms grace (agent_host_liveness.cc, kReopenGrace).
+  EXPECT_GE(r.detect_s, 0.15);
   EXPECT_LT(r.detect_s, 3);
   EXPECT_GE(r.rebuild_s, r.detect_s);
   EXPECT_LT(r.rebuild_s, 20);

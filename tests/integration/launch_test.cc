@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -98,6 +99,40 @@ TEST(Launch, CrashedRankIsRestartedInItsSlot) {
     EXPECT_EQ(json_array_field(ranks[size_t(k)], "pids").size(), k == 3 ? 2u : 1u)
         << "rank " << k << ": " << ranks[size_t(k)];
   expect_clean(r);
+}
+
+// A reset link is not a death (launcher/controller/agent_host_liveness.cc): every connection to
+// the controller, the agents' among them, destroyed from outside three times (`ss -K`, as a
+// flapping NIC or a middlebox's reset would), while the job trains. The agents reconnect and
+// heartbeat at once, within the controller's grace: no slot lost, no incident, every step.
+TEST(Launch, ResetLinksToLiveAgentsLoseNoSlot) {
+  const std::string dir = temp_dir("launch-reset");
+  const std::string cfg = write_config(dir, {{"parallel", "tp: 2 pp: 1 dp: 2"}});
+  const int steps = 150;
+  const std::string job = "--config " + cfg +
+                          " --local 4 --set train.steps=" + std::to_string(steps) +
+                          " --set train.eval_every=0 --set detect.slow_round_steps=0 "
+                          "--fault slow@step=0,rank=0,delay_ms=20";  // paced: resets land in it
+  int resets = 0;
+  std::set<int> agents_reset;  // PIDs
+  JobRun r = run_launch_job(dir, job, [&](pid_t) {
+    const std::string job_dir = launched_job_dir(dir);
+    if (resets >= 3 || job_dir.empty() || launched_job_step(job_dir) < 10 + 30 * resets) return;
+    const std::string endpoint = read_text(job_dir + "/controller");
+    const int port = std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+    const Ran ss = run_in(dir, "ss -tnpK dst 127.0.0.1 dport = :" + std::to_string(port));
+    ASSERT_EQ(ss.rc, 0) << ss.err;
+    ++resets;
+    std::istringstream lines(ss.out);
+    for (std::string line; std::getline(lines, line);)
+      if (const size_t at = line.find("\"keel-agent\",pid="); at != std::string::npos)
+        agents_reset.insert(std::stoi(line.substr(at + 18)));
+  });
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(resets, 3);
+  EXPECT_EQ(agents_reset.size(), 4u) << "not every agent's connection was reset";
+  EXPECT_TRUE(json_object_array(r.report, "incidents").empty()) << r.report;
+  EXPECT_EQ(json_array_field(r.report, "losses").size(), size_t(steps));
 }
 
 // --- errors ---

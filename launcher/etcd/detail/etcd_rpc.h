@@ -146,7 +146,8 @@ struct EtcdClient::Impl {
     const std::string& m = status.error_message();
     return code == grpc::StatusCode::UNKNOWN && (m.find("deadline exceeded") != std::string::npos ||
                                                  m.find("request timed out") != std::string::npos ||
-                                                 m.find("no leader") != std::string::npos);
+                                                 m.find("no leader") != std::string::npos ||
+                                                 m.find("leader changed") != std::string::npos);
   }
 
   static void set_deadline(grpc::ClientContext& context,

@@ -1,0 +1,43 @@
+#include "runtime/cpu/kept_blocks.h"
+
+#include <cstdlib>
+
+namespace keel::cpu {
+
+void* KeptBlocks::take(size_t bytes) {
+  if (bytes < kMinBytes) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = held_.find(bytes);
+  if (it == held_.end()) return nullptr;
+  void* p = it->second;
+  held_.erase(it);
+  return p;
+}
+
+void KeptBlocks::note(void* p, size_t bytes) {
+  if (bytes < kMinBytes) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  sizes_[p] = bytes;
+}
+
+bool KeptBlocks::keep(void* p) {
+  if (p == nullptr) return true;  // free(nullptr): nothing to do
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sizes_.find(p);
+  if (it == sizes_.end()) return false;
+  const size_t bytes = it->second;
+  sizes_.erase(it);
+  if (!keeping_) return false;
+  held_.emplace(bytes, p);
+  return true;
+}
+
+void KeptBlocks::set_keeping(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  keeping_ = on;
+  if (on) return;
+  for (auto& [bytes, p] : held_) std::free(p);
+  held_.clear();
+}
+
+}  // namespace keel::cpu
