@@ -3,6 +3,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -257,6 +259,9 @@ std::unique_ptr<SnapshotRegion> SnapshotRegion::open_or_create(const std::string
     populate(base, rotating);
   } else {
     r->populating_ = std::thread([base, rotating, name] {
+      // Only on a core nothing else wants: the rank's restore and first step come first.
+      sched_param none{};
+      ::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &none);
       try {
         populate(base, rotating);
       } catch (const Error& e) {

@@ -165,16 +165,20 @@ Fd connect_tcp(const std::string& host, int port, Clock::time_point deadline,
                            " (last error: ", err, ")"));
 }
 
-bool connection_refused(const std::string& host, int port, Clock::time_point deadline) {
+PortProbe probe_port(const std::string& host, int port, Clock::time_point deadline) {
   AddrInfoPtr res = resolve(host, port, false);
   bool refused = false;
   for (const addrinfo* ai = res.get(); ai; ai = ai->ai_next) {
     std::string err;
     int code = 0;
-    if (try_connect(ai, deadline, &err, &code).valid()) return false;
+    if (try_connect(ai, deadline, &err, &code).valid()) return PortProbe::kListening;
     refused = refused || code == ECONNREFUSED;
   }
-  return refused;
+  return refused ? PortProbe::kRefused : PortProbe::kSilent;
+}
+
+bool connection_refused(const std::string& host, int port, Clock::time_point deadline) {
+  return probe_port(host, port, deadline) == PortProbe::kRefused;
 }
 
 IoResult send_all(int fd, const void* buf, size_t len, Clock::time_point deadline,

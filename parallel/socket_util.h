@@ -51,9 +51,13 @@ std::string join_host_port(const std::string& host, int port);
 Fd connect_tcp(const std::string& host, int port, Clock::time_point deadline,
                const std::string& what);
 
-// Whether one attempt to connect to host:port is refused before `deadline`: its host is up
-// and nothing listens there (the process died). False if it connects, or stays silent (a host
-// cut off or powered off drops the attempt). Throws keel::Error if host does not resolve.
+// One attempt to connect to host:port before `deadline`: refused (its host is up and nothing
+// listens there: the process died), listening (it connected, and is closed at once), or
+// silent (a host cut off or powered off drops the attempt). Throws keel::Error if host does
+// not resolve.
+enum class PortProbe { kRefused, kListening, kSilent };
+PortProbe probe_port(const std::string& host, int port, Clock::time_point deadline);
+// probe_port() == kRefused.
 bool connection_refused(const std::string& host, int port, Clock::time_point deadline);
 
 // Outcome of a whole-buffer transfer on a non-blocking socket.

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -122,6 +123,12 @@ Agent::Agent(AgentOptions o) : o_(std::move(o)) {
   // Picked once, before the controller may need them: a member is started with the whole
   // cluster named, so every member's ports must be known first.
   etcd_ports_ = free_tcp_ports(o_.host, 2);
+  liveness_ = detail::listen_tcp(o_.host, 0, 64);
+}
+
+void Agent::accept_liveness_probes() {
+  // The controller's probe only needs the kernel's answer; nothing is read or said.
+  for (int c; (c = ::accept4(liveness_.get(), nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) ::close(c);
 }
 
 Agent::~Agent() {
@@ -147,6 +154,7 @@ void Agent::send_register(bool rejoin) {
   reg->set_job(o_.job);
   reg->set_etcd_client_port(etcd_ports_[0]);
   reg->set_etcd_peer_port(etcd_ports_[1]);
+  reg->set_liveness_port(detail::local_port(liveness_.get()));
   client_->send(r);
 }
 
@@ -509,6 +517,7 @@ int Agent::run(const volatile int* stop) {
     }
     reap_workers();
     keep_candidate();
+    accept_liveness_probes();
     // A connection that closed and came back (a reset link, not this process's death):
     // heartbeat at once, so that the controller sees the slot back within its grace.
     if (const int64_t c = client_->connections(); c != connections_seen) {

@@ -23,6 +23,7 @@
 #include "launcher/control_plane.h"
 #include "launcher/etcd/etcd_members.h"
 #include "launcher/etcd/leader_link.h"
+#include "parallel/socket_util.h"
 
 namespace keel {
 
@@ -108,6 +109,10 @@ class Agent {
   // stops with the agent.
   std::vector<int> etcd_ports_;  // client, peer
   std::unique_ptr<EtcdMember> etcd_;
+  // Register.liveness_port's socket: listening while this process lives, each connection
+  // closed at once (accept_liveness_probes, every poll).
+  detail::Fd liveness_;
+  void accept_liveness_probes();
 
   // `rejoin`: to a new leader, with the workers that run (Register.running, parked).
   void send_register(bool rejoin = false);

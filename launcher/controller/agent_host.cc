@@ -119,6 +119,8 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     a.host = reg.host();
     a.pid = reg.pid();
     a.etcd_client_port = reg.etcd_client_port();
+    a.liveness_port = reg.liveness_port();
+    a.process_gone = false;
     a.etcd_peer_port = reg.etcd_peer_port();
     a.last_heartbeat = Clock::now();
     a.closed_at.reset();

@@ -5,6 +5,7 @@
 
 #include "launcher/control_plane.h"
 #include "launcher/controller/agent_host.h"
+#include "parallel/socket_util.h"
 #include "runtime/text.h"
 
 namespace keel {
@@ -12,12 +13,28 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A slot whose agent's connection closed is lost once it has not reconnected for this long:
-// a live agent whose connection merely reset reconnects within 50 ms (the client's reconnect
-// interval, launcher/control_plane.cc) and heartbeats as soon as the handshake succeeds, within
-// its 20 ms poll (launcher/agent/agent.cc); a dead one never does. Every 100 ms here is 100 ms
-// more of a lost slot's stall (06-standby).
+// When an agent's connection closes, its liveness port is tried (Register.liveness_port):
+// refused, its process is gone and the slot is lost at once; listening, it lives and its link
+// merely reset, so the close is no evidence (it reconnects; if it cannot, its heartbeats
+// stop). The try waits this long at most: a host that answers nothing (it went down in the
+// same instant) leaves the grace below to decide.
+constexpr std::chrono::milliseconds kProbeWait{50};
+// A slot whose agent's connection closed and whose probe was not answered is lost once it
+// has not reconnected for this long: a live agent whose connection merely reset reconnects
+// within 50 ms (the client's reconnect interval, launcher/control_plane.cc) and heartbeats as
+// soon as the handshake succeeds, within its 20 ms poll (launcher/agent/agent.cc); a dead one
+// never does.
 constexpr std::chrono::milliseconds kReopenGrace{150};
+
+// What the liveness probe of `a` says (kSilent without a port to try).
+detail::PortProbe probe(const std::string& host, int port) {
+  if (port <= 0) return detail::PortProbe::kSilent;
+  try {
+    return detail::probe_port(host, port, Clock::now() + kProbeWait);
+  } catch (const std::exception&) {
+    return detail::PortProbe::kSilent;  // a host that does not resolve: let the grace decide
+  }
+}
 // A close that follows this much silence is the ZMTP heartbeat timeout's (1.5 s), not the
 // agent's own: a silent slot is judged by detect.slot_timeout_ms alone.
 constexpr std::chrono::milliseconds kSilentBeforeClose{1000};
@@ -61,8 +78,13 @@ void AgentHost::check_heartbeats() {
   // A dead agent's kernel closed its connection: the slot is lost at once (after a grace
   // to reconnect), not at the heartbeat timeout, which stays for slots gone silent.
   for (const std::string& id : server_->take_closed())
-    for (Agent& a : agents_)
-      if (a.identity == id && now - a.last_heartbeat < kSilentBeforeClose) a.closed_at = now;
+    for (Agent& a : agents_) {
+      if (a.identity != id || now - a.last_heartbeat >= kSilentBeforeClose) continue;
+      const detail::PortProbe p = probe(a.host, a.liveness_port);
+      if (p == detail::PortProbe::kListening) continue;  // alive: a reset link
+      a.process_gone = p == detail::PortProbe::kRefused;
+      a.closed_at = a.process_gone ? now - kReopenGrace : now;
+    }
   for (int k = 0; k < int(agents_.size()); ++k) {
     Agent& a = agents_[size_t(k)];
     const bool closed = a.closed_at && now - *a.closed_at >= kReopenGrace;
@@ -82,10 +104,14 @@ void AgentHost::check_heartbeats() {
       x.slot = k;
       x.slot_lost = true;
       x.lost_by = closed ? "connection_closed" : "heartbeat";
-      x.detail =
-          closed ? detail::concat("the connection from ", a.host, " closed ",
-                                  int(since_close * 1000), " ms ago and did not reopen")
-                 : detail::concat("no heartbeat from ", a.host, " for ", int(silent * 1000), " ms");
+      x.detail = closed && a.process_gone
+                     ? detail::concat("the connection from ", a.host,
+                                      " closed and its agent's process is gone (its liveness port ",
+                                      a.liveness_port, " refused a connection)")
+                 : closed ? detail::concat("the connection from ", a.host, " closed ",
+                                           int(since_close * 1000), " ms ago and did not reopen")
+                          : detail::concat("no heartbeat from ", a.host, " for ",
+                                           int(silent * 1000), " ms");
       exits_.push_back(x);
     }
   }

@@ -33,10 +33,12 @@ class CpuBackend final : public Backend {
     constexpr size_t kAlign = 64;
     size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
     if (rounded == 0) rounded = kAlign;  // a distinct pointer even for zero bytes
-    void* p = kept_.take(rounded);
-    if (p == nullptr) p = std::aligned_alloc(kAlign, rounded);
-    KEEL_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
-    std::memset(p, 0, rounded);
+    void* p = kept_.take(rounded);       // zero-filled already
+    if (p == nullptr) {
+      p = std::aligned_alloc(kAlign, rounded);
+      KEEL_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
+      std::memset(p, 0, rounded);
+    }
     kept_.note(p, rounded);
     return p;
   }

@@ -1,6 +1,7 @@
 #include "runtime/cpu/kept_blocks.h"
 
 #include <cstdlib>
+#include <cstring>
 
 namespace keel::cpu {
 
@@ -28,6 +29,7 @@ bool KeptBlocks::keep(void* p) {
   const size_t bytes = it->second;
   sizes_.erase(it);
   if (!keeping_) return false;
+  std::memset(p, 0, bytes);
   held_.emplace(bytes, p);
   return true;
 }

@@ -19,12 +19,14 @@ class KeptBlocks {
   KeptBlocks& operator=(const KeptBlocks&) = delete;
   ~KeptBlocks() { set_keeping(false); }
 
-  // A block of exactly `bytes` held since it was freed (nullptr: none; small sizes are
-  // never held). The caller owns it again.
+  // A block of exactly `bytes` held since it was freed, zero-filled (nullptr: none; small
+  // sizes are never held). The caller owns it again.
   void* take(size_t bytes);
   // Remembers the size of a large block just handed out, for keep().
   void note(void* p, size_t bytes);
-  // Holds `p` if keeping is on and it is a large block note() saw; false: the caller frees.
+  // Holds `p` if keeping is on and it is a large block note() saw, zero-filling it now (a
+  // standby's rehearsal frees while it waits: the rank it becomes then skips the memset);
+  // false: the caller frees.
   bool keep(void* p);
   // Off frees every block held.
   void set_keeping(bool on);
