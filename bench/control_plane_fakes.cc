@@ -409,12 +409,12 @@ void FakeCluster::store_loop() {
       writers.push_back(connect_etcd_store(o_.store_addr));
     // Writes `value_of(rank)` under `key_of(rank)` for every running rank, split among the
     // writer connections: each fake rank writes its own key, as each worker does.
-    auto write_all = [&](const std::vector<int>& ranks, auto key_of, const std::string& value) {
+    auto write_all = [&](const std::vector<int>& ranks, auto key_of, auto value_of) {
       std::vector<std::thread> ts;
       for (size_t w = 0; w < writers.size(); ++w)
         ts.emplace_back([&, w] {
           for (size_t i = w; i < ranks.size(); i += writers.size())
-            writers[w]->set(key_of(ranks[i]), value);
+            writers[w]->set(key_of(ranks[i]), value_of(ranks[i]));
         });
       for (auto& t : ts) t.join();
     };
@@ -444,7 +444,12 @@ void FakeCluster::store_loop() {
         ack.set_step_in_flight(frozen_step_ + 1);
       }
       write_all(
-          running(), [&](int r) { return keys::ack_key(next, r); }, ack.SerializeAsString());
+          running(), [&](int r) { return keys::ack_key(next, r); },
+          [&](int r) {
+            membership::Ack mine = ack;
+            mine.set_rank(r);
+            return mine.SerializeAsString();
+          });
       // 4. The rebuild: every rank of the new membership restores and goes on.
       std::optional<membership::Rebuild> rb;
       while (!stop_ && !rb) {
@@ -462,8 +467,10 @@ void FakeCluster::store_loop() {
       }
       store::Time t;
       t.set_at(recovery::unix_now());
+      const std::string restored = t.SerializeAsString();
       write_all(
-          running(), [&](int r) { return keys::restored_key(next, r); }, t.SerializeAsString());
+          running(), [&](int r) { return keys::restored_key(next, r); },
+          [&](int) { return restored; });
       restored_epoch_ = next;
     }
   } catch (const std::exception& e) {

@@ -104,6 +104,11 @@ int64_t PatientStore::add(const std::string& key, int64_t delta) {
   return patiently("add " + key, delta != 0, [&](Store& s) { return s.add(key, delta); });
 }
 
+std::optional<Store::KeyValues> PatientStore::try_get_prefix(const std::string& prefix) {
+  return patiently("get prefix " + prefix, false,
+                   [&](Store& s) { return s.try_get_prefix(prefix); });
+}
+
 void PatientStore::erase(const std::vector<std::string>& keys,
                          const std::vector<std::string>& prefixes) {
   patiently("erase", true, [&](Store& s) {

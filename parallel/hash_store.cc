@@ -17,6 +17,14 @@ std::optional<std::string> HashStore::try_get(const std::string& key) {
   return it->second;
 }
 
+std::optional<Store::KeyValues> HashStore::try_get_prefix(const std::string& prefix) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KeyValues out;
+  for (auto it = map_.lower_bound(prefix); it != map_.end() && it->first.starts_with(prefix); ++it)
+    out.emplace_back(it->first, it->second);
+  return out;
+}
+
 std::string HashStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   wait({key}, timeout);
   std::lock_guard<std::mutex> lock(mu_);

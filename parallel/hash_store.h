@@ -19,6 +19,7 @@ class HashStore : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   void erase(const std::vector<std::string>& keys,
              const std::vector<std::string>& prefixes) override;
+  std::optional<KeyValues> try_get_prefix(const std::string& prefix) override;
 
  private:
   std::mutex mu_;

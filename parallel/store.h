@@ -38,6 +38,14 @@ class Store {
   // a job that recovers thousands of times must not keep them all in its controller.
   virtual void erase(const std::vector<std::string>& keys,
                      const std::vector<std::string>& prefixes) = 0;
+  // Every key that starts with `prefix`, with its value, in key order, in one read: nullopt
+  // where the store cannot list its keys (TcpStore), and the caller reads those it expects
+  // one by one. The controller's read of an epoch's acks: one call at any world size.
+  using KeyValues = std::vector<std::pair<std::string, std::string>>;
+  virtual std::optional<KeyValues> try_get_prefix(const std::string& prefix) {
+    (void)prefix;
+    return std::nullopt;
+  }
 };
 
 // Prepends a prefix to every key of another store.
@@ -73,6 +81,12 @@ class PrefixStore : public Store {
     for (const auto& x : keys) k.push_back(prefix_ + x);
     for (const auto& x : prefixes) p.push_back(prefix_ + x);
     inner_->erase(k, p);
+  }
+  std::optional<KeyValues> try_get_prefix(const std::string& prefix) override {
+    std::optional<KeyValues> all = inner_->try_get_prefix(prefix_ + prefix);
+    if (all)
+      for (auto& [k, v] : *all) k.erase(0, prefix_.size());
+    return all;
   }
 
  private:

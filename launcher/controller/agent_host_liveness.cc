@@ -6,6 +6,7 @@
 #include "launcher/control_plane.h"
 #include "launcher/controller/agent_host.h"
 #include "parallel/socket_util.h"
+#include "runtime/logging.h"
 #include "runtime/text.h"
 
 namespace keel {
@@ -81,7 +82,11 @@ void AgentHost::check_heartbeats() {
     for (Agent& a : agents_) {
       if (a.identity != id || now - a.last_heartbeat >= kSilentBeforeClose) continue;
       const detail::PortProbe p = probe(a.host, a.liveness_port);
-      if (p == detail::PortProbe::kListening) continue;  // alive: a reset link
+      if (p == detail::PortProbe::kListening) {  // alive: a reset link
+        LOG(INFO) << "the connection of " << a.identity << " closed, but its liveness port "
+                  << a.liveness_port << " answers: a reset link, the slot kept";
+        continue;
+      }
       a.process_gone = p == detail::PortProbe::kRefused;
       a.closed_at = a.process_gone ? now - kReopenGrace : now;
     }

@@ -255,6 +255,16 @@ std::optional<std::string> EtcdStore::try_get(const std::string& key) {
   return std::move(kv->value);
 }
 
+std::optional<Store::KeyValues> EtcdStore::try_get_prefix(const std::string& prefix) {
+  std::vector<EtcdKeyValue> kvs = impl_->guarded(
+      "get prefix " + prefix, [&] { return impl_->client.get_prefix(impl_->prefix + prefix); });
+  KeyValues out;
+  out.reserve(kvs.size());
+  for (EtcdKeyValue& kv : kvs)
+    out.emplace_back(kv.key.substr(impl_->prefix.size()), std::move(kv.value));
+  return out;
+}
+
 int64_t EtcdStore::add(const std::string& key, int64_t delta) {
   const std::string full = impl_->prefix + key;
   // A counter's read may be local; the base of a write is not (a stale base only costs a

@@ -56,6 +56,8 @@ class EtcdStore : public Store {
   // One delete per key and per prefix: not atomic as a whole, unlike TcpStore's.
   void erase(const std::vector<std::string>& keys,
              const std::vector<std::string>& prefixes) override;
+  // One linearizable range read, whatever the number of keys.
+  std::optional<KeyValues> try_get_prefix(const std::string& prefix) override;
 
   const std::string& prefix() const;
 

@@ -67,6 +67,7 @@ membership::Rebuild RecoveryClient::fail_and_wait(int epoch, int64_t steps_compl
   membership::Ack ack;
   ack.set_steps_completed(steps_completed);
   ack.set_step_in_flight(step_in_flight);
+  ack.set_rank(rank_);
   set_message(*store_, keys::ack_key(epoch + 1, rank_), ack);
   return wait_rebuild(epoch + 1);
 }

@@ -73,6 +73,25 @@ TEST_F(EtcdStoreTest, SetGetTryGetEraseAndPrefixStore) {
   EXPECT_EQ(store->try_get("b").value_or(""), "4");  // outside the PrefixStore's prefix
 }
 
+// The controller's read of an epoch's acks: every key under a prefix, with its value, in key
+// order, in one call; through a PrefixStore, keys relative to it.
+TEST_F(EtcdStoreTest, PrefixReadListsEveryKeyUnderIt) {
+  auto store = std::make_shared<EtcdStore>(cluster_->endpoints(), "/keel/test/prefix-read/");
+  store->set("ack/3/1", "one");
+  store->set("ack/3/0", std::string("\0zero", 5));
+  store->set("ack/30/0", "another epoch");  // shares the text "ack/3", not the prefix
+  store->set("ack/4/0", "later");
+  const auto all = store->try_get_prefix("ack/3/");
+  ASSERT_TRUE(all.has_value());
+  const Store::KeyValues want = {{"ack/3/0", std::string("\0zero", 5)}, {"ack/3/1", "one"}};
+  EXPECT_EQ(*all, want);
+  EXPECT_TRUE(store->try_get_prefix("nothing/")->empty());
+  PrefixStore ps("ack/", store);
+  const auto rel = ps.try_get_prefix("4/");
+  ASSERT_TRUE(rel.has_value());
+  EXPECT_EQ(*rel, (Store::KeyValues{{"4/0", "later"}}));
+}
+
 TEST_F(EtcdStoreTest, GetBlocksUntilAnotherThreadSets) {
   EtcdStore store = make("blocking");
   // Rounds of: the getter announces its get, the main thread lets a round trip pass (the

@@ -103,6 +103,24 @@ TEST(TcpStore, TryGetTellsWhetherAKeyIsThere) {
   EXPECT_EQ(store->get("later", 1s), "x");
 }
 
+TEST(HashStore, PrefixReadListsEveryKeyUnderItAndTcpStoreCannot) {
+  auto store = std::make_shared<HashStore>();
+  store->set("ack/3/1", "one");
+  store->set("ack/3/0", "zero");
+  store->set("ack/30/0", "another epoch");
+  const auto all = store->try_get_prefix("ack/3/");
+  ASSERT_TRUE(all.has_value());
+  EXPECT_EQ(*all, (Store::KeyValues{{"ack/3/0", "zero"}, {"ack/3/1", "one"}}));
+  PrefixStore ps("ack/", store);
+  EXPECT_EQ(ps.try_get_prefix("30/").value_or(Store::KeyValues{}),
+            (Store::KeyValues{{"30/0", "another epoch"}}));
+  // A TCP store lists nothing: its callers read the keys they expect one by one.
+  TcpStoreServer server;
+  TcpStore tcp(kHost, server.port());
+  tcp.set("ack/3/0", "zero");
+  EXPECT_FALSE(tcp.try_get_prefix("ack/3/").has_value());
+}
+
 TEST(HashStore, TryGetTellsWhetherAKeyIsThere) {
   HashStore store;
   expect_try_get(store);
