@@ -16,10 +16,12 @@ using Clock = std::chrono::steady_clock;
 
 // When an agent's connection closes, its liveness port is tried (Register.liveness_port):
 // refused, its process is gone and the slot is lost at once; listening, it lives and its link
-// merely reset, so the close is no evidence (it reconnects; if it cannot, its heartbeats
-// stop). The try waits this long at most: a host that answers nothing (it went down in the
-// same instant) leaves the grace below to decide.
+// merely reset: it reconnects and heartbeats at once, and gets kAnsweredGrace to (a port
+// that answered for a process that then never came back was seen once in 30 trials; the
+// heartbeat timeout would have taken 2 s). The try waits kProbeWait at most: a host that
+// answers nothing (it went down in the same instant) leaves kReopenGrace to decide.
 constexpr std::chrono::milliseconds kProbeWait{50};
+constexpr std::chrono::milliseconds kAnsweredGrace{1000};
 // A slot whose agent's connection closed and whose probe was not answered is lost once it
 // has not reconnected for this long: a live agent whose connection merely reset reconnects
 // within 50 ms (the client's reconnect interval, launcher/control_plane.cc) and heartbeats as
@@ -82,17 +84,18 @@ void AgentHost::check_heartbeats() {
     for (Agent& a : agents_) {
       if (a.identity != id || now - a.last_heartbeat >= kSilentBeforeClose) continue;
       const detail::PortProbe p = probe(a.host, a.liveness_port);
-      if (p == detail::PortProbe::kListening) {  // alive: a reset link
+      if (p == detail::PortProbe::kListening)
         LOG(INFO) << "the connection of " << a.identity << " closed, but its liveness port "
-                  << a.liveness_port << " answers: a reset link, the slot kept";
-        continue;
-      }
+                  << a.liveness_port << " answers: a reset link, the slot kept if it reconnects";
       a.process_gone = p == detail::PortProbe::kRefused;
-      a.closed_at = a.process_gone ? now - kReopenGrace : now;
+      a.closed_at = now;
+      a.close_grace = a.process_gone                       ? std::chrono::milliseconds(0)
+                      : p == detail::PortProbe::kListening ? kAnsweredGrace
+                                                           : kReopenGrace;
     }
   for (int k = 0; k < int(agents_.size()); ++k) {
     Agent& a = agents_[size_t(k)];
-    const bool closed = a.closed_at && now - *a.closed_at >= kReopenGrace;
+    const bool closed = a.closed_at && now - *a.closed_at >= a.close_grace;
     if (!up(k) || (now - a.last_heartbeat < slot_timeout_ && !closed)) continue;
     members_->heartbeat_lost(k);
     const double silent = std::chrono::duration<double>(now - a.last_heartbeat).count();
