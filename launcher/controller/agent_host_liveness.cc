@@ -16,9 +16,9 @@ using Clock = std::chrono::steady_clock;
 
 // When an agent's connection closes, its liveness port is tried (Register.liveness_port):
 // refused, its process is gone and the slot is lost at once; listening, it lives and its link
-// merely reset: it reconnects and heartbeats at once, and gets kAnsweredGrace to (a port
-// that answered for a process that then never came back was seen once in 30 trials; the
-// heartbeat timeout would have taken 2 s). The try waits kProbeWait at most: a host that
+// merely reset: it reconnects and heartbeats at once, within kAnsweredGrace or it is lost (a
+// port that answered for a process that then never came back was seen once in 30 trials;
+// the heartbeat timeout would have taken 2 s). The try waits kProbeWait at most: a host that
 // answers nothing (it went down in the same instant) leaves kReopenGrace to decide.
 constexpr std::chrono::milliseconds kProbeWait{50};
 constexpr std::chrono::milliseconds kAnsweredGrace{1000};
@@ -28,8 +28,11 @@ constexpr std::chrono::milliseconds kAnsweredGrace{1000};
 // soon as the handshake succeeds, within its 20 ms poll (launcher/agent/agent.cc); a dead one
 // never does.
 constexpr std::chrono::milliseconds kReopenGrace{150};
+// A close that follows this much silence is the ZMTP heartbeat timeout's (1.5 s), not the
+// agent's own: a silent slot is judged by detect.slot_timeout_ms alone.
+constexpr std::chrono::milliseconds kSilentBeforeClose{1000};
 
-// What the liveness probe of `a` says (kSilent without a port to try).
+// What the liveness port `port` of the agent on `host` says (kSilent without a port to try).
 detail::PortProbe probe(const std::string& host, int port) {
   if (port <= 0) return detail::PortProbe::kSilent;
   try {
@@ -38,9 +41,6 @@ detail::PortProbe probe(const std::string& host, int port) {
     return detail::PortProbe::kSilent;  // a host that does not resolve: let the grace decide
   }
 }
-// A close that follows this much silence is the ZMTP heartbeat timeout's (1.5 s), not the
-// agent's own: a silent slot is judged by detect.slot_timeout_ms alone.
-constexpr std::chrono::milliseconds kSilentBeforeClose{1000};
 
 }  // namespace
 

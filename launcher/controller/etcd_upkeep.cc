@@ -95,10 +95,13 @@ void EtcdUpkeep::keep_leader_home() {
         on_event_("etcd_leader_moved",
                   EventFields().add("slot", home_slot_).add("member", home->name()));
       }
+    leader_move_failing_ = false;
   } catch (const Error& e) {
-    // Without quorum, or a member gone meanwhile: the next check tries again.
-    LOG(WARNING) << "etcd: could not move the Raft leader to slot " << home_slot_ << ": "
-                 << e.what();
+    // Without quorum, or a member gone meanwhile: the next check tries again (said once).
+    if (!leader_move_failing_)
+      LOG(WARNING) << "etcd: could not move the Raft leader to slot " << home_slot_ << ": "
+                   << e.what();
+    leader_move_failing_ = true;
   }
 }
 

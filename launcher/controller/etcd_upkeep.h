@@ -62,6 +62,7 @@ class EtcdUpkeep {
   std::chrono::steady_clock::time_point probed_at_;  // the last probe of a silent member
   int home_slot_;
   std::chrono::steady_clock::time_point leader_checked_at_{};
+  bool leader_move_failing_ = false;  // said once until a check succeeds
 };
 
 }  // namespace keel
