@@ -53,13 +53,13 @@ bool serves(const EtcdMemberInfo& m, const std::string& peer_url) {
 EtcdUpkeep::EtcdUpkeep(AgentHost* agents, EtcdClient* client, state::EtcdMembers members,
                        std::function<void(const state::EtcdMembers&)> record,
                        std::function<void(const std::string&, const EventFields&)> on_event,
-                       int home_slot)
+                       int controller_slot)
     : agents_(agents),
       client_(client),
       members_(std::move(members)),
       record_(std::move(record)),
       on_event_(std::move(on_event)),
-      home_slot_(home_slot) {}
+      controller_slot_(controller_slot) {}
 
 state::EtcdMembers EtcdUpkeep::first(const AgentHost& agents, int n, const std::string& data_root,
                                      const std::string& log_dir) {
@@ -81,25 +81,34 @@ const state::EtcdMembers::Member* EtcdUpkeep::on(int slot) const {
   return nullptr;
 }
 
+const state::EtcdMembers::Member* EtcdUpkeep::leader_home() const {
+  const state::EtcdMembers::Member* home = nullptr;
+  for (const auto& m : members_.members())
+    if (m.slot() != controller_slot_ && m.slot() < agents_->slot_count() &&
+        agents_->slot_up(m.slot()) && (!home || m.slot() > home->slot()))
+      home = &m;
+  return home;
+}
+
 void EtcdUpkeep::keep_leader_home() {
   const auto now = std::chrono::steady_clock::now();
   if (now - leader_checked_at_ < kLeaderCheckEvery) return;
   leader_checked_at_ = now;
-  const state::EtcdMembers::Member* home = on(home_slot_);
-  if (!home || home_slot_ >= agents_->slot_count() || !agents_->slot_up(home_slot_)) return;
+  const state::EtcdMembers::Member* home = leader_home();
+  if (!home) return;
   try {
     for (const EtcdMemberInfo& m : client_->member_list())
       if (serves(m, home->peer_url()) && client_->move_leader(m.id)) {
-        LOG(INFO) << "etcd: Raft leadership moved to member " << home->name()
-                  << ", on the controller's slot " << home_slot_;
+        LOG(INFO) << "etcd: Raft leadership moved to member " << home->name() << " on slot "
+                  << home->slot() << " (the controller is on slot " << controller_slot_ << ")";
         on_event_("etcd_leader_moved",
-                  EventFields().add("slot", home_slot_).add("member", home->name()));
+                  EventFields().add("slot", home->slot()).add("member", home->name()));
       }
     leader_move_failing_ = false;
   } catch (const Error& e) {
     // Without quorum, or a member gone meanwhile: the next check tries again (said once).
     if (!leader_move_failing_)
-      LOG(WARNING) << "etcd: could not move the Raft leader to slot " << home_slot_ << ": "
+      LOG(WARNING) << "etcd: could not move the Raft leader to slot " << home->slot() << ": "
                    << e.what();
     leader_move_failing_ = true;
   }
