@@ -26,9 +26,6 @@ constexpr std::chrono::milliseconds kCutOffMemberGrace{10000};
 // how often it is made: a cut-off member's probe times out on the controller's loop.
 constexpr std::chrono::milliseconds kProbe{100};
 constexpr std::chrono::milliseconds kProbeEvery{2000};
-// How often the Raft leader's place is checked (keep_leader_home): a leader lost elsewhere
-// (its member restarted, an election under load) is brought back within this.
-constexpr std::chrono::milliseconds kLeaderCheckEvery{2000};
 
 // Whether the member at `peer_url` ("https://host:port") is gone while its host is up (its
 // port refuses a connection): it closed its streams, so removing it cannot stall etcd.
@@ -52,14 +49,12 @@ bool serves(const EtcdMemberInfo& m, const std::string& peer_url) {
 
 EtcdUpkeep::EtcdUpkeep(AgentHost* agents, EtcdClient* client, state::EtcdMembers members,
                        std::function<void(const state::EtcdMembers&)> record,
-                       std::function<void(const std::string&, const EventFields&)> on_event,
-                       int controller_slot)
+                       std::function<void(const std::string&, const EventFields&)> on_event)
     : agents_(agents),
       client_(client),
       members_(std::move(members)),
       record_(std::move(record)),
-      on_event_(std::move(on_event)),
-      controller_slot_(controller_slot) {}
+      on_event_(std::move(on_event)) {}
 
 state::EtcdMembers EtcdUpkeep::first(const AgentHost& agents, int n, const std::string& data_root,
                                      const std::string& log_dir) {
@@ -81,41 +76,7 @@ const state::EtcdMembers::Member* EtcdUpkeep::on(int slot) const {
   return nullptr;
 }
 
-const state::EtcdMembers::Member* EtcdUpkeep::leader_home() const {
-  const state::EtcdMembers::Member* home = nullptr;
-  for (const auto& m : members_.members())
-    if (m.slot() != controller_slot_ && m.slot() < agents_->slot_count() &&
-        agents_->slot_up(m.slot()) && (!home || m.slot() > home->slot()))
-      home = &m;
-  return home;
-}
-
-void EtcdUpkeep::keep_leader_home() {
-  const auto now = std::chrono::steady_clock::now();
-  if (now - leader_checked_at_ < kLeaderCheckEvery) return;
-  leader_checked_at_ = now;
-  const state::EtcdMembers::Member* home = leader_home();
-  if (!home) return;
-  try {
-    for (const EtcdMemberInfo& m : client_->member_list())
-      if (serves(m, home->peer_url()) && client_->move_leader(m.id)) {
-        LOG(INFO) << "etcd: Raft leadership moved to member " << home->name() << " on slot "
-                  << home->slot() << " (the controller is on slot " << controller_slot_ << ")";
-        on_event_("etcd_leader_moved",
-                  EventFields().add("slot", home->slot()).add("member", home->name()));
-      }
-    leader_move_failing_ = false;
-  } catch (const Error& e) {
-    // Without quorum, or a member gone meanwhile: the next check tries again (said once).
-    if (!leader_move_failing_)
-      LOG(WARNING) << "etcd: could not move the Raft leader to slot " << home->slot() << ": "
-                   << e.what();
-    leader_move_failing_ = true;
-  }
-}
-
 void EtcdUpkeep::maintain() {
-  keep_leader_home();
   int lost = -1;
   for (const auto& m : members_.members())
     if (m.slot() < agents_->slot_count() && agents_->slot_lost(m.slot())) lost = m.slot();

@@ -4,14 +4,7 @@
 // while the other members hold quorum). Without it, a job of 3 members that loses two of its
 // first three slots over its life, one at a time, would lose quorum although each loss alone
 // was survivable. A member cut off by a partition is removed only some seconds after its
-// slot went silent (why: kCutOffMemberGrace in the .cc). It also keeps etcd's Raft leader in
-// one known place, the live member slot with the highest number that is not the controller's:
-// a member that dies while it leads costs every write an election timeout (1-2 s with keel's
-// timing; seen stalling a lost slot's recovery by 1.3-3 s when etcd had put its leader there),
-// so only that one slot's loss costs an election now. Not the controller's own machine: its
-// loss already costs a failover, which needs etcd to answer (the candidates campaign and the
-// agents find the new leader through it), and with both leaders gone at once a takeover was
-// seen to miss the agents' registration window. Runs in the leader's loop.
+// slot went silent (why: kCutOffMemberGrace in the .cc). Runs in the leader's loop.
 #pragma once
 
 #include <chrono>
@@ -30,12 +23,10 @@ class EtcdUpkeep {
  public:
   // Keeps `members` (as the control state records them); `record` writes each change there
   // (fenced on the leadership: a leader that takes over keeps them from where this one left
-  // them), `on_event` records each replacement in the job's event log. `controller_slot`:
-  // the controller's machine (under --local, where the launcher stands beside every slot: 0).
+  // them), `on_event` records each replacement in the job's event log.
   EtcdUpkeep(AgentHost* agents, EtcdClient* client, state::EtcdMembers members,
              std::function<void(const state::EtcdMembers&)> record,
-             std::function<void(const std::string&, const EventFields&)> on_event,
-             int controller_slot);
+             std::function<void(const std::string&, const EventFields&)> on_event);
 
   // The record of the `n` members keel starts on slots 0..n-1 (named slot<k>).
   static state::EtcdMembers first(const AgentHost& agents, int n, const std::string& data_root,
@@ -46,20 +37,12 @@ class EtcdUpkeep {
   // a later call (etcd without quorum cannot change its members).
   void maintain();
 
-  // Moves etcd's Raft leader to leader_home() if another member leads, at most every few
-  // seconds (two reads a check; the move itself is one heartbeat's pause of writes). Runs in
-  // maintain().
-  void keep_leader_home();
-
   // Members replaced so far.
   int replaced() const { return members_.replaced(); }
 
  private:
   // The member on `slot`, if any.
   const state::EtcdMembers::Member* on(int slot) const;
-  // Where the Raft leader is kept: the member of the live slot with the highest number other
-  // than the controller's (null: none).
-  const state::EtcdMembers::Member* leader_home() const;
 
   AgentHost* agents_;
   EtcdClient* client_;
@@ -67,9 +50,6 @@ class EtcdUpkeep {
   std::function<void(const state::EtcdMembers&)> record_;
   std::function<void(const std::string&, const EventFields&)> on_event_;
   std::chrono::steady_clock::time_point probed_at_;  // the last probe of a silent member
-  int controller_slot_;
-  std::chrono::steady_clock::time_point leader_checked_at_{};
-  bool leader_move_failing_ = false;  // said once until a check succeeds
 };
 
 }  // namespace keel

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <sstream>
 
 #include "launcher/etcd/detail/etcd_rpc.h"
@@ -422,31 +421,6 @@ std::vector<EtcdMemberInfo> EtcdClient::member_list() {
                 return m.cluster->MemberList(&c, req, &resp);
               });
   return members_of(resp.members());
-}
-
-bool EtcdClient::move_leader(uint64_t id) {
-  const uint64_t leader = status().leader_id;
-  if (leader == 0 || leader == id) return false;
-  // MoveLeader is refused by any member but the leader: find the leader's channel.
-  std::optional<size_t> at;
-  for (const EtcdMemberInfo& m : member_list()) {
-    if (m.id != leader) continue;
-    for (const std::string& url : m.client_urls) {
-      const size_t scheme = url.find("://");
-      const std::string hp = scheme == std::string::npos ? url : url.substr(scheme + 3);
-      for (size_t i = 0; i < impl_->members.size(); ++i)
-        if (impl_->members[i].name == hp) at = i;
-    }
-  }
-  if (!at) return false;
-  etcdserverpb::MoveLeaderRequest req;
-  req.set_targetid(id);
-  etcdserverpb::MoveLeaderResponse resp;
-  grpc::ClientContext c;
-  Impl::set_deadline(c, steady_clock::now() + timeout_);
-  const grpc::Status st = impl_->members[*at].maintenance->MoveLeader(&c, req, &resp);
-  if (!st.ok()) impl_->fail("move leader to " + std::to_string(id), st, timeout_);
-  return true;
 }
 
 std::vector<EtcdMemberInfo> EtcdClient::member_add(const std::string& peer_url, uint64_t* id) {

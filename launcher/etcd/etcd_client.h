@@ -160,11 +160,6 @@ class EtcdClient {
   std::vector<EtcdMemberInfo> member_list();
   std::vector<EtcdMemberInfo> member_add(const std::string& peer_url, uint64_t* id);
   void member_remove(uint64_t id);
-  // Hands Raft leadership to member `id` (etcd's MoveLeader, sent to the leader, which
-  // catches the target up and has it win at once, without an election timeout). False, with
-  // nothing asked, when `id` already leads, no member leads, or the leader is not among
-  // this client's endpoints. Throws EtcdUnavailable/EtcdError like any call.
-  bool move_leader(uint64_t id);
 
   // KV writes that reached etcd (puts, deletes, transactions, whether or not their guard
   // held) and the key and value bytes they carried: to measure writes per step and per
