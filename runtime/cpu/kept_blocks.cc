@@ -6,7 +6,7 @@
 namespace keel::cpu {
 
 void* KeptBlocks::take(size_t bytes) {
-  if (bytes < kMinBytes) return nullptr;
+  if (bytes < kMinBytes || !keeping_.load(std::memory_order_relaxed)) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = held_.find(bytes);
   if (it == held_.end()) return nullptr;
@@ -16,19 +16,19 @@ void* KeptBlocks::take(size_t bytes) {
 }
 
 void KeptBlocks::note(void* p, size_t bytes) {
-  if (bytes < kMinBytes) return;
+  if (bytes < kMinBytes || !keeping_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mu_);
   sizes_[p] = bytes;
 }
 
 bool KeptBlocks::keep(void* p) {
   if (p == nullptr) return true;  // free(nullptr): nothing to do
+  if (!keeping_.load(std::memory_order_relaxed)) return false;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sizes_.find(p);
   if (it == sizes_.end()) return false;
   const size_t bytes = it->second;
   sizes_.erase(it);
-  if (!keeping_) return false;
   std::memset(p, 0, bytes);
   held_.emplace(bytes, p);
   return true;
@@ -40,6 +40,7 @@ void KeptBlocks::set_keeping(bool on) {
   if (on) return;
   for (auto& [bytes, p] : held_) std::free(p);
   held_.clear();
+  sizes_.clear();
 }
 
 }  // namespace keel::cpu

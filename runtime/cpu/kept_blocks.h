@@ -5,6 +5,7 @@
 // (~0.3 s for the 230 MB state and the activations of a medium GPT).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <mutex>
@@ -22,13 +23,14 @@ class KeptBlocks {
   // A block of exactly `bytes` held since it was freed, zero-filled (nullptr: none; small
   // sizes are never held). The caller owns it again.
   void* take(size_t bytes);
-  // Remembers the size of a large block just handed out, for keep().
+  // Remembers the size of a large block just handed out while keeping is on, for keep().
   void note(void* p, size_t bytes);
   // Holds `p` if keeping is on and it is a large block note() saw, zero-filling it now (a
   // standby's rehearsal frees while it waits: the rank it becomes then skips the memset);
   // false: the caller frees.
   bool keep(void* p);
-  // Off frees every block held.
+  // Off frees every block held and forgets the sizes noted: a block handed out meanwhile is
+  // the caller's to free as any other.
   void set_keeping(bool on);
 
  private:
@@ -37,8 +39,10 @@ class KeptBlocks {
   static constexpr size_t kMinBytes = 1 << 20;
 
   std::mutex mu_;
-  bool keeping_ = false;
-  std::unordered_map<void*, size_t> sizes_;  // every large block handed out and not freed
+  // Read without the lock on every alloc and free: off (every rank but a parked or just
+  // promoted standby), they cost one load and nothing more.
+  std::atomic<bool> keeping_{false};
+  std::unordered_map<void*, size_t> sizes_;  // large blocks handed out while keeping, not freed
   std::multimap<size_t, void*> held_;        // freed while keeping, by size
 };
 
