@@ -298,7 +298,7 @@ int lead_as_candidate(const LaunchOptions& o, const volatile sig_atomic_t* stop)
     upkeep = std::make_unique<EtcdUpkeep>(
         &agents, &client, *members,
         [&state](const state::EtcdMembers& x) { state->etcd_members(x); },
-        [&events](const std::string& k, const EventFields& f) { events.write(k, f); });
+        [&events](const std::string& k, const EventFields& f) { events.write(k, f); }, o.slot);
   return run_and_end(co, agents, control, store, events, &state, upkeep.get(), &client);
 }
 

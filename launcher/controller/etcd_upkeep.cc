@@ -1,10 +1,12 @@
 #include "launcher/controller/etcd_upkeep.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "launcher/controller/agent_host.h"
 #include "parallel/socket_util.h"
 #include "parallel/tcp_store.h"
+#include "robust/raft_leader_place.h"
 #include "runtime/logging.h"
 
 namespace keel {
@@ -26,6 +28,16 @@ constexpr std::chrono::milliseconds kCutOffMemberGrace{10000};
 // how often it is made: a cut-off member's probe times out on the controller's loop.
 constexpr std::chrono::milliseconds kProbe{100};
 constexpr std::chrono::milliseconds kProbeEvery{2000};
+// The Raft leader's place: looked at every few seconds, once the members have been as they
+// are for a while (a member added to replace a lost one is caught up by then, or its Status
+// says it is not). The Status calls' deadline bounds a check on the controller's loop; the
+// move itself takes one round trip and one vote when its target is caught up.
+constexpr std::chrono::milliseconds kLeaderCheckEvery{5000};
+constexpr std::chrono::milliseconds kMembersSettled{10000};
+constexpr std::chrono::milliseconds kStatusDeadline{200};
+constexpr std::chrono::milliseconds kMoveDeadline{1000};
+// After a move that failed: the next try waits longer (whatever refused it may last).
+constexpr std::chrono::milliseconds kAfterFailedMove{30000};
 
 // Whether the member at `peer_url` ("https://host:port") is gone while its host is up (its
 // port refuses a connection): it closed its streams, so removing it cannot stall etcd.
@@ -49,12 +61,15 @@ bool serves(const EtcdMemberInfo& m, const std::string& peer_url) {
 
 EtcdUpkeep::EtcdUpkeep(AgentHost* agents, EtcdClient* client, state::EtcdMembers members,
                        std::function<void(const state::EtcdMembers&)> record,
-                       std::function<void(const std::string&, const EventFields&)> on_event)
+                       std::function<void(const std::string&, const EventFields&)> on_event,
+                       int controller_slot)
     : agents_(agents),
       client_(client),
       members_(std::move(members)),
       record_(std::move(record)),
-      on_event_(std::move(on_event)) {}
+      on_event_(std::move(on_event)),
+      controller_slot_(controller_slot),
+      changed_at_(std::chrono::steady_clock::now()) {}
 
 state::EtcdMembers EtcdUpkeep::first(const AgentHost& agents, int n, const std::string& data_root,
                                      const std::string& log_dir) {
@@ -76,7 +91,65 @@ const state::EtcdMembers::Member* EtcdUpkeep::on(int slot) const {
   return nullptr;
 }
 
+void EtcdUpkeep::keep_raft_leader_home() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - changed_at_ < kMembersSettled || now - leader_checked_at_ < kLeaderCheckEvery) return;
+  leader_checked_at_ = now;
+  std::vector<RaftMemberView> view;
+  for (const auto& m : members_.members()) {
+    RaftMemberView v;
+    v.slot = m.slot();
+    v.slot_up = m.slot() < agents_->slot_count() && agents_->slot_up(m.slot());
+    view.push_back(v);
+  }
+  // Nothing is asked of a cluster with a member's machine away: no move then anyway.
+  if (std::any_of(view.begin(), view.end(), [](const auto& v) { return !v.slot_up; })) return;
+  EtcdStatus leader;
+  try {
+    const std::vector<EtcdMemberInfo> listed = client_->member_list();
+    const std::vector<EtcdStatus> statuses = client_->member_statuses(now + kStatusDeadline);
+    for (size_t i = 0; i < view.size(); ++i) {
+      for (const auto& l : listed)
+        if (serves(l, members_.members(int(i)).peer_url())) view[i].id = l.id;
+      for (const auto& st : statuses)
+        if (view[i].id != 0 && st.member_id == view[i].id) {
+          view[i].answered = true;
+          view[i].leader_id = st.leader_id;
+          view[i].raft_term = st.raft_term;
+          view[i].raft_index = st.raft_index;
+          if (st.member_id == st.leader_id) leader = st;
+        }
+    }
+  } catch (const Error& e) {
+    leader_stays_because_ = std::string("etcd did not answer: ") + e.what();
+    return;
+  }
+  const RaftLeaderMove move = raft_leader_move(view, controller_slot_);
+  if (move.to == 0) {
+    if (move.why_not != leader_stays_because_ && move.why_not != "in place")
+      LOG(INFO) << "etcd: the Raft leader stays where it is: " << move.why_not;
+    leader_stays_because_ = move.why_not;
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    client_->move_leader(leader, move.to, start + kMoveDeadline);
+  } catch (const Error& e) {
+    LOG(WARNING) << "etcd: moving the Raft leader to slot " << move.to_slot << ": " << e.what();
+    leader_checked_at_ = std::chrono::steady_clock::now() + kAfterFailedMove - kLeaderCheckEvery;
+    return;
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  LOG(INFO) << "etcd: Raft leadership moved to the member on slot " << move.to_slot << " in " << ms
+            << " ms (the controller is on slot " << controller_slot_ << ")";
+  leader_stays_because_.clear();
+  if (on_event_)
+    on_event_("etcd_leader_moved", EventFields().add("slot", move.to_slot).add("took_ms", ms));
+}
+
 void EtcdUpkeep::maintain() {
+  keep_raft_leader_home();
   int lost = -1;
   for (const auto& m : members_.members())
     if (m.slot() < agents_->slot_count() && agents_->slot_lost(m.slot())) lost = m.slot();
@@ -136,6 +209,7 @@ void EtcdUpkeep::maintain() {
         cluster += (cluster.empty() ? "" : ",") + name + "=" + url;
       }
     members_ = after;
+    changed_at_ = std::chrono::steady_clock::now();
     agents_->start_etcd_member(to, next.name(), cluster, members_.data_root(), members_.log_dir(),
                                kStartWait);
   } catch (const std::exception& e) {

@@ -4,7 +4,9 @@
 // while the other members hold quorum). Without it, a job of 3 members that loses two of its
 // first three slots over its life, one at a time, would lose quorum although each loss alone
 // was survivable. A member cut off by a partition is removed only some seconds after its
-// slot went silent (why: kCutOffMemberGrace in the .cc). Runs in the leader's loop.
+// slot went silent (why: kCutOffMemberGrace in the .cc). It also keeps etcd's Raft leader
+// in one known place, moving it only while the cluster is whole and settled
+// (robust/raft_leader_place.h says where and when). Runs in the leader's loop.
 #pragma once
 
 #include <chrono>
@@ -23,10 +25,13 @@ class EtcdUpkeep {
  public:
   // Keeps `members` (as the control state records them); `record` writes each change there
   // (fenced on the leadership: a leader that takes over keeps them from where this one left
-  // them), `on_event` records each replacement in the job's event log.
+  // them), `on_event` records each replacement and each move of the Raft leader in the job's
+  // event log. `controller_slot`: this controller's machine (under --local, where the
+  // launcher stands beside every slot: the slot whose candidate leads).
   EtcdUpkeep(AgentHost* agents, EtcdClient* client, state::EtcdMembers members,
              std::function<void(const state::EtcdMembers&)> record,
-             std::function<void(const std::string&, const EventFields&)> on_event);
+             std::function<void(const std::string&, const EventFields&)> on_event,
+             int controller_slot);
 
   // The record of the `n` members keel starts on slots 0..n-1 (named slot<k>).
   static state::EtcdMembers first(const AgentHost& agents, int n, const std::string& data_root,
@@ -36,6 +41,12 @@ class EtcdUpkeep {
   // runs on a cluster that has taken the one before. A change that fails is tried again at
   // a later call (etcd without quorum cannot change its members).
   void maintain();
+
+  // Moves etcd's Raft leader home (robust/raft_leader_place.h) when it leads elsewhere and
+  // the move is safe: checked every few seconds, and only once the members have not changed
+  // for a while (a member just added may still be catching up). One Status per member a
+  // check, all at once, with a short deadline. Runs in maintain().
+  void keep_raft_leader_home();
 
   // Members replaced so far.
   int replaced() const { return members_.replaced(); }
@@ -50,6 +61,12 @@ class EtcdUpkeep {
   std::function<void(const state::EtcdMembers&)> record_;
   std::function<void(const std::string&, const EventFields&)> on_event_;
   std::chrono::steady_clock::time_point probed_at_;  // the last probe of a silent member
+  int controller_slot_;
+  // Since when the members are as they are (this controller's start, or the last change),
+  // and the last look at the Raft leader's place.
+  std::chrono::steady_clock::time_point changed_at_;
+  std::chrono::steady_clock::time_point leader_checked_at_{};
+  std::string leader_stays_because_;  // said once until it changes
 };
 
 }  // namespace keel

@@ -73,7 +73,7 @@ JobEtcd start_job_etcd(AgentHost& agents, const JobEtcdOptions& o,
     j.upkeep = std::make_unique<EtcdUpkeep>(
         &agents, j.client.get(), first,
         [state = j.state.get()](const state::EtcdMembers& m) { state->etcd_members(m); },
-        std::move(on_event));
+        std::move(on_event), o.leader.slot());
   }
   char took[32];
   std::snprintf(took, sizeof(took), "%.2f s",

@@ -394,8 +394,67 @@ EtcdStatus EtcdClient::status() {
               [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
                 return m.maintenance->Status(&c, req, &resp);
               });
-  return EtcdStatus{resp.header().member_id(), resp.leader(), resp.raftterm(), resp.dbsize(),
-                    resp.version()};
+  return EtcdStatus{resp.header().member_id(),
+                    resp.leader(),
+                    resp.raftterm(),
+                    resp.raftindex(),
+                    resp.dbsize(),
+                    resp.version(),
+                    ""};
+}
+
+std::vector<EtcdStatus> EtcdClient::member_statuses(steady_clock::time_point deadline) {
+  // Every member asked at once: a silent one costs the deadline once, not once per member.
+  struct Ask {
+    grpc::ClientContext context;
+    etcdserverpb::StatusResponse resp;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<etcdserverpb::StatusResponse>> reader;
+    grpc::Status status;
+  };
+  grpc::CompletionQueue cq;
+  std::vector<Ask> asks(impl_->members.size());
+  const etcdserverpb::StatusRequest req;
+  for (size_t i = 0; i < asks.size(); ++i) {
+    Impl::set_deadline(asks[i].context, deadline);
+    asks[i].reader = impl_->members[i].maintenance->AsyncStatus(&asks[i].context, req, &cq);
+    asks[i].reader->Finish(&asks[i].resp, &asks[i].status, reinterpret_cast<void*>(i));
+  }
+  void* tag = nullptr;
+  bool ok = false;
+  for (size_t left = asks.size(); left > 0 && cq.Next(&tag, &ok); --left) {
+  }
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  std::vector<EtcdStatus> out;
+  for (size_t i = 0; i < asks.size(); ++i) {
+    const auto& r = asks[i].resp;
+    if (asks[i].status.ok())
+      out.push_back(EtcdStatus{r.header().member_id(), r.leader(), r.raftterm(), r.raftindex(),
+                               r.dbsize(), r.version(), impl_->members[i].name});
+  }
+  return out;
+}
+
+void EtcdClient::move_leader(const EtcdStatus& leader, uint64_t to,
+                             steady_clock::time_point deadline) {
+  const auto at =
+      std::find_if(impl_->members.begin(), impl_->members.end(),
+                   [&](const EtcdMemberChannel& m) { return m.name == leader.endpoint; });
+  if (at == impl_->members.end())
+    throw EtcdError(
+        "etcd (" + impl_->names + "): move leader: no endpoint '" + leader.endpoint + "'",
+        int(grpc::StatusCode::INVALID_ARGUMENT));
+  etcdserverpb::MoveLeaderRequest req;
+  req.set_targetid(to);
+  etcdserverpb::MoveLeaderResponse resp;
+  grpc::ClientContext c;
+  Impl::set_deadline(c, deadline);
+  const grpc::Status st = at->maintenance->MoveLeader(&c, req, &resp);
+  if (!st.ok())
+    impl_->fail(
+        "move leader to " + std::to_string(to), st,
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady_clock::now()));
 }
 
 namespace {

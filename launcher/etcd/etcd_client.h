@@ -65,8 +65,10 @@ struct EtcdStatus {
   uint64_t member_id = 0;
   uint64_t leader_id = 0;  // 0: the member knows no leader (no quorum, or an election)
   uint64_t raft_term = 0;
+  uint64_t raft_index = 0;  // its committed Raft index
   int64_t db_size = 0;
   std::string version;
+  std::string endpoint;  // the endpoint that answered ("host:port")
 };
 
 // A member of the cluster as etcd lists it.
@@ -152,6 +154,16 @@ class EtcdClient {
 
   // The status of the member the channel is connected to (a health check).
   EtcdStatus status();
+  // The status of every endpoint's member that answers before `deadline`, one try each (a
+  // member that does not is left out): to see the whole cluster, not one member's view.
+  std::vector<EtcdStatus> member_statuses(std::chrono::steady_clock::time_point deadline);
+  // Hands Raft leadership from `leader` (as member_statuses saw it; the call goes to its
+  // endpoint, since only the leader takes it) to member `to`: etcd's MoveLeader, which
+  // catches `to` up and has it campaign at once, without an election timeout. Not retried.
+  // The leader drops writes until `to` leads: aim it only at a live, caught-up member
+  // (robust/raft_leader_place.h). Throws EtcdUnavailable/EtcdError like any call.
+  void move_leader(const EtcdStatus& leader, uint64_t to,
+                   std::chrono::steady_clock::time_point deadline);
 
   // The cluster's members, and changes to them (Raft reconfiguration, one at a time, each
   // needing quorum): a lost member is removed and a new one added before it starts.

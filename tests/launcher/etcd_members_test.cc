@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <thread>
 
 #include "etcd_test_cluster.h"
 #include "launcher/etcd/etcd_client.h"
@@ -207,6 +208,79 @@ TEST(EtcdMember, OnlyTheJobsCertificatesGetIn) {
   const auto kv = mine.get("/job/state");
   ASSERT_TRUE(kv);
   EXPECT_EQ(kv->value, "ours");
+}
+
+// etcd's Raft leader handed from member to member (EtcdClient::move_leader, as EtcdUpkeep
+// keeps it home) while two clients write through different members, one of them always a
+// follower: no write fails (a leader handing over drops writes, "raft proposal dropped",
+// and a forwarded one is lost until the attempt's timeout: both are tried again), and each
+// move lands. A member killed is left out of member_statuses, which answers within its
+// deadline.
+TEST(EtcdMember, RaftLeaderMovesWhileWritesGoOn) {
+  test::EtcdTestCluster cluster(3);
+  const auto leader_of = [](const std::vector<EtcdStatus>& st) -> const EtcdStatus* {
+    for (const auto& s : st)
+      if (s.member_id == s.leader_id) return &s;
+    return nullptr;
+  };
+  std::atomic<bool> stop{false};
+  std::atomic<int> written{0}, failed{0};
+  std::atomic<long long> longest_ms{0};
+  std::vector<std::thread> writers;
+  for (int w = 0; w < 2; ++w)
+    writers.emplace_back([&, w] {
+      const std::vector<std::string> e = cluster.endpoints();
+      // Each client starts on another member (its first endpoint).
+      EtcdClient client({e[w * 2], e[1], e[2 - w * 2]}, seconds(2));
+      for (int i = 0; !stop.load(); ++i) {
+        const auto start = steady_clock::now();
+        try {
+          client.put("/w" + std::to_string(w), std::to_string(i));
+          ++written;
+        } catch (const std::exception& ex) {
+          ++failed;
+          std::printf("writer %d: %s\n", w, ex.what());
+        }
+        const long long ms =
+            std::chrono::duration_cast<milliseconds>(steady_clock::now() - start).count();
+        longest_ms.store(std::max(longest_ms.load(), ms));
+      }
+    });
+  EtcdClient admin(cluster.endpoints(), seconds(2));
+  for (int move = 0; move < 6; ++move) {
+    const std::vector<EtcdStatus> st = admin.member_statuses(steady_clock::now() + seconds(1));
+    ASSERT_EQ(st.size(), 3u);
+    const EtcdStatus* leader = leader_of(st);
+    ASSERT_NE(leader, nullptr);
+    EXPECT_GT(leader->raft_index, 0u);
+    uint64_t to = 0;  // the follower after the leader, round the list
+    for (size_t i = 0; i < st.size() && !to; ++i)
+      if (st[i].member_id == leader->member_id) to = st[(i + 1 + move % 2) % 3].member_id;
+    if (to == leader->member_id) to = st[(move + 1) % 3].member_id;
+    ASSERT_NE(to, leader->member_id);
+    admin.move_leader(*leader, to, steady_clock::now() + seconds(2));
+    EXPECT_TRUE(test::eventually(
+        [&] {
+          const auto now = admin.member_statuses(steady_clock::now() + seconds(1));
+          const EtcdStatus* l = leader_of(now);
+          return l && l->member_id == to;
+        },
+        seconds(5)))
+        << "move " << move << " did not land";
+    const int before = written.load();
+    EXPECT_TRUE(test::eventually([&] { return written.load() > before + 2; }, seconds(10)));
+  }
+  stop = true;
+  for (auto& t : writers) t.join();
+  std::printf("%d writes across 6 leader moves, %d failed, the longest %lld ms\n", written.load(),
+              failed.load(), longest_ms.load());
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_GT(written.load(), 12);
+  // A dead member does not answer: left out, the others within the deadline.
+  ASSERT_EQ(::kill(cluster.member(1).pid(), SIGKILL), 0);
+  EXPECT_TRUE(test::eventually(
+      [&] { return admin.member_statuses(steady_clock::now() + milliseconds(200)).size() == 2; },
+      seconds(5)));
 }
 
 }  // namespace

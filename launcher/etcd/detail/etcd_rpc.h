@@ -138,7 +138,9 @@ struct EtcdClient::Impl {
   // The cluster is out of reach (no member answered, or the one that did has no leader),
   // not refusing the call: tried again, and EtcdUnavailable at the deadline. A member
   // without a leader answers some calls itself with its own timeout (gRPC UNKNOWN "context
-  // deadline exceeded", "request timed out").
+  // deadline exceeded", "request timed out"), and a write that reaches a member with no
+  // leader, or a leader handing its leadership over (MoveLeader), is dropped at once ("raft
+  // proposal dropped").
   static bool out_of_reach(const grpc::Status& status) {
     const auto code = status.error_code();
     if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED)
@@ -147,7 +149,8 @@ struct EtcdClient::Impl {
     return code == grpc::StatusCode::UNKNOWN && (m.find("deadline exceeded") != std::string::npos ||
                                                  m.find("request timed out") != std::string::npos ||
                                                  m.find("no leader") != std::string::npos ||
-                                                 m.find("leader changed") != std::string::npos);
+                                                 m.find("leader changed") != std::string::npos ||
+                                                 m.find("proposal dropped") != std::string::npos);
   }
 
   static void set_deadline(grpc::ClientContext& context,
