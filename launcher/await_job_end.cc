@@ -2,6 +2,7 @@
 
 #include <sys/wait.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -9,6 +10,7 @@
 
 #include "launcher/agent/agent.h"
 #include "launcher/etcd/etcd_client.h"
+#include "launcher/etcd/etcd_watch.h"
 #include "launcher/etcd/leader_election.h"
 #include "proto/control_state.pb.h"
 #include "proto/store_keys.h"
@@ -80,6 +82,19 @@ int await_job_end(const JobEndWait& w) {
       how.c_str());
   std::fflush(stdout);
   EtcdClient client(etcd, kEndPollTimeout);
+  // The end as etcd pushes it: the leader writes it and then shuts the job down, its etcd
+  // members with it, so a poll may find etcd gone before it saw the end (a machine whose
+  // slots were taken as lost has nothing else to learn it from). The polls below cover an
+  // end written before the watch began.
+  std::atomic<int> pushed_end{-1};
+  EtcdWatch end_watch(client, keys::state::end(job), /*prefix=*/false,
+                      [&pushed_end](const std::vector<EtcdEvent>& events) {
+                        for (const EtcdEvent& e : events) {
+                          state::JobEnd end;
+                          if (e.type == EtcdEvent::Type::kPut && end.ParseFromString(e.kv.value))
+                            pushed_end = end.code();
+                        }
+                      });
   std::optional<int> slot_code;  // the first slot's that ended with the job's status
   bool gone = false;             // a slot here was taken as lost: the job goes on elsewhere
   auto job_status = [&](int code) {
@@ -94,8 +109,12 @@ int await_job_end(const JobEndWait& w) {
       if (WIFEXITED(st)) job_status(WEXITSTATUS(st));
       return true;
     });
-    if (w.agent0_here && w.agent0_code->load() >= 0) job_status(w.agent0_code->load());
+    // Read once a pass: an agent that ends between two reads would count as ended here
+    // without its status (a slot taken as lost), and the wait would end with it.
+    const int agent0_code = w.agent0_here ? w.agent0_code->load() : -1;
+    if (agent0_code >= 0) job_status(agent0_code);
     if (slot_code) return *slot_code;
+    if (pushed_end.load() >= 0) return pushed_end.load();
     if (progress) progress->poll(client);
     try {
       if (auto kv = client.get(keys::state::end(job))) {
@@ -105,7 +124,7 @@ int await_job_end(const JobEndWait& w) {
     } catch (const EtcdUnavailable& e) {
       LOG(WARNING) << "etcd: reading the job's end: " << e.what();
     }
-    if (w.agent0_here ? w.agent0_code->load() >= 0 : slots->empty()) {
+    if (w.agent0_here ? agent0_code >= 0 : slots->empty()) {
       // This machine's slots are out of the job (taken as lost while cut off): its end still
       // comes from etcd, as long as someone leads it.
       bool led = false;

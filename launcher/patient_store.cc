@@ -43,7 +43,12 @@ auto PatientStore::patiently(const std::string& what, bool write, F&& f)
   while (true) {
     try {
       auto out = f(*inner_);
-      if (said) LOG(WARNING) << "the job's store answers again (" << what << ")";
+      if (said) {
+        LOG(WARNING) << "the job's store answers again (" << what << ")";
+        // Out of reach meanwhile, this process may have lost its place (a controller cut
+        // off and back, another leading now): it must know before it acts on the answer.
+        if (before_) before_();
+      }
       return out;
     } catch (const CommTimeout&) {
       throw;  // a wait that ran out: the caller's own answer

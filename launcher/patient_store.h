@@ -40,7 +40,9 @@ class PatientStore : public Store {
 
   // `before`, if given, runs before every write: the controller's check that it still leads
   // (EtcdControlState::check_leading, which throws Deposed once another does), so that a
-  // deposed controller writes nothing to the ranks' store. `quick`, if given, is the same
+  // deposed controller writes nothing to the ranks' store; and after any call that found the
+  // store out of reach before it answered, so that a controller cut off and back learns that
+  // another leads before it acts on what it read. `quick`, if given, is the same
   // store behind short deadlines (etcd_store.h, kEtcdQuickCall), for Quick
   // scopes: a poll must not wait out a member that is gone or a quorum that is lost.
   PatientStore(std::shared_ptr<Store> inner, std::chrono::milliseconds patience,

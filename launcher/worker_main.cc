@@ -12,6 +12,7 @@
 #include "launcher/recovery_protocol.h"
 #include "launcher/worker/diagnose_worker.h"
 #include "launcher/worker/input_checks.h"
+#include "launcher/worker/recovery_client.h"
 #include "launcher/worker/replay_worker.h"
 #include "launcher/worker/worker.h"
 #include "launcher/worker_options.h"
@@ -74,6 +75,10 @@ int main(int argc, char** argv) {
   } catch (const keel::InputError& e) {
     std::fprintf(stderr, "keel-worker: error: %s\n", e.what());
     return keel::recovery::kExitInputError;
+  } catch (const keel::RankSuperseded& e) {
+    // Nothing of it is the job's any more; its slot's agent is told the same.
+    LOG(WARNING) << e.what() << ": this process ends";
+    return keel::recovery::kExitStopped;
   } catch (const keel::CommError& e) {
     std::fprintf(stderr, "keel-worker: rank %d: communication failed: %s\n", o.rank, e.what());
     return 3;

@@ -206,6 +206,16 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
       etcd_replies_[e.slot()] = e;
     } else if (e.kind() == control::Event::worker_exit) {
       if (e.rank() < 0 || e.rank() >= int(alive_.size())) return;
+      const int k = e.slot();
+      // A stale worker's end, not the rank's: sent by an agent that does not hold the slot
+      // (refused, replaced), or from a slot that no longer runs the rank (taken out while it
+      // could not be heard; the rank lives on elsewhere).
+      if (k < 0 || k >= int(agents_.size()) || identity != agents_[size_t(k)].identity ||
+          slot_of(e.rank()) != k) {
+        LOG(INFO) << "slot " << k << ": the end of a stale worker of rank " << e.rank()
+                  << " (the rank runs on slot " << slot_of(e.rank()) << ")";
+        return;
+      }
       alive_[size_t(e.rank())] = false;
       if (killing_.erase(e.rank())) return;  // we asked for it
       RankExit x;

@@ -337,6 +337,10 @@ int Controller::Impl::run() {
   auto next_error_poll = Clock::now(), next_grow_check = Clock::now();
   while (true) {
     if (stopping()) return stop_by_signal();
+    // A lease that lapsed (etcd out of reach, or this process stopped for longer than the
+    // lease): nothing is looked at or decided until this controller leads again, or learns
+    // that another does (Deposed). The agents keep hearing from it meanwhile.
+    if (o.state && !o.state->leads()) o.state->check_leading();
     pump();
     if (auto ex = host->poll_exit()) {
       if (ex->clean()) {

@@ -48,6 +48,10 @@ int64_t EtcdControlState::term() const {
   return election_ ? election_->guard().create_revision : 0;
 }
 
+bool EtcdControlState::leads() const {
+  return election_ && election_->is_leader();
+}
+
 void EtcdControlState::check_leading() {
   if (election_ && election_->is_leader()) return;
   lead(Clock::now() + quorum_timeout_);

@@ -77,6 +77,10 @@ class EtcdControlState {
   // Returns while this controller leads (campaigning again if its lease lapsed); throws
   // Deposed if another took over meanwhile, QuorumLost as a write does.
   void check_leading();
+  // Whether this controller's leadership holds now (its lease refreshed in time), without
+  // asking etcd: false once the lease lapsed, when check_leading() must come before any
+  // decision.
+  bool leads() const;
   // KV writes sent to etcd so far (to measure writes per recovery and per step).
   uint64_t writes() const { return client_->writes(); }
   // The leadership's term (its key's create revision).

@@ -1,5 +1,6 @@
 #include "launcher/worker/recovery_client.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "launcher/recovery_protocol.h"
@@ -19,8 +20,14 @@ constexpr std::chrono::milliseconds kWatchPoll{200};
 
 }  // namespace
 
-RecoveryClient::RecoveryClient(std::function<std::shared_ptr<Store>()> connect, int rank)
-    : connect_(std::move(connect)), rank_(rank), store_(connect_()) {}
+bool slot_left_out(const membership::Rebuild& rb, int slot) {
+  const auto& rank_slot = rb.membership().rank_slot();
+  if (slot < 0 || rank_slot.empty()) return false;
+  return std::find(rank_slot.begin(), rank_slot.end(), slot) == rank_slot.end();
+}
+
+RecoveryClient::RecoveryClient(std::function<std::shared_ptr<Store>()> connect, int rank, int slot)
+    : connect_(std::move(connect)), rank_(rank), slot_(slot), store_(connect_()) {}
 
 RecoveryClient::~RecoveryClient() {
   stop_watch();
@@ -64,12 +71,24 @@ membership::Rebuild RecoveryClient::fail_and_wait(int epoch, int64_t steps_compl
     store_->add(keys::errors_key(epoch), 1);
   }
   store_->get(keys::abort_key(epoch + 1), kDecisionWait);
+  // Woken late (cut off meanwhile), the decision may be there already: a rank of a slot it
+  // leaves out acknowledges nothing, or its ack would stand beside its successor's.
+  const auto superseded = [&](const membership::Rebuild& rb) {
+    if (!slot_left_out(rb, slot_)) return;
+    throw RankSuperseded(detail::concat("rank ", rank_, " of slot ", slot_, ": epoch ", epoch + 1,
+                                        " runs this rank elsewhere (slot ", slot_,
+                                        " was taken out while it could not be heard)"));
+  };
+  if (auto rb = try_get_message<membership::Rebuild>(*store_, keys::rebuild_key(epoch + 1)))
+    superseded(*rb);
   membership::Ack ack;
   ack.set_steps_completed(steps_completed);
   ack.set_step_in_flight(step_in_flight);
   ack.set_rank(rank_);
   set_message(*store_, keys::ack_key(epoch + 1, rank_), ack);
-  return wait_rebuild(epoch + 1);
+  membership::Rebuild rb = wait_rebuild(epoch + 1);
+  superseded(rb);
+  return rb;
 }
 
 membership::Rebuild RecoveryClient::wait_rebuild(int epoch) {

@@ -17,11 +17,24 @@
 
 namespace keel {
 
+// This process was taken out of the job while it could not be heard (its machine cut off,
+// then back): the epoch it would join runs its ranks on other slots. It must not take part:
+// its rank's other self is already there. Thrown by fail_and_wait; the process ends.
+class RankSuperseded : public Error {
+ public:
+  using Error::Error;
+};
+
+// Whether `rb` gives `slot` no rank (the slot was lost or evicted): a worker of that slot
+// that wakes up in it is a stale one. False without slots (keel-worker --nproc).
+bool slot_left_out(const membership::Rebuild& rb, int slot);
+
 class RecoveryClient {
  public:
   // `connect` makes a new store client: the watcher blocks in get() on a connection of its
   // own, since a TcpStore serialises calls and would hold up the rank's rendezvous.
-  RecoveryClient(std::function<std::shared_ptr<Store>()> connect, int rank);
+  // `slot`: the rank's machine slot (-1: none, keel-worker --nproc).
+  RecoveryClient(std::function<std::shared_ptr<Store>()> connect, int rank, int slot = -1);
   ~RecoveryClient();
   RecoveryClient(const RecoveryClient&) = delete;
   RecoveryClient& operator=(const RecoveryClient&) = delete;
@@ -34,7 +47,8 @@ class RecoveryClient {
   // After a CommError in `epoch`: reports it (unless the supervisor already called the
   // abort), waits for the abort, acknowledges with this rank's steps completed and the step
   // in flight, and waits for the controller's decision for epoch + 1 (membership, restore
-  // step and where it comes from).
+  // step and where it comes from). Throws RankSuperseded, without acknowledging, when that
+  // decision leaves this rank's slot out (slot_left_out).
   membership::Rebuild fail_and_wait(int epoch, int64_t steps_completed, int64_t step_in_flight,
                                     const std::string& what);
   // A restarted rank: waits for the decision of `epoch`.
@@ -53,6 +67,7 @@ class RecoveryClient {
  private:
   std::function<std::shared_ptr<Store>()> connect_;
   int rank_;
+  int slot_;
   std::shared_ptr<Store> store_;
   std::thread watcher_;
   std::atomic<bool> stop_{false};

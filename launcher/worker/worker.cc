@@ -114,7 +114,7 @@ std::optional<membership::Rebuild> Worker::setup() {
         [connect = connect_, patience] {
           return std::make_shared<PatientStore>(connect(), patience, std::function<void()>{});
         },
-        o_.rank);
+        o_.rank, env_.slot);
   }
   epochs_.set_recovery(recovery_.get());
   // Under a controller the layout is the Membership of the epoch's Rebuild (rebuild/0 too),
