@@ -304,7 +304,8 @@ bool EtcdClient::erase_if(const EtcdGuard& guard, const std::string& key, bool p
 }
 
 bool EtcdClient::put_if_unchanged(const std::string& key, int64_t mod_revision,
-                                  const std::string& value, std::optional<EtcdKeyValue>* current) {
+                                  const std::string& value, std::optional<EtcdKeyValue>* current,
+                                  const std::string& writer) {
   KEEL_CHECK(!key.empty(), "etcd put_if_unchanged: empty key");
   etcdserverpb::TxnRequest txn;
   // etcd compares an absent key as one whose revisions are all 0.
@@ -318,18 +319,31 @@ bool EtcdClient::put_if_unchanged(const std::string& key, int64_t mod_revision,
   put->set_value(value);
   // On a lost race, the winner's write comes back in the same round trip.
   txn.add_failure()->mutable_request_range()->set_key(key);
+  const std::string writer_key = key + kEtcdWriterSuffix;
+  if (!writer.empty()) {
+    etcdserverpb::PutRequest* mark = txn.add_success()->mutable_request_put();
+    mark->set_key(writer_key);
+    mark->set_value(writer);
+    txn.add_failure()->mutable_request_range()->set_key(writer_key);
+  }
   etcdserverpb::TxnResponse resp;
   impl_->call(
       "put " + key + " if at @" + std::to_string(mod_revision), steady_clock::now() + timeout_,
       [&](grpc::ClientContext& ctx, EtcdMemberChannel& m) { return m.kv->Txn(&ctx, txn, &resp); });
   writes_ += 1;
-  bytes_written_ += key.size() + value.size();
+  bytes_written_ +=
+      key.size() + value.size() + (writer.empty() ? 0 : writer_key.size() + writer.size());
   if (resp.succeeded()) return true;
-  if (current) {
-    current->reset();
-    if (resp.responses_size() > 0 && resp.responses(0).response_range().kvs_size() > 0)
-      *current = from_proto(resp.responses(0).response_range().kvs(0));
-  }
+  std::optional<EtcdKeyValue> now;
+  if (resp.responses_size() > 0 && resp.responses(0).response_range().kvs_size() > 0)
+    now = from_proto(resp.responses(0).response_range().kvs(0));
+  // A try before this one was applied though its answer was lost (it timed out, and call()
+  // sent it again): the key holds this call's own write.
+  if (!writer.empty() && now && now->value == value && resp.responses_size() > 1 &&
+      resp.responses(1).response_range().kvs_size() > 0 &&
+      resp.responses(1).response_range().kvs(0).value() == writer)
+    return true;
+  if (current) *current = now;
   return false;
 }
 

@@ -83,6 +83,10 @@ struct EtcdMemberInfo {
 // quorum), or by the member asked, from its own copy.
 enum class EtcdRead { kLinearizable, kLocal };
 
+// Where put_if_unchanged keeps the token of a key's last writer: beside the key, under a name
+// no key of keel's ends with.
+inline constexpr const char* kEtcdWriterSuffix = "\x01writer";
+
 // The scheme of an endpoint of a member keel started, which takes TLS only.
 inline constexpr const char* kEtcdTlsScheme = "https://";
 
@@ -142,8 +146,13 @@ class EtcdClient {
   // written, and *current (when given) is the key as it is now (nullopt: absent), to retry from
   // without another read. Retried like every write: a try whose answer was lost but that was
   // applied makes the retry report false, *current then holding that try's own write.
+  // `writer`, if not empty, makes a retried try recognise its own earlier write: it is a token
+  // unique to this call, written to key + kEtcdWriterSuffix in the same transaction; a try that
+  // finds the key changed and the token its own reports true. Without it, a try that timed out
+  // but was applied makes a counter's add count twice.
   bool put_if_unchanged(const std::string& key, int64_t mod_revision, const std::string& value,
-                        std::optional<EtcdKeyValue>* current = nullptr);
+                        std::optional<EtcdKeyValue>* current = nullptr,
+                        const std::string& writer = "");
 
   // A new lease of `ttl` (at least 1 s; etcd may raise it, see EtcdLease).
   EtcdLease lease_grant(std::chrono::seconds ttl);

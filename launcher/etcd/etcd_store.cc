@@ -14,6 +14,8 @@
 #include <set>
 #include <unordered_map>
 
+#include <sodium.h>
+
 #include "launcher/etcd/etcd_client.h"
 #include "launcher/etcd/etcd_watch.h"
 
@@ -52,6 +54,17 @@ struct Waiter {
     if (missing.erase(key)) value = v;
   }
 };
+
+// A token no other try of any process writes: 16 random bytes, in hex.
+std::string unique_token() {
+  KEEL_CHECK(sodium_init() >= 0, "sodium_init failed (no random source?)");
+  unsigned char b[16];
+  randombytes_buf(b, sizeof(b));
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : b) out += {kHex[c >> 4], kHex[c & 15]};
+  return out;
+}
 
 std::string join(const std::vector<std::string>& parts, const char* sep) {
   std::string out;
@@ -261,7 +274,8 @@ std::optional<Store::KeyValues> EtcdStore::try_get_prefix(const std::string& pre
   KeyValues out;
   out.reserve(kvs.size());
   for (EtcdKeyValue& kv : kvs)
-    out.emplace_back(kv.key.substr(impl_->prefix.size()), std::move(kv.value));
+    if (!kv.key.ends_with(kEtcdWriterSuffix))  // a counter's last writer: not a key of the store
+      out.emplace_back(kv.key.substr(impl_->prefix.size()), std::move(kv.value));
   return out;
 }
 
@@ -287,8 +301,11 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
     // Wraps like the machine's add instead of overflowing into undefined behaviour.
     value = static_cast<int64_t>(static_cast<uint64_t>(value) + static_cast<uint64_t>(delta));
     const int64_t revision = kv ? kv->mod_revision : 0;
+    // A token of this try: a retry of a write that was applied but whose answer was lost
+    // must not add twice (an incident counted without its record, seen in the soak).
+    const std::string writer = unique_token();
     if (impl_->guarded("add " + key, [&] {
-          return impl_->client.put_if_unchanged(full, revision, std::to_string(value), &kv);
+          return impl_->client.put_if_unchanged(full, revision, std::to_string(value), &kv, writer);
         }))
       return value;
     // Another writer came first: *kv is its write, the base of the next try.

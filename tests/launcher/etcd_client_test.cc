@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <atomic>
 #include <mutex>
 #include <vector>
@@ -58,6 +60,28 @@ TEST(EtcdClient, PutGetPrefixDeleteAndCounters) {
   EXPECT_EQ(client.writes(), 9u);
   EXPECT_EQ(client.bytes_written(),
             (6u + 7) + (6 + 1) + (5 + 15) + (6 + 5) + (6 + 5) + (6 + 1) + 6 + 6 + 5);
+}
+
+// A compare-and-swap sent again after its answer was lost (call() tries a timed-out write
+// on the next member) finds the key changed by its own first try: with a writer token it
+// says so (true), instead of reporting a lost race that makes a counter's add count twice.
+// Another writer's equal value is still a lost race.
+TEST(EtcdClient, ARetriedSwapRecognisesItsOwnWrite) {
+  test::EtcdTestCluster cluster(1);
+  EtcdClient client(cluster.endpoints());
+  client.put("/n", "4");
+  const int64_t base = client.get("/n")->mod_revision;
+  std::optional<EtcdKeyValue> now;
+  ASSERT_TRUE(client.put_if_unchanged("/n", base, "5", &now, "token-a"));
+  // The same try again (its first answer lost): applied already, by this call.
+  EXPECT_TRUE(client.put_if_unchanged("/n", base, "5", &now, "token-a"));
+  EXPECT_EQ(client.get("/n")->value, "5");
+  // Another adder from the same base computed the same value: it lost the race.
+  EXPECT_FALSE(client.put_if_unchanged("/n", base, "5", &now, "token-b"));
+  ASSERT_TRUE(now.has_value());
+  EXPECT_EQ(now->value, "5");
+  // Without a token, the retry cannot tell (what EtcdStore::add counted twice before).
+  EXPECT_FALSE(client.put_if_unchanged("/n", base, "5", &now));
 }
 
 TEST(EtcdClient, GuardedWritesFence) {

@@ -81,9 +81,11 @@ TEST_F(EtcdStoreTest, PrefixReadListsEveryKeyUnderIt) {
   store->set("ack/3/0", std::string("\0zero", 5));
   store->set("ack/30/0", "another epoch");  // shares the text "ack/3", not the prefix
   store->set("ack/4/0", "later");
+  store->add("ack/3/count", 2);  // a counter lists as itself, not with its writer's token
   const auto all = store->try_get_prefix("ack/3/");
   ASSERT_TRUE(all.has_value());
-  const Store::KeyValues want = {{"ack/3/0", std::string("\0zero", 5)}, {"ack/3/1", "one"}};
+  const Store::KeyValues want = {
+      {"ack/3/0", std::string("\0zero", 5)}, {"ack/3/1", "one"}, {"ack/3/count", "2"}};
   EXPECT_EQ(*all, want);
   EXPECT_TRUE(store->try_get_prefix("nothing/")->empty());
   PrefixStore ps("ack/", store);
