@@ -1,6 +1,9 @@
 #include "launcher/controller/detector.h"
 
+#include <set>
+
 #include <algorithm>
+#include <set>
 #include <vector>
 
 #include "launcher/recovery_protocol.h"
@@ -122,9 +125,19 @@ void Detector::label_slot_loss(Detected* d, const RankExit& ex) {
   inc->set_slot(slot);
   d->failure.rule = ex.lost_by;
   d->failure.kind = policy::FailureKind::kSlotLoss;
+  // An injection names one loss: one that an incident already named (the same machine lost
+  // again later, repaired and back, or in a takeover's wait) is not this loss's.
+  std::set<double> named;
+  if (auto recorded = ctx_.store->try_get_prefix("incident/"))
+    for (const auto& [key, value] : *recorded) {
+      report::Incident earlier;
+      if (key != keys::kIncidentCount && earlier.ParseFromString(value) &&
+          earlier.injected_at() > 0)
+        named.insert(earlier.injected_at());
+    }
   for (const InjectionRecord& in : FaultInjector::read_injections(*ctx_.store))
     if ((in.kind == "partition" || in.kind == "slot_loss") && ctx_.host->slot_of(in.rank) == slot &&
-        in.time <= recovery::unix_now()) {
+        in.time <= recovery::unix_now() && !named.count(in.time)) {
       // The injection names the rank whose machine it took: the slot's ranks are all dead,
       // and the policy evicts the slot whichever of them it names.
       inc->set_kind(in.kind);

@@ -11,6 +11,7 @@
 
 #include "launcher/controller/context.h"
 #include "launcher/controller/membership.h"
+#include "parallel/hash_store.h"
 #include "parallel/tcp_store.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
@@ -80,6 +81,36 @@ TEST_F(DetectorTest, ALostSlotTakesAllItsRanks) {
   EXPECT_EQ(d.failure.kind, policy::FailureKind::kSlotLoss);
   EXPECT_EQ(d.failure.lost_slots, std::set<int>{1});
   EXPECT_EQ(d.failure.dead, (std::set<int>{2, 3}));
+}
+
+// A lost slot is labelled by the injection that took it (a partition), but only once: the
+// same machine lost again later (repaired and back, or silent in a takeover's wait) is a
+// slot loss of its own, not that partition again (the soak once counted 10 partition
+// incidents for 9 partitions).
+TEST_F(DetectorTest, AnInjectionLabelsOneLossOnly) {
+  ctx.store = std::make_shared<HashStore>();  // one that lists keys, as etcd's
+  store::Injection in;
+  in.set_kind("partition");
+  in.set_rank(2);  // slot 1
+  in.set_step(5);
+  in.set_time(recovery::unix_now() - 10);
+  set_message(*ctx.store, keys::injection_key(0), in);
+  ctx.store->add(keys::kInjectCount, 1);
+  RankExit x;
+  x.rank = 2;
+  x.slot = 1;
+  x.slot_lost = true;
+  const Detected first = detector.from_exit(x);
+  EXPECT_EQ(first.found.kind(), "partition");
+  EXPECT_EQ(first.failure.kind, policy::FailureKind::kPartition);
+  EXPECT_EQ(first.found.injected_at(), in.time());
+  // Its incident recorded, as the controller does (store_incident).
+  set_message(*ctx.store, keys::incident_key(0), first.found);
+  ctx.store->add(keys::kIncidentCount, 1);
+  const Detected again = detector.from_exit(x);
+  EXPECT_EQ(again.found.kind(), "slot_loss");
+  EXPECT_EQ(again.failure.kind, policy::FailureKind::kSlotLoss);
+  EXPECT_EQ(again.found.injected_at(), 0);
 }
 
 TEST_F(DetectorTest, CommunicationErrorsComeFromTheStore) {
