@@ -43,4 +43,17 @@ std::optional<int> job_end_code(const std::string& endpoints, const std::string&
   return std::nullopt;
 }
 
+std::optional<int64_t> faults_fired(const std::string& endpoints, const std::string& job,
+                                    const std::string& job_dir) {
+  try {
+    EtcdClient c = job_client(endpoints, job_dir);
+    const auto kv = c.get(keys::state::store_prefix(job) + keys::kInjectCount);
+    if (!kv) return std::nullopt;  // gone with the job's store: not known
+    return std::stoll(kv->value);
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "the faults job " << job << " injected: " << e.what();
+  }
+  return std::nullopt;
+}
+
 }  // namespace keel::bench

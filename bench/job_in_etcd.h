@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -20,5 +21,11 @@ pid_t leader_pid(const std::string& endpoints, const std::string& job, const std
 // when etcd cannot be read.
 std::optional<int> job_end_code(const std::string& endpoints, const std::string& job,
                                 const std::string& job_dir);
+
+// How many faults the job's ranks injected (the count of their injection records in the
+// job's store, robust/fault_injector.h); nullopt when etcd cannot be read or the count is
+// not there.
+std::optional<int64_t> faults_fired(const std::string& endpoints, const std::string& job,
+                                    const std::string& job_dir);
 
 }  // namespace keel::bench

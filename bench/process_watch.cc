@@ -65,6 +65,9 @@ int ProcessWatch::sample() {
     unsigned long long start = 0;
     if (!(fields >> start)) continue;
     Process& p = seen_[{pid, start}];
+    // A process that takes another name takes another role (a parked standby promoted to a
+    // rank: keel-standby, then keel-worker, a rank's size): its life is counted from then.
+    if (!p.name.empty() && !comm.empty() && p.name != comm) p.samples.clear();
     p.pid = pid;
     p.name = comm;
     p.samples.push_back({t, anon_kib * 1024});

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "launcher/job_env.h"
+#include "launcher/processes.h"
 #include "proto/store_values.pb.h"
 #include "robust/fault_injector.h"
 #include "robust/golden_check.h"
@@ -29,6 +30,9 @@ StandbyAssignment park_as_standby(Backend& backend, Precision precision,
                                   const std::function<std::shared_ptr<Store>()>& connect,
                                   const StandbyIdentity& id, const TrainerHooks& golden_hooks,
                                   const std::function<void()>& warm_up) {
+  // Named apart while parked (ps, and a memory watch: a promoted standby grows to a rank's
+  // size, which is no leak); keel-worker again once it takes a rank.
+  set_process_name("keel-standby");
   std::shared_ptr<Store> store = connect();
   const SelfCheckResult gemm = gemm_self_check(backend, precision);
   std::unique_ptr<Backend> one_thread;
@@ -58,6 +62,7 @@ StandbyAssignment park_as_standby(Backend& backend, Precision precision,
       a.membership = v.membership();
       LOG(INFO) << "standby " << id.index << " of slot " << id.slot << " promoted to rank "
                 << a.rank << " (epoch " << a.epoch << ")";
+      set_process_name("keel-worker");
       return a;
     } catch (const CommTimeout&) {
     }
