@@ -152,6 +152,7 @@ class AgentHost : public RankHost {
     int liveness_port = 0;                         // Register.liveness_port
     bool process_gone = false;  // its closed connection's probe was refused (for the message)
     std::chrono::milliseconds close_grace{0};  // how long closed_at waits for it to come back
+    std::chrono::steady_clock::time_point reprobed_at;  // its port answered: the last retry
     // Per parked worker of the standby generation in force: its self-check (absent: not
     // known yet), read from the store by refresh().
     std::vector<std::optional<bool>> self_check;

@@ -22,6 +22,12 @@ using Clock = std::chrono::steady_clock;
 // answers nothing (it went down in the same instant) leaves kReopenGrace to decide.
 constexpr std::chrono::milliseconds kProbeWait{50};
 constexpr std::chrono::milliseconds kAnsweredGrace{1000};
+// A port that answered is tried again this often for this long: a killed process closes its
+// sockets one by one as it exits, and on a loaded machine its control connection's close can
+// be seen while its listener is still open (the 06-standby check once waited out the whole
+// kAnsweredGrace so). Refused on a later try: the process is gone after all.
+constexpr std::chrono::milliseconds kReprobeEvery{10};
+constexpr std::chrono::milliseconds kReprobeFor{250};
 // A slot whose agent's connection closed and whose probe was not answered is lost once it
 // has not reconnected for this long: a live agent whose connection merely reset reconnects
 // within 50 ms (the client's reconnect interval, launcher/control_plane.cc) and heartbeats as
@@ -95,6 +101,16 @@ void AgentHost::check_heartbeats() {
     }
   for (int k = 0; k < int(agents_.size()); ++k) {
     Agent& a = agents_[size_t(k)];
+    if (a.closed_at && a.close_grace == kAnsweredGrace && now - *a.closed_at < kReprobeFor &&
+        now - a.reprobed_at >= kReprobeEvery) {
+      a.reprobed_at = now;
+      if (probe(a.host, a.liveness_port) == detail::PortProbe::kRefused) {
+        LOG(INFO) << "the liveness port " << a.liveness_port << " of " << a.identity
+                  << " refuses now: its process is gone";
+        a.process_gone = true;
+        a.close_grace = std::chrono::milliseconds(0);
+      }
+    }
     const bool closed = a.closed_at && now - *a.closed_at >= a.close_grace;
     if (!up(k) || (now - a.last_heartbeat < slot_timeout_ && !closed)) continue;
     members_->heartbeat_lost(k);

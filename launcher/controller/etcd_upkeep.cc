@@ -141,8 +141,8 @@ void EtcdUpkeep::keep_raft_leader_home() {
   }
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  LOG(INFO) << "etcd: Raft leadership moved to the member on slot " << move.to_slot << " in " << ms
-            << " ms (the controller is on slot " << controller_slot_ << ")";
+  LOG(INFO) << "etcd: Raft leadership moved to the member on slot " << move.to_slot << " in "
+            << std::lround(ms) << " ms (the controller is on slot " << controller_slot_ << ")";
   leader_stays_because_.clear();
   if (on_event_)
     on_event_("etcd_leader_moved", EventFields().add("slot", move.to_slot).add("took_ms", ms));
