@@ -65,6 +65,13 @@ class ProgressEcho {
   std::chrono::steady_clock::time_point next_;
 };
 
+// The exit status in a state::JobEnd value, if it is one.
+std::optional<int> end_code(const std::string& value) {
+  state::JobEnd end;
+  if (!end.ParseFromString(value)) return std::nullopt;
+  return end.code();
+}
+
 }  // namespace
 
 int await_job_end(const JobEndWait& w) {
@@ -89,11 +96,9 @@ int await_job_end(const JobEndWait& w) {
   std::atomic<int> pushed_end{-1};
   EtcdWatch end_watch(client, keys::state::end(job), /*prefix=*/false,
                       [&pushed_end](const std::vector<EtcdEvent>& events) {
-                        for (const EtcdEvent& e : events) {
-                          state::JobEnd end;
-                          if (e.type == EtcdEvent::Type::kPut && end.ParseFromString(e.kv.value))
-                            pushed_end = end.code();
-                        }
+                        for (const EtcdEvent& e : events)
+                          if (e.type == EtcdEvent::Type::kPut)
+                            if (const auto code = end_code(e.kv.value)) pushed_end = *code;
                       });
   std::optional<int> slot_code;  // the first slot's that ended with the job's status
   bool gone = false;             // a slot here was taken as lost: the job goes on elsewhere
@@ -117,10 +122,8 @@ int await_job_end(const JobEndWait& w) {
     if (pushed_end.load() >= 0) return pushed_end.load();
     if (progress) progress->poll(client);
     try {
-      if (auto kv = client.get(keys::state::end(job))) {
-        state::JobEnd end;
-        if (end.ParseFromString(kv->value)) return end.code();
-      }
+      if (auto kv = client.get(keys::state::end(job)))
+        if (const auto code = end_code(kv->value)) return *code;
     } catch (const EtcdUnavailable& e) {
       LOG(WARNING) << "etcd: reading the job's end: " << e.what();
     }

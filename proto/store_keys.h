@@ -83,8 +83,9 @@ inline std::string backup_addr_prefix(int epoch) {
 
 // --- job record ---
 // Incidents (report::Incident): incident/count (counter) and incident/<n>.
+inline constexpr const char* kIncidentPrefix = "incident/";
 inline std::string incident_key(int64_t n) {
-  return detail::join("incident/", n);
+  return detail::join(kIncidentPrefix, n);
 }
 inline constexpr const char* kIncidentCount = "incident/count";
 // Rank 0's metrics of each step (report::StepRecord), overwritten when a step is run again.

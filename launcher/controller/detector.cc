@@ -1,7 +1,5 @@
 #include "launcher/controller/detector.h"
 
-#include <set>
-
 #include <algorithm>
 #include <set>
 #include <vector>
@@ -128,7 +126,7 @@ void Detector::label_slot_loss(Detected* d, const RankExit& ex) {
   // An injection names one loss: one that an incident already named (the same machine lost
   // again later, repaired and back, or in a takeover's wait) is not this loss's.
   std::set<double> named;
-  if (auto recorded = ctx_.store->try_get_prefix("incident/"))
+  if (auto recorded = ctx_.store->try_get_prefix(keys::kIncidentPrefix))
     for (const auto& [key, value] : *recorded) {
       report::Incident earlier;
       if (key != keys::kIncidentCount && earlier.ParseFromString(value) &&

@@ -38,6 +38,17 @@ EtcdKeyValue from_proto(const mvccpb::KeyValue& kv) {
   return EtcdKeyValue{kv.key(), kv.value(), kv.create_revision(), kv.mod_revision(), kv.lease()};
 }
 
+// What a member's Status answer says, and the endpoint it came through ("" if not known).
+EtcdStatus status_of(const etcdserverpb::StatusResponse& r, const std::string& endpoint) {
+  return EtcdStatus{r.header().member_id(),
+                    r.leader(),
+                    r.raftterm(),
+                    r.raftindex(),
+                    r.dbsize(),
+                    r.version(),
+                    endpoint};
+}
+
 // Guard: the key's create revision equals the guard's (0 for a key that must not exist).
 void add_guard(etcdserverpb::TxnRequest& txn, const EtcdGuard& guard) {
   KEEL_CHECK(!guard.key.empty(), "an etcd guard needs a key");
@@ -408,13 +419,7 @@ EtcdStatus EtcdClient::status() {
               [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
                 return m.maintenance->Status(&c, req, &resp);
               });
-  return EtcdStatus{resp.header().member_id(),
-                    resp.leader(),
-                    resp.raftterm(),
-                    resp.raftindex(),
-                    resp.dbsize(),
-                    resp.version(),
-                    ""};
+  return status_of(resp, "");
 }
 
 std::vector<EtcdStatus> EtcdClient::member_statuses(steady_clock::time_point deadline) {
@@ -435,18 +440,14 @@ std::vector<EtcdStatus> EtcdClient::member_statuses(steady_clock::time_point dea
   }
   void* tag = nullptr;
   bool ok = false;
-  for (size_t left = asks.size(); left > 0 && cq.Next(&tag, &ok); --left) {
-  }
+  size_t left = asks.size();
+  while (left > 0 && cq.Next(&tag, &ok)) --left;
   cq.Shutdown();
   while (cq.Next(&tag, &ok)) {
   }
   std::vector<EtcdStatus> out;
-  for (size_t i = 0; i < asks.size(); ++i) {
-    const auto& r = asks[i].resp;
-    if (asks[i].status.ok())
-      out.push_back(EtcdStatus{r.header().member_id(), r.leader(), r.raftterm(), r.raftindex(),
-                               r.dbsize(), r.version(), impl_->members[i].name});
-  }
+  for (size_t i = 0; i < asks.size(); ++i)
+    if (asks[i].status.ok()) out.push_back(status_of(asks[i].resp, impl_->members[i].name));
   return out;
 }
 
