@@ -34,6 +34,7 @@
 #include "launcher/recovery_protocol.h"
 #include "parallel/job_key.h"
 #include "parallel/net_address.h"
+#include "parallel/sealed_channel.h"
 #include "parallel/topology.h"
 #include "proto/config_loader.h"
 #include "proto/control_state.pb.h"
@@ -273,6 +274,7 @@ int supervise(FirstLead f, const LaunchOptions& o, const config::JobConfig& cfg,
   int fds[2];
   KEEL_CHECK_ERRNO(pipe2(fds, O_CLOEXEC));
   std::fflush(nullptr);
+  prepare_sealing();  // the controller must not set OpenSSL up after fork (sealed_channel.h)
   const pid_t parent = getpid();
   const pid_t controller = fork();
   KEEL_CHECK_ERRNO(controller);

@@ -22,6 +22,19 @@ std::atomic<SealPolicy> g_policy{SealPolicy::kBetweenMachines};
 
 constexpr size_t kNonceBytes = 12;
 
+// Fetched once: each key set up with it then takes no lock of OpenSSL's method store, as an
+// implicit fetch (EVP_aes_256_gcm()) does each time.
+const EVP_CIPHER* aes_256_gcm() {
+  static const EVP_CIPHER* const cipher = [] {
+    KEEL_CHECK(OPENSSL_init_crypto(OPENSSL_INIT_LOAD_CONFIG, nullptr) == 1,
+               "OpenSSL failed to start");
+    EVP_CIPHER* c = EVP_CIPHER_fetch(nullptr, "AES-256-GCM", nullptr);
+    KEEL_CHECK(c != nullptr, "OpenSSL has no AES-256-GCM (its default provider missing?)");
+    return c;
+  }();
+  return cipher;
+}
+
 bool read_name(int fd, bool peer, sockaddr_storage* ss) {
   socklen_t len = sizeof(*ss);
   auto* sa = reinterpret_cast<sockaddr*>(ss);
@@ -106,13 +119,16 @@ struct RecordCipher::Impl {
   }
 };
 
+void prepare_sealing() {
+  aes_256_gcm();
+}
+
 RecordCipher::RecordCipher(const std::array<uint8_t, 32>& key, bool seal)
     : impl_(std::make_unique<Impl>()) {
   impl_->ctx = EVP_CIPHER_CTX_new();
   KEEL_CHECK(impl_->ctx != nullptr, "EVP_CIPHER_CTX_new failed");
-  const int ok =
-      seal ? EVP_EncryptInit_ex(impl_->ctx, EVP_aes_256_gcm(), nullptr, key.data(), nullptr)
-           : EVP_DecryptInit_ex(impl_->ctx, EVP_aes_256_gcm(), nullptr, key.data(), nullptr);
+  const int ok = seal ? EVP_EncryptInit_ex(impl_->ctx, aes_256_gcm(), nullptr, key.data(), nullptr)
+                      : EVP_DecryptInit_ex(impl_->ctx, aes_256_gcm(), nullptr, key.data(), nullptr);
   KEEL_CHECK(ok == 1, "AES-256-GCM key setup failed");
 }
 

@@ -46,6 +46,12 @@ bool same_machine(int fd);
 // Whether `policy` seals connection `fd`.
 bool seals(int fd, SealPolicy policy = seal_policy());
 
+// Sets OpenSSL up and finds its AES-256-GCM, once a process; sealing does it on first use.
+// Call it before fork() in a process whose other threads may seal: OpenSSL 3 sets itself up
+// under locks that a child forked meanwhile inherits held and waits on forever (a test's
+// rank hung so, forked while the parent's store thread sealed its first connection).
+void prepare_sealing();
+
 // One direction's AES-256-GCM under one session key, record by record; the records'
 // numbers are its nonces. For a caller with a non-blocking transport of its own (the socket
 // communicator); SealedChannel is the blocking one.

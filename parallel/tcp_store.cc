@@ -188,6 +188,7 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port) : impl_(new Im
   impl_->port = detail::local_port(impl_->listener.get());
   impl_->wake = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   KEEL_CHECK_ERRNO(impl_->wake.get());
+  prepare_sealing();  // here, not first on the serving thread while this one may fork
   impl_->thread = std::thread([impl = impl_.get()] { impl->serve(); });
 }
 

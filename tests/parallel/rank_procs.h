@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "parallel/comm_error.h"
+#include "parallel/sealed_channel.h"
 
 namespace keel::test {
 
@@ -84,6 +85,7 @@ class RankProcs {
  public:
   RankProcs(int n, const std::function<int(int rank)>& fn) {
     std::fflush(nullptr);  // or buffered output would be written once per child
+    prepare_sealing();     // a child must not set OpenSSL up (sealed_channel.h)
     for (int r = 0; r < n; ++r) {
       pid_t pid = ::fork();
       if (pid == 0) {
