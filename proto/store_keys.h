@@ -172,8 +172,9 @@ inline std::string fault_fired_key(int index) {
 }
 // Injected faults that fired: inject/count (counter), inject/<n> (store::Injection).
 inline constexpr const char* kInjectCount = "inject/count";
+inline constexpr const char* kInjectionPrefix = "inject/";
 inline std::string injection_key(int64_t n) {
-  return detail::join("inject/", n);
+  return detail::join(kInjectionPrefix, n);
 }
 // Faults keel-ctl inject sent to a running job: a count and a faults::Fault each, checked
 // by the controller when it accepted them.
