@@ -36,6 +36,8 @@ constexpr std::chrono::seconds kStacksTrip{1};
 constexpr int kPollBatch = 4096;
 // Between polls of the control plane while waiting on an agent.
 constexpr std::chrono::milliseconds kPollPause{2};
+// How often the own slot's agent hears from a leader that ends the job (await_shutdown).
+constexpr std::chrono::milliseconds kAliveEvery{100};
 
 // A wait status as waitpid() would give it, from what the agent saw.
 int wait_status(int exit_code, int signal) {
@@ -547,14 +549,25 @@ void AgentHost::await_shutdown(std::chrono::milliseconds grace) {
   std::set<std::string> open;
   for (int k = 0; k < int(agents_.size()); ++k)
     if (up(k) && k != own_slot_) open.insert(agents_[size_t(k)].identity);
+  const bool own = own_slot_ >= 0 && up(own_slot_);
+  // This process's own agent is told last (it ends this process), and hears nothing else
+  // while the others go: past Agent::kLeaderSilence it would follow the candidate that leads
+  // for a moment after this one resigned, and miss its shutdown. It hears that this leader
+  // lives, as each heartbeat's answer would say.
+  control::Envelope alive = command(control::Command::keepalive);
+  auto next_alive = Clock::now();
   const auto deadline = Clock::now() + grace;
   while (!open.empty() && Clock::now() < deadline) {
     while (server_->poll(std::chrono::milliseconds(0))) {
     }
     for (const std::string& id : server_->take_closed()) open.erase(id);
+    if (own && Clock::now() >= next_alive) {
+      send(own_slot_, alive);
+      next_alive = Clock::now() + kAliveEvery;
+    }
     std::this_thread::sleep_for(kPollPause);
   }
-  if (own_slot_ < 0 || !up(own_slot_)) return;
+  if (!own) return;
   control::Envelope m = command(control::Command::shutdown);
   m.mutable_command()->set_exit_code(exit_code_);
   send(own_slot_, m);
