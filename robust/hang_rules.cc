@@ -110,6 +110,11 @@ std::string format_ranks(std::vector<int> ranks) {
   return out;
 }
 
+bool hang_possible(double oldest_report_s, double stalled_s, double liveness_timeout_s,
+                   double hang_grace_s) {
+  return oldest_report_s > liveness_timeout_s || (hang_grace_s > 0 && stalled_s >= hang_grace_s);
+}
+
 HangVerdict find_hang(const HangSnapshot& s) {
   const Topology& topo = s.topology;
   const int world = topo.world_size();

@@ -64,6 +64,15 @@ struct HangVerdict {
 // The verdict on one snapshot.
 HangVerdict find_hang(const HangSnapshot& snapshot);
 
+// Whether find_hang could name a culprit or ask for stacks, from figures a caller has without
+// building a snapshot: the oldest report's age and the stall (the snapshot's fields of those
+// names). Neither a report older than the liveness timeout nor a stall of at least the grace
+// (the sequence rules' threshold is never less): no verdict. The controller copies every
+// rank's report into a snapshot only then (at 4,096 ranks, 20 copies a second of each were
+// its largest cost).
+bool hang_possible(double oldest_report_s, double stalled_s, double liveness_timeout_s,
+                   double hang_grace_s);
+
 // "3", "0-2,4-7": ranks (any order, duplicates ignored) as ascending runs.
 std::string format_ranks(std::vector<int> ranks);
 

@@ -84,10 +84,11 @@ void Controller::Impl::pump() {
   while (!inbox.empty()) {
     auto [identity, m] = std::move(inbox.front());
     inbox.pop_front();
-    handle(identity, m);
+    handle(identity, std::move(m));
   }
   if (!server) return;
-  while (auto in = server->poll(std::chrono::milliseconds(0))) handle(in->identity, in->msg);
+  while (auto in = server->poll(std::chrono::milliseconds(0)))
+    handle(in->identity, std::move(in->msg));
   // A peer without the job's keys never got a message through; the event says who tried.
   for (const Refusal& r : server->take_refused()) {
     ctx.event("refused", EventFields()
@@ -127,10 +128,10 @@ void Controller::Impl::take_up(const std::string& identity, const control::Envel
 }
 
 // Progress, keel-ctl, and the agents' messages.
-void Controller::Impl::handle(const std::string& identity, const control::Envelope& m) {
+void Controller::Impl::handle(const std::string& identity, control::Envelope m) {
   control::Envelope r = make_envelope(members.epoch());
   if (m.has_progress()) {
-    if (m.epoch() == members.epoch()) on_progress(m.progress());  // else stale
+    if (m.epoch() == members.epoch()) on_progress(std::move(*m.mutable_progress()));  // else stale
     return;
   } else if (m.has_status_request()) {
     status(r.mutable_status_reply());
@@ -155,14 +156,14 @@ void Controller::Impl::handle(const std::string& identity, const control::Envelo
   server->send(identity, r);
 }
 
-void Controller::Impl::on_progress(const control::WorkerProgress& p) {
+void Controller::Impl::on_progress(control::WorkerProgress p) {
   if (p.rank() < 0 || p.rank() >= members.world() || finished.count(p.rank())) return;
   if (o.console_progress && p.rank() == 0) print_progress(p);
   if (p.has_round()) slow.on_round(p.rank(), p.round());
   if (p.refusals() > 0)
     note_tcp_refusals(p.pid(), detail::concat("rank ", p.rank(), " (pid ", p.pid(), ")"),
                       p.refusals());
-  detector.on_progress(p);
+  detector.on_progress(std::move(p));
 }
 
 void Controller::Impl::replay_request(control::ReplayReply* rr) {

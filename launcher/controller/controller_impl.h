@@ -77,8 +77,8 @@ struct Controller::Impl {
   // not its own to take_up while it waits on its agents).
   void pump();
   void take_up(const std::string& identity, const control::Envelope& m);
-  void handle(const std::string& identity, const control::Envelope& m);
-  void on_progress(const control::WorkerProgress& p);
+  void handle(const std::string& identity, control::Envelope m);
+  void on_progress(control::WorkerProgress p);
   // Writes a `refused` event (plane tcp) when process `pid`'s count of refusals rose.
   void note_tcp_refusals(int64_t pid, const std::string& who, int64_t total);
   void print_progress(const control::WorkerProgress& p);

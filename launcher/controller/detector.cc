@@ -18,9 +18,9 @@ namespace {
 // Agents send heartbeats every 200 ms: one silent for three of them may be dying with its
 // slot, and its ranks' silence is not theirs.
 constexpr double kAgentSilentS = 0.6;
-// How often the hang rules look: their timeouts are seconds, and each look copies every
-// rank's report (at 4,096 ranks, every 5 ms pass of the loop doing so was the top of the
-// controller's profile; keel-bench control-plane).
+// How often the hang rules look: their timeouts are seconds, and a look that may find a hang
+// copies every rank's report (at 4,096 ranks, every 5 ms pass of the loop doing so was the
+// top of the controller's profile; keel-bench control-plane).
 constexpr std::chrono::milliseconds kHangCheckEvery{50};
 
 }  // namespace
@@ -194,10 +194,24 @@ std::optional<Detected> Detector::hang(int incident) {
   if (now < next_hang_check_) return std::nullopt;
   next_hang_check_ = now + kHangCheckEvery;
   const int world = ctx_.members->world();
+  int64_t min_step = INT64_MAX;
+  Clock::time_point oldest = now;
+  for (const auto& [r, p] : progress_) {
+    min_step = std::min(min_step, p.first.step());
+    oldest = std::min(oldest, p.second);
+  }
+  if (int(progress_.size()) < world) min_step = std::min<int64_t>(min_step, epoch_start_step_);
+  if (min_step != last_min_step_) {
+    last_min_step_ = min_step;
+    last_advance_ = now;
+  }
+  const double stalled_s = std::chrono::duration<double>(now - last_advance_).count();
+  if (!hang_possible(std::chrono::duration<double>(now - oldest).count(), stalled_s,
+                     dc.liveness_timeout_ms() / 1000.0, dc.hang_grace_ms() / 1000.0))
+    return std::nullopt;
   HangSnapshot snap;
   snap.topology = ctx_.members->topo();
   snap.ranks.resize(size_t(world));
-  int64_t min_step = INT64_MAX;
   for (const auto& [r, p] : progress_) {
     HangSnapshot::Rank& hr = snap.ranks[size_t(r)];
     hr.reported = true;
@@ -205,16 +219,10 @@ std::optional<Detected> Detector::hang(int incident) {
     hr.age_s = std::chrono::duration<double>(now - p.second).count();
     const int slot = ctx_.host->slot_of(r);
     hr.agent_alive = slot < 0 || ctx_.host->slot_silence_s(slot) < kAgentSilentS;
-    min_step = std::min(min_step, p.first.step());
-  }
-  if (int(progress_.size()) < world) min_step = std::min<int64_t>(min_step, epoch_start_step_);
-  if (min_step != last_min_step_) {
-    last_min_step_ = min_step;
-    last_advance_ = now;
   }
   snap.epoch_start_step = epoch_start_step_;
   snap.steps = ctx_.cfg().train().steps();
-  snap.stalled_s = std::chrono::duration<double>(now - last_advance_).count();
+  snap.stalled_s = stalled_s;
   snap.median_step_s = median_step_s();
   snap.liveness_timeout_s = dc.liveness_timeout_ms() / 1000.0;
   snap.hang_grace_s = dc.hang_grace_ms() / 1000.0;

@@ -23,7 +23,11 @@ class Detector {
 
   // --- the ranks' progress in this epoch ---
   using Report = std::pair<control::WorkerProgress, Clock::time_point>;  // and when it came
-  void on_progress(const control::WorkerProgress& p) { progress_[p.rank()] = {p, Clock::now()}; }
+  // Taken, not copied: at thousands of ranks the copies were a tenth of the controller's CPU.
+  void on_progress(control::WorkerProgress p) {
+    const int rank = p.rank();
+    progress_[rank] = {std::move(p), Clock::now()};
+  }
   void forget(int rank) { progress_.erase(rank); }
   const std::map<int, Report>& progress() const { return progress_; }
   // A new epoch restores `start_step`: every report starts over.

@@ -275,6 +275,39 @@ TEST(HangRules, NoStallRulesWithoutAGrace) {
   EXPECT_EQ(j.verdict().rule, HangRule::kLiveness);
 }
 
+// hang_possible is the controller's cheap test before it builds a snapshot: whenever
+// find_hang names a culprit or asks for stacks, it must have said possible. Swept over ages,
+// stalls, graces and step times, for a healthy job, one behind in a collective and a deadlock.
+TEST(HangRules, NoVerdictWhereHangPossibleSaysNone) {
+  int verdicts = 0;
+  for (int shape = 0; shape < 3; ++shape)
+    for (double age : {0.1, 0.9, 1.0, 1.1, 3.0})
+      for (double stalled : {0.2, 1.4, 1.5, 1.6, 2.6, 10.0})
+        for (double grace : {0.0, 1.5})
+          for (double median : {0.0, 0.5}) {
+            Job j(2, 1, 2);
+            if (shape == 1) j.seq(0, "tp", 5, 4).seq(1, "tp", 0, 5);
+            if (shape == 2)
+              for (int r = 0; r < 4; ++r) j.in_call(r);
+            j.s.ranks[1].age_s = age;
+            j.s.stalled_s = stalled;
+            j.s.hang_grace_s = grace;
+            j.s.median_step_s = median;
+            const HangVerdict v = j.verdict();
+            if (v.culprits.empty() && !v.capture_stacks) continue;
+            ++verdicts;
+            EXPECT_TRUE(hang_possible(age, stalled, j.s.liveness_timeout_s, grace))
+                << "shape " << shape << " age " << age << " stalled " << stalled << " grace "
+                << grace << " median " << median << ": " << v.detail;
+          }
+  EXPECT_GT(verdicts, 50);  // the sweep reaches every rule
+  // Fresh reports, no stall: nothing to look at.
+  EXPECT_FALSE(hang_possible(0.2, 0.3, 1.0, 1.5));
+  EXPECT_TRUE(hang_possible(1.2, 0.3, 1.0, 1.5));
+  EXPECT_TRUE(hang_possible(0.2, 1.5, 1.0, 1.5));
+  EXPECT_FALSE(hang_possible(0.2, 100, 1.0, 0));
+}
+
 TEST(HangRules, TwoRanksBehindAtOnce) {
   // TP2 x DP2: rank 1 never entered tp #8 of its group (its peer 0 waits), rank 2 never
   // entered tp #8 of the other (its peer 3 waits): both are named.
