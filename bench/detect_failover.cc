@@ -15,6 +15,8 @@
 
 #include "bench/bench_util.h"
 #include "bench/job_in_etcd.h"
+#include "launcher/control_plane.h"
+#include "launcher/run_dir_finder.h"
 
 namespace keel::bench {
 namespace {
@@ -100,16 +102,21 @@ std::optional<report::RunReport> run_acting(const std::string& dir, const std::s
   return r;
 }
 
-// The step the job has reached, as keel-ctl status tells an operator (-1: not known yet).
+// The step the job has reached, as its controller's status answer says (what keel-ctl status
+// prints; -1: not known yet).
 int job_step(const std::string& job_dir) {
-  FILE* p = popen((exe_dir() + "/keel-ctl status --run " + job_dir + " 2>/dev/null").c_str(), "r");
-  if (!p) return -1;
-  char line[512];
-  int step = -1;
-  while (fgets(line, sizeof(line), p))
-    if (std::sscanf(line, "state %*s | epoch %*d | step %d", &step) == 1) break;
-  pclose(p);
-  return step;
+  try {
+    const FoundRun run = read_run(job_dir);
+    if (run.end_code || run.endpoint.empty() || !run.key) return -1;
+    set_process_job_key(*run.key);  // the control plane admits the job's keys only
+    ControlClient c(run.endpoint, "bench/" + std::to_string(getpid()));
+    control::Envelope req = make_envelope(0);
+    req.mutable_status_request();
+    const auto rep = c.request(req, std::chrono::seconds(2));
+    return rep && rep->has_status_reply() ? int(rep->status_reply().step()) : -1;
+  } catch (const std::exception&) {
+    return -1;  // not started yet, or gone
+  }
 }
 
 // True once the job is well into training (every rank has snapshots to restore from); asked

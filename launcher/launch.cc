@@ -26,6 +26,7 @@
 #include "launcher/await_job_end.h"
 #include "launcher/control_plane.h"
 #include "launcher/controller/etcd_control_state.h"
+#include "launcher/controller_wait.h"
 #include "launcher/etcd/etcd_client.h"
 #include "launcher/fault_checks.h"
 #include "launcher/job_env.h"
@@ -64,8 +65,6 @@ std::string self_dir() {
 // they are signalled, and how often they are looked at meanwhile.
 constexpr std::chrono::milliseconds kShutdownGrace{1000};
 constexpr std::chrono::milliseconds kReapPoll{5};
-// How often keel-launch looks at its controller and slots while the job runs.
-constexpr std::chrono::milliseconds kControllerPoll{20};
 
 // The bootstrap message's buffer under mpirun: a length and the message (a fixed size, as
 // every rank must pass MPI_Bcast the same count).
@@ -252,70 +251,6 @@ int lead_under_mpi(FirstLead f, const LaunchOptions& o, const config::JobConfig&
 
 // Waits for the job's controller process; a stop signal that keel-launch alone got (kill
 // PID) is passed on to it once.
-// The job's exit status if every slot this process runs has ended with it (the shutdown a
-// leader sends carries it), looked at without reaping them (WNOWAIT): the waits after this one
-// reap them and read the same. None while a slot runs, or if one ended otherwise (killed,
-// taken as lost, its controller silent).
-std::optional<int> slots_ended_with_job(const std::vector<pid_t>& slots,
-                                        const std::atomic<int>& agent0_code, bool agent0_here) {
-  auto job_status = [](int code) { return code != kExitControllerLost && code != kExitSlotGone; };
-  if (agent0_here) {
-    const int code = agent0_code.load();
-    return code >= 0 && job_status(code) ? std::optional<int>(code) : std::nullopt;
-  }
-  std::optional<int> code;
-  for (pid_t p : slots) {
-    siginfo_t info{};
-    if (waitid(P_PID, id_t(p), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != p ||
-        info.si_code != CLD_EXITED || !job_status(info.si_status))
-      return std::nullopt;
-    if (!code) code = info.si_status;
-  }
-  return code;
-}
-
-// How long the controller may outlive every slot here that ended with the job's status: its
-// own end takes its agents' shutdown (kShutdownGrace twice, lead.cc) and then exits.
-constexpr std::chrono::seconds kOutlivesTheJob{5};
-
-// Waits for the controller's exit and returns its wait status; or, if every slot this process
-// runs ended with the job's status and the controller lives on past kOutlivesTheJob, stops it
-// and sets *job_code. Such a controller was deposed without learning it: its lease lapsed
-// while etcd had no quorum, a candidate took the job over and ended it, and etcd's members
-// went with the slots before it saw so (it would wait detect.quorum_timeout_ms for them and
-// end the job a second time, with exit 6).
-int wait_controller(pid_t controller, const std::vector<pid_t>& slots,
-                    const std::atomic<int>& agent0_code, bool agent0_here,
-                    std::optional<int>* job_code) {
-  bool passed = false;
-  std::optional<std::chrono::steady_clock::time_point> job_ended;
-  while (true) {
-    int st = 0;
-    const pid_t r = waitpid(controller, &st, WNOHANG);
-    if (r == controller) return st;
-    KEEL_CHECK(r == 0 || (r < 0 && errno == EINTR), "waitpid of the controller (pid ", controller,
-               "): ", std::strerror(errno));
-    if (g_signal && !passed) {
-      ::kill(controller, int(g_signal));
-      passed = true;
-    }
-    if (const auto code = slots_ended_with_job(slots, agent0_code, agent0_here)) {
-      const auto now = std::chrono::steady_clock::now();
-      if (!job_ended) job_ended = now;
-      if (now - *job_ended > kOutlivesTheJob) {
-        LOG(WARNING) << "the job ended (exit " << *code << ") under another leader while its first "
-                     << "controller (pid " << controller << "), deposed without learning it, "
-                     << "still ran: stopping it";
-        ::kill(controller, SIGKILL);
-        waitpid(controller, &st, 0);
-        *job_code = code;
-        return st;
-      }
-    }
-    std::this_thread::sleep_for(kControllerPoll);
-  }
-}
-
 // keel-launch (not mpirun): the job's first controller runs in a child process, so that it
 // can die alone while the slots train on and a candidate takes over. This process starts the
 // slots once the controller says where it listens, and waits for the job's end: the
@@ -387,8 +322,8 @@ int supervise(FirstLead f, const LaunchOptions& o, const config::JobConfig& cfg,
   }
   close(fds[0]);
   std::optional<int> ended_without_it;
-  const int st =
-      wait_controller(controller, slots, agent0_code, agent0.joinable(), &ended_without_it);
+  const int st = wait_controller(controller, slots, agent0_code, agent0.joinable(), &g_signal,
+                                 &ended_without_it);
   int code = 1;
   const bool died = !WIFEXITED(st) || WEXITSTATUS(st) == kExitDeposed;
   if (ended_without_it) {
