@@ -62,18 +62,35 @@ void EtcdWatch::run() {
   EtcdClient::Impl& rpc = *client_.impl_;
   auto backoff = milliseconds(50);
   for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_) return;
+    }
+    size_t member = 0;
+    EtcdMemberChannel& m = rpc.member(&member, steady_clock::now() + rpc.attempt);
+    // The stream waits for its channel (wait_for_ready) with no deadline: opened on a member
+    // that died, whose channel never connects again, it waited for ever and the watch with it
+    // (a standby promoted just after slot 0 was lost with its member died of "not in place").
+    // It is opened on a connected channel only; one that does not connect within an attempt
+    // is passed over.
+    if (!m.channel->WaitForConnected(std::chrono::system_clock::now() + rpc.attempt)) {
+      rpc.pass_over(member);
+      std::unique_lock<std::mutex> lock(mu_);
+      changed_.wait_for(lock, backoff, [&] { return cancelled_; });
+      backoff = std::min(backoff * 2, milliseconds(1000));
+      continue;
+    }
     grpc::ClientContext context;
     // A member without a leader ends the stream (etcd's "require leader"): its view is
     // stale, and the watch moves on instead of waiting there silently.
     context.AddMetadata("hasleader", "true");
     context.set_wait_for_ready(true);
-    size_t member = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (cancelled_) return;
       context_ = &context;
     }
-    auto stream = rpc.member(&member, steady_clock::now() + rpc.attempt).watch->Watch(&context);
+    auto stream = m.watch->Watch(&context);
     etcdserverpb::WatchRequest req;
     etcdserverpb::WatchCreateRequest* create = req.mutable_create_request();
     create->set_key(key_.empty() ? std::string(1, '\0') : key_);
