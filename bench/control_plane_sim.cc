@@ -223,11 +223,15 @@ void seed_job(EtcdClient& client, const ControlPlaneOptions& o, const std::strin
     si->set_initial_standby(standby);
   }
   client.put(keys::state::spec(job), spec.SerializeAsString());
-  client.put(keys::state::membership(job), m.SerializeAsString());
   std::shared_ptr<Store> store = connect_etcd_store(store_addr);
   membership::Rebuild rb;
   *rb.mutable_membership() = m;
   rb.set_restore_step(-2);  // the job's start state (controller_recovery.cc, kStartState)
+  // The job's record as a first leader would have left it (state::JobState).
+  state::JobState js;
+  *js.mutable_membership() = m;
+  *js.mutable_transition() = rb;
+  client.put(keys::state::job_state(job), js.SerializeAsString());
   set_message(*store, keys::rebuild_key(0), rb);
   store::StandbyCheck ok;
   ok.set_ok(true);

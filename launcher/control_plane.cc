@@ -18,6 +18,7 @@
 
 #include <zmq_addon.hpp>
 
+#include "launcher/timings.h"
 #include "parallel/job_key.h"
 #include "parallel/tcp_store.h"
 #include "runtime/check.h"
@@ -29,11 +30,11 @@ using Clock = std::chrono::steady_clock;
 
 // Reconnect quickly and at a steady rate (no backoff): a slot whose link comes back should
 // be heard from well within the controller's slot timeout (2 s by default).
-constexpr int kReconnectIvlMs = 50;
+constexpr int kReconnectIvlMs = int(timings::kReconnectEvery.count());
 // ZMTP heartbeats: a connection whose peer sent nothing for kHeartbeatTimeoutMs is closed
 // (and, on a client, reconnected).
-constexpr int kHeartbeatIvlMs = 500;
-constexpr int kHeartbeatTimeoutMs = 1500;
+constexpr int kHeartbeatIvlMs = int(timings::kZmtpHeartbeatEvery.count());
+constexpr int kHeartbeatTimeoutMs = int(timings::kZmtpTimeout.count());
 // Largest message accepted; an Envelope is a few KiB at most (Event.last_lines). Guards the
 // controller against a confused peer announcing a huge frame.
 constexpr int64_t kMaxMsgSize = 16 << 20;
@@ -163,33 +164,64 @@ std::string endpoint_host(const std::string& endpoint) {
   return parse_host_port(endpoint.substr(scheme.size())).first;
 }
 
-control::Envelope make_envelope(int epoch) {
+control::Envelope make_envelope(int epoch, int64_t term) {
   control::Envelope msg;
   msg.set_epoch(epoch);
+  msg.set_term(term);
   msg.set_sent_at(
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
   return msg;
 }
 
-bool EpochFilter::accept(const control::Envelope& msg, int current_epoch) {
+EntryCheck::Drop EntryCheck::check(const control::Envelope& msg, int64_t term, int epoch,
+                                   bool known) {
+  Drop why = Drop::kNone;
   switch (msg.body_case()) {
     case control::Envelope::BODY_NOT_SET:
-      ++dropped_;
-      return false;
-    // A restarted agent registers before it has heard the epoch, and keel-ctl never hears
-    // it: their messages are valid at any epoch.
+      why = Drop::kNoBody;
+      break;
+    // A restarted agent registers before it has heard the term or the epoch, and keel-ctl
+    // never hears them: their messages are valid at any.
     case control::Envelope::kRegistration:
     case control::Envelope::kStatusRequest:
     case control::Envelope::kInjectRequest:
-      return true;
+    case control::Envelope::kStacksRequest:
+    case control::Envelope::kReplayRequest:
+    case control::Envelope::kUpdateRequest:
+      break;
     default:
+      if (!known)
+        why = Drop::kUnknownSender;
+      else if (msg.term() < term)
+        why = Drop::kOlderTerm;
+      else if (msg.epoch() < epoch && (msg.has_progress() || msg.has_command()))
+        why = Drop::kOlderEpoch;
       break;
   }
-  if (msg.epoch() < current_epoch) {
-    ++dropped_;
-    return false;
+  if (why != Drop::kNone) ++dropped_[int(why)];
+  return why;
+}
+
+int64_t EntryCheck::dropped() const {
+  int64_t n = 0;
+  for (int64_t d : dropped_) n += d;
+  return n;
+}
+
+const char* drop_name(EntryCheck::Drop d) {
+  switch (d) {
+    case EntryCheck::Drop::kNone:
+      return "";
+    case EntryCheck::Drop::kNoBody:
+      return "no body";
+    case EntryCheck::Drop::kOlderTerm:
+      return "older term";
+    case EntryCheck::Drop::kOlderEpoch:
+      return "older epoch";
+    case EntryCheck::Drop::kUnknownSender:
+      return "unknown sender";
   }
-  return true;
+  return "";
 }
 
 ControlServer::ControlServer(const std::string& bind_host, int port, const JobKey& key) try
@@ -315,7 +347,14 @@ std::optional<ControlServer::Incoming> ControlServer::poll(std::chrono::millisec
 }
 
 bool ControlServer::send(const std::string& identity, const control::Envelope& msg) {
-  std::string bytes = serialize(msg);
+  std::string bytes;
+  if (term_ > 0 && msg.term() != term_) {
+    control::Envelope stamped = msg;
+    stamped.set_term(term_);
+    bytes = serialize(stamped);
+  } else {
+    bytes = serialize(msg);
+  }
   try {
     // The identity frame is where ZeroMQ decides whether the message can be queued; once it
     // is accepted, the payload frame always is.
@@ -357,7 +396,14 @@ ControlClient::ControlClient(const std::string& endpoint, const std::string& ide
 }
 
 bool ControlClient::send(const control::Envelope& msg) {
-  std::string bytes = serialize(msg);
+  std::string bytes;
+  if (term_ > 0 && msg.term() != term_) {
+    control::Envelope stamped = msg;
+    stamped.set_term(term_);
+    bytes = serialize(stamped);
+  } else {
+    bytes = serialize(msg);
+  }
   try {
     return sock_.send(zmq::buffer(bytes), zmq::send_flags::dontwait).has_value();
   } catch (const zmq::error_t& e) {

@@ -32,24 +32,42 @@ namespace keel {
 // keel::InputError naming the endpoint if it is not one.
 std::string endpoint_host(const std::string& endpoint);
 
-// A fresh Envelope of `epoch`, sent_at stamped with the current unix time in seconds.
-control::Envelope make_envelope(int epoch);
+// A fresh Envelope of `epoch` and leader `term`, sent_at stamped with the current unix time in
+// seconds.
+control::Envelope make_envelope(int epoch, int64_t term = 0);
 
-// The stale-message rule: a message from an older epoch than the receiver's is dropped,
-// except a Register (a restarted agent does not know the epoch yet) and keel-ctl's
-// StatusRequest and InjectRequest (keel-ctl never knows it). A newer epoch is accepted: the
-// receiver is the one behind. An Envelope with no body is dropped too.
-class EpochFilter {
+// The check at the door, as etcd raft's Step does it: every message says the leader term and
+// the membership epoch it was made under, and one that is stale is dropped (and counted by
+// reason) before any handler sees it, so that no handler asks "is this still true?":
+//   - an older term than the receiver knows from etcd: a deposed leader's (or a message made
+//     for one);
+//   - an older epoch, for what is about the ranks (progress, commands): a newer epoch is
+//     accepted, the receiver is the one behind;
+//   - a sender the receiver does not know, where it must know it (an agent's message before
+//     it registered);
+//   - no body.
+// A Register (a restarted agent knows neither yet) and keel-ctl's requests (it never knows
+// them) are valid at any term and epoch.
+class EntryCheck {
  public:
-  // True if `msg` should be handled by a receiver at `current_epoch`; false (and counted)
-  // if it must be dropped.
-  bool accept(const control::Envelope& msg, int current_epoch);
-  // How many messages accept() has refused so far.
-  int64_t dropped() const { return dropped_; }
+  enum class Drop { kNone = 0, kNoBody, kOlderTerm, kOlderEpoch, kUnknownSender };
+  static constexpr int kDropKinds = 5;
+
+  // Why `msg` must be dropped by a receiver that knows `term` and `epoch` and whose sender is
+  // `known` (or not) to it; kNone: handle it. Counts every drop.
+  Drop check(const control::Envelope& msg, int64_t term, int epoch, bool known = true);
+  bool admit(const control::Envelope& msg, int64_t term, int epoch, bool known = true) {
+    return check(msg, term, epoch, known) == Drop::kNone;
+  }
+  // Messages dropped so far, for one reason or all of them.
+  int64_t dropped(Drop why) const { return dropped_[int(why)]; }
+  int64_t dropped() const;
 
  private:
-  int64_t dropped_ = 0;
+  int64_t dropped_[kDropKinds] = {};
 };
+// "no body", "older term", "older epoch", "unknown sender" ("" for kNone).
+const char* drop_name(EntryCheck::Drop d);
 
 // The job's CurveZMQ key pairs (32 bytes each), derived from its job key: the server's and
 // the one every client of the job uses. For ControlServer/ControlClient, and for tests that
@@ -93,6 +111,9 @@ class ControlServer {
   // Returns false if the message could not be queued (the peer's queue is full, or a signal
   // interrupted the call).
   bool send(const std::string& identity, const control::Envelope& msg);
+  // The leader term stamped on every message sent from now on (0: leave each message's own):
+  // the controller's, so that no message of it goes out without the term it leads in.
+  void set_term(int64_t term) { term_ = term; }
 
   // Messages poll() dropped because they were not a well-formed Envelope.
   int64_t malformed() const { return malformed_; }
@@ -122,6 +143,7 @@ class ControlServer {
   std::string endpoint_;
   int port_ = 0;
   int64_t malformed_ = 0;
+  int64_t term_ = 0;
   // Each identity's newest connection (its file descriptor, ZMQ_SRCFD of its messages), and
   // back: a closed connection names the identity only while it is the identity's newest.
   std::map<std::string, int> identity_fd_;
@@ -152,6 +174,9 @@ class ControlClient {
   // (the queue, 1000 messages, is full because the server has been unreachable for a long
   // time; or a signal interrupted the call).
   bool send(const control::Envelope& msg);
+  // The leader term stamped on every message sent from now on (0: leave each message's own):
+  // an agent's, the newest etcd confirmed to it.
+  void set_term(int64_t term) { term_ = term; }
 
   // Waits up to `timeout` for a message from the server; nullopt on timeout, on a signal,
   // or on a malformed message (dropped, counted in malformed()).
@@ -180,6 +205,7 @@ class ControlClient {
   int64_t connections();
 
  private:
+  int64_t term_ = 0;
   zmq::context_t ctx_{1};
   zmq::socket_t sock_;
   void drain_monitor();

@@ -33,6 +33,7 @@
 #include "launcher/lead.h"
 #include "launcher/processes.h"
 #include "launcher/recovery_protocol.h"
+#include "launcher/timings.h"
 #include "parallel/job_key.h"
 #include "parallel/net_address.h"
 #include "parallel/sealed_channel.h"
@@ -398,6 +399,15 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
                         .slot0_losable = fork_slots || failover,
                         .failover = failover},
                0, /*running=*/false);
+  // The job's detect.* settings against the control plane's own timings (launcher/timings.h):
+  // a slot timeout shorter than the heartbeats, or agents that give up on a dead leader before
+  // its successor's lease could lapse, would turn every failover into a lost job.
+  if (const std::vector<std::string> bad = timings::check_timings(cfg.detect(), failover);
+      !bad.empty()) {
+    std::string why;
+    for (const std::string& b : bad) why += (why.empty() ? "" : "; ") + b;
+    throw InputError(o.config_path + ": the job's timings do not fit keel's control plane: " + why);
+  }
   std::optional<ResumePoint> resumed;
   if (!o.resume.empty()) {
     // Checked here, so that a missing or unusable checkpoint is said once, before any slot

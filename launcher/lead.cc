@@ -63,7 +63,7 @@ ControllerOptions options_of(const state::JobSpec& spec, const config::JobConfig
 }
 
 // Runs the job's Controller over `agents` to the job's end, then ends the job: every rank
-// stopped, the leadership resigned, every agent told to shut down. Returns the exit status.
+// stopped, every agent told to shut down, the leadership left to lapse. Returns the exit status.
 int run_and_end(ControllerOptions co, AgentHost& agents, ControlServer& control,
                 std::shared_ptr<Store> store, EventLog& events,
                 std::unique_ptr<EtcdControlState>* state, EtcdUpkeep* upkeep,
@@ -83,13 +83,40 @@ int run_and_end(ControllerOptions co, AgentHost& agents, ControlServer& control,
       "end",
       EventFields().add("code", code).add("etcd_writes", client ? double(client->writes()) : 0));
   agents.stop_all(SIGKILL, std::chrono::milliseconds(0));
-  // Resigns while the members still run (they stop with their agents). A candidate may lead
-  // for a moment: it finds the job ended, and the agents, told at once, follow no one.
-  state->reset();
+  // The leadership is kept until every agent was told: no candidate leads meanwhile, so each
+  // agent's shutdown comes in the term it follows (an agent drops an older term's messages at
+  // its door), and the candidates, which find the job's end in etcd, stand down. Then it is
+  // left to lapse: the members stop with their agents, and a resignation would wait for a
+  // quorum that is gone.
   agents.set_exit_code(code);
   agents.finish();
   agents.await_shutdown(kShutdownGrace);
+  if (*state) (*state)->abandon();
+  state->reset();
   return code;
+}
+
+// The leader's view of the ranks' store in etcd: every write fenced by etcd on the
+// leadership of *state (DESIGN.md, Control state and failover), so that a deposed leader's
+// abort, rebuild or incident never lands whatever the timing; a refused write ends the
+// leadership, and the write is tried again only once this controller leads again. Patient
+// (quorum lost pauses decisions); `idle` answers the agents meanwhile.
+std::shared_ptr<Store> leaders_store(const std::string& address,
+                                     std::chrono::milliseconds quorum_timeout,
+                                     std::function<void()> idle,
+                                     const std::unique_ptr<EtcdControlState>* state) {
+  auto guard = [state] { return *state ? (*state)->guard() : EtcdGuard{}; };
+  return std::make_shared<PatientStore>(
+      connect_fenced_etcd_store(address, guard), quorum_timeout, std::move(idle),
+      [state] {
+        if (*state) (*state)->check_leading();
+      },
+      connect_fenced_etcd_store(address, guard, kEtcdQuickCall),
+      [state](const std::string& what) {
+        // The job's end gave the leadership up: nothing is written any more.
+        if (!*state) throw LostLeadership(what);
+        (*state)->refused(what);
+      });
 }
 
 std::map<std::string, std::string> worker_env(const state::JobSpec& spec,
@@ -162,6 +189,9 @@ int lead_first(const FirstLead& f) {
     agents.await_shutdown(kShutdownGrace);
     return 1;
   }
+  // From here on every message says the term this controller leads in (agents that follow
+  // the leadership in etcd drop an older term's).
+  if (etcd.state) control.set_term(etcd.state->term());
   std::vector<std::string> etcd_endpoints;
   if (etcd.client) etcd_endpoints = etcd.client->endpoints();
   const std::string etcd_list = join(etcd_endpoints, ',');
@@ -176,12 +206,8 @@ int lead_first(const FirstLead& f) {
   std::shared_ptr<Store> store;
   if (etcd.client) {
     spec.set_store_addr(etcd.store_addr);
-    store = std::make_shared<PatientStore>(
-        connect_etcd_store(etcd.store_addr), eo.quorum_timeout, [&agents] { agents.keep_alive(); },
-        [&etcd] {
-          if (etcd.state) etcd.state->check_leading();
-        },
-        connect_etcd_store(etcd.store_addr, kEtcdQuickCall));
+    store = leaders_store(
+        etcd.store_addr, eo.quorum_timeout, [&agents] { agents.keep_alive(); }, &etcd.state);
   } else {
     tcp = std::make_unique<TcpStoreServer>(f.host, 0);
     spec.set_store_addr(f.host + ":" + std::to_string(tcp->port()));
@@ -250,14 +276,15 @@ int lead_as_candidate(const LaunchOptions& o, const volatile sig_atomic_t* stop)
   } catch (const JobOver&) {
     return 0;
   }
-  // Won, but the job may have ended as this candidate won (its leader resigned at the end).
+  // Won, but the job may have ended as this candidate won (its leader gave up at the end).
   if (ended()) return 0;
-  membership::Membership m;
-  const auto kv = client.get(keys::state::membership(job));
-  KEEL_CHECK(kv && m.ParseFromString(kv->value), "etcd: ", keys::state::membership(job),
-             " holds no membership::Membership: nothing to take over");
+  control.set_term(state->term());
+  const std::optional<state::JobState> js = state->read_job_state();
+  KEEL_CHECK(js, "etcd: ", keys::state::job_state(job),
+             " holds no state::JobState: nothing to take over");
   LOG(WARNING) << "slot " << o.slot << ": this candidate leads job " << job << " (epoch "
-               << m.epoch() << ", term " << state->term() << ")";
+               << js->membership().epoch() << ", term " << state->term() << ", written in term "
+               << js->term() << ")";
   const fs::path dir = spec.run_dir();
   std::error_code ec;
   fs::create_directories(dir / "logs", ec);
@@ -267,16 +294,12 @@ int lead_as_candidate(const LaunchOptions& o, const volatile sig_atomic_t* stop)
   std::ofstream(dir / "controller") << control.endpoint() << "\n" << job << "\n";
   const std::vector<std::string> argv(spec.worker_argv().begin(), spec.worker_argv().end());
   AgentHost* host = nullptr;  // the store's idle answers the agents once they exist
-  std::shared_ptr<Store> store = std::make_shared<PatientStore>(
-      connect_etcd_store(spec.store_addr()),
-      std::chrono::milliseconds(cfg.detect().quorum_timeout_ms()),
+  std::shared_ptr<Store> store = leaders_store(
+      spec.store_addr(), std::chrono::milliseconds(cfg.detect().quorum_timeout_ms()),
       [&host] {
         if (host) host->keep_alive();
       },
-      [&state] {
-        if (state) state->check_leading();
-      },
-      connect_etcd_store(spec.store_addr(), kEtcdQuickCall));
+      &state);
   AgentHost agents(&control, store, spec.world(), spec.workers_per_slot(), spec.slots(),
                    spec.standby(), argv, worker_env(spec, control.endpoint(), o.etcd),
                    std::chrono::milliseconds(cfg.detect().slot_timeout_ms()));
@@ -291,7 +314,7 @@ int lead_as_candidate(const LaunchOptions& o, const volatile sig_atomic_t* stop)
   co.etcd_endpoints = o.etcd;
   co.slot0_losable = true;
   co.stop_signal = stop;
-  co.takeover = m;
+  co.takeover = *js;
   // The members keel started (none with the user's cluster) are this leader's to keep now.
   std::unique_ptr<EtcdUpkeep> upkeep;
   if (auto members = state->etcd_members())

@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "launcher/etcd/etcd_error.h"
 #include "runtime/logging.h"
 
 namespace keel {
@@ -25,18 +26,31 @@ PatientStore::Quick::~Quick() {
 
 PatientStore::PatientStore(std::shared_ptr<Store> inner, std::chrono::milliseconds patience,
                            std::function<void()> idle, std::function<void()> before,
-                           std::shared_ptr<Store> quick)
+                           std::shared_ptr<Store> quick,
+                           std::function<void(const std::string&)> refused)
     : inner_(std::move(inner)),
       quick_(std::move(quick)),
       patience_(patience),
       idle_(std::move(idle)),
-      before_(std::move(before)) {}
+      before_(std::move(before)),
+      refused_(std::move(refused)) {}
 
 template <class F>
 auto PatientStore::patiently(const std::string& what, bool write, F&& f)
     -> decltype(f(std::declval<Store&>())) {
   // A look in passing: once, on the quick store if there is one.
-  if (g_quick > 0) return f(quick_ ? *quick_ : *inner_);
+  if (g_quick > 0) {
+    try {
+      return f(quick_ ? *quick_ : *inner_);
+    } catch (const LostLeadership& e) {
+      // Refused by etcd in passing: the leadership learns it (before() throws Deposed when
+      // another leads), and the caller skips this look as it skips one out of reach.
+      if (!write || !refused_ || !before_) throw;
+      refused_(e.what());
+      before_();
+      throw CommError(what + ": refused by etcd's fence; tried again on the next look");
+    }
+  }
   if (write && before_) before_();
   const auto deadline = Clock::now() + patience_;
   bool said = false;
@@ -52,6 +66,19 @@ auto PatientStore::patiently(const std::string& what, bool write, F&& f)
       return out;
     } catch (const CommTimeout&) {
       throw;  // a wait that ran out: the caller's own answer
+    } catch (const LostLeadership& e) {
+      // etcd refused a fenced write: whatever the lease's clock says, this process did not
+      // lead when the write arrived. Nothing was written; the leadership learns it, and the
+      // write is tried again only if `before` finds this process leading again (no other
+      // controller led meanwhile), else Deposed ends its part.
+      if (!write || !refused_ || !before_) throw;
+      refused_(e.what());
+      before_();
+      if (Clock::now() > deadline)
+        throw QuorumLost(detail::concat("the job's store took no ", what, " for ",
+                                        patience_.count(),
+                                        " ms (detect.quorum_timeout_ms): ", e.what()));
+      continue;
     } catch (const CommError& e) {
       if (Clock::now() > deadline)
         throw QuorumLost(detail::concat("the job's store took no ", what, " for ",

@@ -45,9 +45,15 @@ class PatientStore : public Store {
   // another leads before it acts on what it read. `quick`, if given, is the same
   // store behind short deadlines (etcd_store.h, kEtcdQuickCall), for Quick
   // scopes: a poll must not wait out a member that is gone or a quorum that is lost.
+  // `refused`, if given, runs when etcd refused a fenced write (LostLeadership from a store
+  // fenced on the leadership, etcd_store.h): it tells the leadership it is lost, whatever
+  // the lease's own clock said, so that `before` then campaigns again (the write is tried
+  // again under the new term if no other controller led meanwhile) or throws Deposed.
+  // Without it, the refusal reaches the caller.
   PatientStore(std::shared_ptr<Store> inner, std::chrono::milliseconds patience,
                std::function<void()> idle, std::function<void()> before = {},
-               std::shared_ptr<Store> quick = nullptr);
+               std::shared_ptr<Store> quick = nullptr,
+               std::function<void(const std::string&)> refused = {});
 
   void set(const std::string& key, const std::string& value) override;
   void set_all(const std::vector<std::pair<std::string, std::string>>& kvs) override;
@@ -70,6 +76,7 @@ class PatientStore : public Store {
   std::chrono::milliseconds patience_;
   std::function<void()> idle_;
   std::function<void()> before_;
+  std::function<void(const std::string&)> refused_;
   bool in_idle_ = false;  // idle() may use the store itself: it waits without re-entering idle
 };
 

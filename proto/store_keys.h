@@ -251,13 +251,10 @@ inline std::string store_prefix(const std::string& job) {
 inline std::string end(const std::string& job) {  // state::JobEnd, once the job ended
   return root(job) + "end";
 }
-inline std::string membership(const std::string& job) {  // membership::Membership in force
-  return root(job) + "membership";
-}
-// membership::Rebuild of the newest epoch, written with its Membership: a leader that takes
-// over before the ranks were told can tell them.
-inline std::string rebuild(const std::string& job) {
-  return root(job) + "rebuild";
+// state::JobState: the one record of the job (membership and epoch, the newest transition's
+// Rebuild, the decisions' memory, the update, the command log's progress).
+inline std::string job_state(const std::string& job) {
+  return root(job) + "job";
 }
 inline std::string etcd_members(const std::string& job) {  // state::EtcdMembers
   return root(job) + "etcd_members";

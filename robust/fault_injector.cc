@@ -231,10 +231,16 @@ void FaultInjector::before_step(int64_t step) {
   }
   // The links of a machine whose network is defective break again in every step.
   if (broken_links_ && groups_) groups_->abort_all();
+  if (const auto d = slowdown(step); d.count() > 0) std::this_thread::sleep_for(d);
+}
+
+std::chrono::milliseconds FaultInjector::slowdown(int64_t step) const {
+  std::chrono::milliseconds total{0};
   for (int i : slow_) {
     const faults::Fault& f = schedule_.fault(i);
-    if (step >= f.step()) std::this_thread::sleep_for(std::chrono::milliseconds(f.delay_ms()));
+    if (step >= f.step()) total += std::chrono::milliseconds(f.delay_ms());
   }
+  return total;
 }
 
 void FaultInjector::wrap(ProcessGroups& groups, std::shared_ptr<CommActivity> activity) {

@@ -15,6 +15,8 @@
 // read_injections() reads them back for the report and the incident timeline.
 #pragma once
 
+#include <chrono>
+
 #include <functional>
 
 #include <cstdint>
@@ -56,6 +58,9 @@ class FaultInjector {
   // thread, never returning. Throws keel::Error for a hang, hang_in_collective or
   // link_error when wrap() was never called.
   void before_step(int64_t step);
+  // How long before_step(step) sleeps for the slow faults this process claimed (0 ms: it
+  // does not): what the injector decided, which a test can check without timing a step.
+  std::chrono::milliseconds slowdown(int64_t step) const;
 
   // What corrupt_snapshot and lose_snapshot do to this rank's snapshot before the rank
   // SIGKILLs itself (keel-worker owns the snapshot; the injector only says when).

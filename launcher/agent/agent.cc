@@ -168,6 +168,7 @@ void Agent::follow(const control::Command& c) {
           [this](const state::Leader& l) {
             std::lock_guard<std::mutex> g(leader_mu_);
             leader_endpoint_ = l.endpoint();
+            if (l.term() > confirmed_term_) confirmed_term_ = l.term();
           },
           kLeaderRecheck);
     } catch (const std::exception& e) {
@@ -511,9 +512,20 @@ int Agent::run(const volatile int* stop) {
           std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_heard));
     }
     if (auto m = client_->poll(kPoll)) {
-      last_heard = Clock::now();
-      if (m->has_command())
-        if (std::optional<int> rc = on_command(m->epoch(), m->command())) return *rc;
+      const int64_t term = confirmed_term_;
+      client_->set_term(term);
+      // The door: a deposed leader's message (one cut off and back, or frozen and thawed)
+      // changes nothing here and does not count as hearing from the leader.
+      if (const EntryCheck::Drop why = entry_.check(*m, term, 0); why != EntryCheck::Drop::kNone) {
+        LOG_EVERY_N(WARNING, 50) << "slot " << o_.slot
+                                 << ": dropped a message of the controller at " << controller_
+                                 << ": " << drop_name(why) << " (term " << m->term() << ", etcd's "
+                                 << term << "; " << entry_.dropped() << " dropped so far)";
+      } else {
+        last_heard = Clock::now();
+        if (m->has_command())
+          if (std::optional<int> rc = on_command(m->epoch(), m->command())) return *rc;
+      }
     }
     reap_workers();
     keep_candidate();

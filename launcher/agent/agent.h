@@ -23,6 +23,7 @@
 #include "launcher/control_plane.h"
 #include "launcher/etcd/etcd_members.h"
 #include "launcher/etcd/leader_link.h"
+#include "launcher/timings.h"
 #include "parallel/socket_util.h"
 
 namespace keel {
@@ -72,16 +73,13 @@ class Agent {
   // Every poll of the control plane waits this long at most, so a worker's exit is reported
   // within it; heartbeats go out at this rate (the controller answers each: keepalive).
   static constexpr std::chrono::milliseconds kPoll{20};
-  static constexpr std::chrono::milliseconds kHeartbeatEvery{200};
+  static constexpr std::chrono::milliseconds kHeartbeatEvery = timings::kHeartbeatEvery;
   // A stacks command without its own timeout: a capture of one worker takes milliseconds.
   static constexpr std::chrono::milliseconds kDefaultStackTimeout{1000};
-  // A new leader is taken up once the current one has been silent this long: it answers
-  // every heartbeat (200 ms), so a live one is never left; a dead one has been silent for its
-  // lease's lapse (2 s) by the time a successor publishes itself.
-  static constexpr std::chrono::milliseconds kLeaderSilence{1000};
-  // How often the agent reads the leadership besides its watch (LeaderObserver): a new leader
-  // waits detect.slot_timeout_ms for the agents, and a watch on a cut-off member is silent 7 s.
-  static constexpr std::chrono::milliseconds kLeaderRecheck{500};
+  // A new leader is taken up once the current one has been silent this long, and the
+  // leadership is read this often beside its watch (launcher/timings.h says why).
+  static constexpr std::chrono::milliseconds kLeaderSilence = timings::kLeaderSilence;
+  static constexpr std::chrono::milliseconds kLeaderRecheck = timings::kLeaderRecheck;
   // How often a controller candidate that keeps dying is started again.
   static constexpr std::chrono::milliseconds kCandidateRestartEvery{1000};
 
@@ -89,6 +87,11 @@ class Agent {
   std::unique_ptr<ControlClient> client_;  // to the leader controller (controller_)
   std::string controller_;                 // its endpoint: o_.controller, then each new leader's
   bool welcomed_ = false;
+  // The newest leader term etcd confirmed to this agent (its LeaderLink; 0 without etcd): a
+  // message of an older term is a deposed leader's, dropped at the door (entry_), and every
+  // message this agent sends carries it.
+  std::atomic<int64_t> confirmed_term_{0};
+  EntryCheck entry_;
   bool rejoined_ = false;  // registered again with a new leader (a refusal: kExitSlotGone)
   // With the job's etcd (Command follow): the leadership followed, a new leader's endpoint
   // (set by the LeaderLink's thread) taken up by run(); and this slot's controller candidate.

@@ -551,9 +551,8 @@ void AgentHost::await_shutdown(std::chrono::milliseconds grace) {
     if (up(k) && k != own_slot_) open.insert(agents_[size_t(k)].identity);
   const bool own = own_slot_ >= 0 && up(own_slot_);
   // This process's own agent is told last (it ends this process), and hears nothing else
-  // while the others go: past Agent::kLeaderSilence it would follow the candidate that leads
-  // for a moment after this one resigned, and miss its shutdown. It hears that this leader
-  // lives, as each heartbeat's answer would say.
+  // while the others go: past Agent::kLeaderSilence it would look for another leader and miss
+  // its shutdown. It hears that this leader lives, as each heartbeat's answer would say.
   control::Envelope alive = command(control::Command::keepalive);
   auto next_alive = Clock::now();
   const auto deadline = Clock::now() + grace;

@@ -5,6 +5,7 @@
 
 #include "launcher/control_plane.h"
 #include "launcher/controller/agent_host.h"
+#include "launcher/timings.h"
 #include "parallel/socket_util.h"
 #include "runtime/logging.h"
 #include "runtime/text.h"
@@ -21,7 +22,7 @@ using Clock = std::chrono::steady_clock;
 // the heartbeat timeout would have taken 2 s). The try waits kProbeWait at most: a host that
 // answers nothing (it went down in the same instant) leaves kReopenGrace to decide.
 constexpr std::chrono::milliseconds kProbeWait{50};
-constexpr std::chrono::milliseconds kAnsweredGrace{1000};
+constexpr std::chrono::milliseconds kAnsweredGrace = timings::kAnsweredGrace;
 // A port that answered is tried again this often for this long: a killed process closes its
 // sockets one by one as it exits, and on a loaded machine its control connection's close can
 // be seen while its listener is still open (the 06-standby check once waited out the whole
@@ -33,10 +34,10 @@ constexpr std::chrono::milliseconds kReprobeFor{250};
 // within 50 ms (the client's reconnect interval, launcher/control_plane.cc) and heartbeats as
 // soon as the handshake succeeds, within its 20 ms poll (launcher/agent/agent.cc); a dead one
 // never does.
-constexpr std::chrono::milliseconds kReopenGrace{150};
+constexpr std::chrono::milliseconds kReopenGrace = timings::kReopenGrace;
 // A close that follows this much silence is the ZMTP heartbeat timeout's (1.5 s), not the
 // agent's own: a silent slot is judged by detect.slot_timeout_ms alone.
-constexpr std::chrono::milliseconds kSilentBeforeClose{1000};
+constexpr std::chrono::milliseconds kSilentBeforeClose = timings::kSilentBeforeClose;
 
 // What the liveness port `port` of the agent on `host` says (kSilent without a port to try).
 detail::PortProbe probe(const std::string& host, int port) {

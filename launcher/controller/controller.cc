@@ -14,6 +14,7 @@
 #include "launcher/controller/controller_impl.h"
 #include "launcher/controller/etcd_control_state.h"
 #include "launcher/controller/etcd_upkeep.h"
+#include "launcher/controller/job_state.h"
 #include "launcher/controller/stop_report.h"
 #include "launcher/fault_checks.h"
 #include "launcher/job_env.h"
@@ -62,11 +63,11 @@ Controller::Impl::Impl(ControllerOptions opts, RankHost* h, std::shared_ptr<Stor
       host(h),
       store(std::move(s)),
       server(srv),
-      members(o.takeover
-                  ? JobMembership::restore(*o.takeover, o.cfg.parallel().dp(), h->slot_layout())
-                  : JobMembership(Topology(o.cfg.parallel().tp(), o.cfg.parallel().pp(),
-                                           o.cfg.parallel().dp()),
-                                  o.cfg.parallel().dp(), h->slot_layout())),
+      members(o.takeover ? JobMembership::restore(o.takeover->membership(), o.cfg.parallel().dp(),
+                                                  h->slot_layout())
+                         : JobMembership(Topology(o.cfg.parallel().tp(), o.cfg.parallel().pp(),
+                                                  o.cfg.parallel().dp()),
+                                         o.cfg.parallel().dp(), h->slot_layout())),
       ctx{&o, h, store, &members, [this] { pump(); }, {}},
       detector(ctx, srv != nullptr),
       updates(ctx),
@@ -76,11 +77,26 @@ Controller::Impl::Impl(ControllerOptions opts, RankHost* h, std::shared_ptr<Stor
   host->attach(&members, [this](const std::string& identity, const control::Envelope& m) {
     take_up(identity, m);
   });
+  if (o.takeover) {
+    // What the leader before this one decided with goes on here: a fourth incident is the
+    // fourth whoever leads, an update on probation is still on probation.
+    const state::JobState& js = *o.takeover;
+    stops = stop_memory(js.stops());
+    ladder = ladder_memory(js.ladder());
+    updates.restore(js.update());
+    transition = js.transition();
+    commands = js.commands();
+    commands_done = js.commands_done();
+    recorded_state = job_state_key(js);
+  }
 }
 
 // Handles what arrived on the control plane: first what the host set aside while it waited on
 // its agents (take_up), then what is new.
 void Controller::Impl::pump() {
+  // Every message this leader sends says the term it leads in (a term won again after a
+  // lapse is a new one): an agent that etcd told of a newer leader drops it at its door.
+  if (server && o.state) server->set_term(o.state->term());
   while (!inbox.empty()) {
     auto [identity, m] = std::move(inbox.front());
     inbox.pop_front();
@@ -135,25 +151,67 @@ void Controller::Impl::handle(const std::string& identity, control::Envelope m) 
     return;
   } else if (m.has_status_request()) {
     status(r.mutable_status_reply());
-  } else if (m.has_inject_request()) {
-    inject(m.inject_request().fault(), r.mutable_inject_reply());
   } else if (m.has_stacks_request()) {
     stacks_requests.emplace_back(identity, m.stacks_request().name());
     return;
-  } else if (m.has_update_request()) {
-    updates.request(m.update_request(), detector.ahead(), r.mutable_update_reply());
-  } else if (m.has_replay_request()) {
-    replay_request(r.mutable_replay_reply());
+  } else if (m.has_inject_request() || m.has_update_request() || m.has_replay_request()) {
+    // A command changes the job: the log has it before anything is done.
+    const int64_t n = commands++;
+    if (o.state) o.state->command(n, m);
+    r = command(n, m, /*redo=*/false);
   } else {
     if (on_agent) on_agent(identity, m);
     return;
   }
-  // A command taken goes to the numbered command log (a status changes nothing).
-  const bool taken = (m.has_inject_request() && r.inject_reply().ok()) ||
-                     (m.has_update_request() && r.update_reply().ok()) ||
-                     (m.has_replay_request() && r.replay_reply().ok());
-  if (taken && o.state) o.state->command(m);
   server->send(identity, r);
+}
+
+control::Envelope Controller::Impl::command(int64_t n, const control::Envelope& m, bool redo) {
+  control::Envelope r = make_envelope(members.epoch());
+  std::string what, outcome;
+  if (m.has_inject_request()) {
+    what = "inject " + m.inject_request().fault();
+    // A fault injected twice is refused by the job's schedule check: a redo of one that
+    // reached the store says so, and adds nothing.
+    inject(m.inject_request().fault(), r.mutable_inject_reply());
+    outcome = r.inject_reply().message();
+  } else if (m.has_update_request()) {
+    what = "update " + m.update_request().plugin();
+    if (redo && updates.published_by(n)) {
+      r.mutable_update_reply()->set_ok(false);
+      r.mutable_update_reply()->set_message("published already");
+    } else {
+      updates.request(m.update_request(), detector.ahead(), n, r.mutable_update_reply());
+    }
+    outcome = r.update_reply().message();
+  } else if (m.has_replay_request()) {
+    what = "replay";
+    replay_request(r.mutable_replay_reply());
+    outcome = r.replay_reply().message();
+  }
+  commands_done = std::max(commands_done, n + 1);
+  // Done is recorded with the job's record (record_job_state, or the next transition's);
+  // until then a next leader redoes it, and the checks above keep the redo from acting twice.
+  if (redo) {
+    LOG(WARNING) << "keel-ctl command " << n << " (" << what
+                 << "), accepted by the leader before this one and not finished, carried out "
+                    "now: "
+                 << outcome;
+    ctx.event("command_resumed",
+              EventFields().add("n", double(n)).add("command", what).add("outcome", outcome));
+  }
+  return r;
+}
+
+void Controller::Impl::resume_commands() {
+  if (!o.state) return;
+  for (int64_t n = commands_done;; ++n) {
+    const std::optional<control::Envelope> m = o.state->command_record(n);
+    if (!m) break;
+    commands = std::max(commands, n + 1);
+    command(n, *m, /*redo=*/true);
+  }
+  record_job_state();
 }
 
 void Controller::Impl::on_progress(control::WorkerProgress p) {
@@ -309,7 +367,7 @@ std::optional<Detected> Controller::Impl::poll_failures(Clock::time_point* next_
   if (Clock::now() >= *next_grow_check) {
     *next_grow_check = Clock::now() + kGrowCheckEvery;
     maybe_grow();
-    record_slots();
+    record_job_state();
     host->keep_candidates();
     if (o.upkeep) o.upkeep->maintain();
   }
@@ -326,6 +384,7 @@ std::optional<Detected> Controller::Impl::poll_failures(Clock::time_point* next_
 int Controller::Impl::run() {
   if (o.takeover) {
     take_over();
+    resume_commands();
     if (auto d = interrupted_transition())
       if (!recover(std::move(*d))) return stop_after_recovery();
   } else {
@@ -456,16 +515,26 @@ int Controller::run() {
       impl_->end_recorded = true;
       code = impl_->stop_job(e.what(), recovery::kExitStopped);
     }
-    // Before this leader resigns (a job done, or stopped without stop_job).
+    // Before this leader gives up its leadership (a job done, or stopped without stop_job).
     impl_->record_end(code);
     return code;
   } catch (const Deposed& e) {
     // Another controller leads: this one stops acting at once (the ranks and agents are the
     // new leader's), and says nothing of the job's end.
-    LOG(WARNING) << e.what() << ": this controller steps aside";
-    impl_->ctx.event("deposed", EventFields().add("why", e.what()));
-    return kExitDeposed;
+    return impl_->step_aside(e.what());
+  } catch (const LostLeadership& e) {
+    // A fenced write refused where nothing could campaign again (past the job's end):
+    // the same, it acts no more.
+    return impl_->step_aside(e.what());
   }
+}
+
+int Controller::Impl::step_aside(const std::string& why) {
+  const int64_t refused = o.state ? o.state->refusals() : 0;
+  LOG(WARNING) << why << ": this controller steps aside (" << refused
+               << " fenced write(s) refused by etcd)";
+  ctx.event("deposed", EventFields().add("why", why).add("refused_writes", double(refused)));
+  return kExitDeposed;
 }
 
 void Controller::pump() {

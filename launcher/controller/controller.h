@@ -30,6 +30,7 @@
 #include "parallel/topology.h"
 #include "proto/config.pb.h"
 #include "proto/control.pb.h"
+#include "proto/control_state.pb.h"
 #include "proto/faults.pb.h"
 #include "proto/membership.pb.h"
 #include "proto/report.pb.h"
@@ -62,10 +63,12 @@ struct ControllerOptions {
   EtcdControlState* state = nullptr;
   EtcdUpkeep* upkeep =
       nullptr;  // keeps its members at strength (launcher/controller/etcd_upkeep.h)
-  // A new leader (failover): the Membership the previous one last wrote to etcd. run() then
+  // A new leader (failover): the job's record as the previous one last wrote it to etcd (its
+  // Membership, the decisions' memory, the update, the command log's progress). run() then
   // starts no rank: it waits for the agents to register again with their workers running,
-  // takes a slot that does not as lost, and carries on (launcher/controller/takeover.cc).
-  std::optional<membership::Membership> takeover;
+  // takes a slot that does not as lost, carries out the commands left pending, and carries on
+  // (launcher/controller/takeover.cc).
+  std::optional<state::JobState> takeover;
   // Slot 0's agent runs in a process of its own (keel-launch --local): losing it loses no
   // controller, so keel-ctl inject may lose it.
   bool slot0_losable = false;

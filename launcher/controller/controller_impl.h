@@ -46,11 +46,17 @@ struct Controller::Impl {
   JobMembership members;
   ControllerContext ctx;
   RunState state = RunState::kStarting;
-  policy::StopMemory stops;     // the stop rules' memory (robust/stop_rules.h)
-  policy::LadderMemory ladder;  // the escalation ladder's (robust/ladder.h)
-  std::string stop_why;         // why recover() said the job must stop (the report's reason)
-  bool end_recorded = false;    // record_end() wrote (or tried to write) the job's end
-  std::string recorded_slots;   // the slots' roles and standby checks etcd holds (slots_key)
+  // The decisions' memory and the command log's progress: with `members`, `transition` and
+  // the update's state they make the job's record in etcd (job_state()), of which these are
+  // the leader's working copy; a new leader starts from the record, not from zero.
+  policy::StopMemory stops;        // the stop rules' memory (robust/stop_rules.h)
+  policy::LadderMemory ladder;     // the escalation ladder's (robust/ladder.h)
+  membership::Rebuild transition;  // the newest epoch's Rebuild
+  int64_t commands = 0;            // keel-ctl commands recorded in the command log
+  int64_t commands_done = 0;       // of those, carried out or refused
+  std::string recorded_state;      // job_state_key() of the record etcd holds
+  std::string stop_why;            // why recover() said the job must stop (the report's reason)
+  bool end_recorded = false;       // record_end() wrote (or tried to write) the job's end
   std::function<void(const std::string&, const control::Envelope&)> on_agent;
   std::set<int> finished;  // ranks that exited cleanly (the job's end)
   int64_t last_printed = -1;
@@ -78,6 +84,13 @@ struct Controller::Impl {
   void pump();
   void take_up(const std::string& identity, const control::Envelope& m);
   void handle(const std::string& identity, control::Envelope m);
+  // keel-ctl inject, update and replay: recorded in the command log (fenced) before they are
+  // carried out, marked done after; `n` is the command's number. `redo`: a command a leader
+  // before this one recorded and did not mark done, carried out now unless its effect is
+  // already there. Returns the reply.
+  control::Envelope command(int64_t n, const control::Envelope& m, bool redo);
+  // A new leader's start: carries out, once, the commands recorded and not done.
+  void resume_commands();
   void on_progress(control::WorkerProgress p);
   // Writes a `refused` event (plane tcp) when process `pid`'s count of refusals rose.
   void note_tcp_refusals(int64_t pid, const std::string& who, int64_t total);
@@ -110,6 +123,10 @@ struct Controller::Impl {
   // and keel-launch when its own controller is gone, learn the exit status there. Throws
   // Deposed when another controller leads; other failures are logged.
   void record_end(int code);
+  // Another controller leads, or etcd refused this one's fenced write: it stops acting at
+  // once (the ranks and agents are the new leader's), says so in one log line and an event
+  // (with the fenced writes etcd refused), and returns kExitDeposed.
+  int step_aside(const std::string& why);
   int stop_by_signal();       // 128 + the signal
   int stop_after_recovery();  // recover() said stop: recovery::kExitStopped, or a signal's
   void serve_stacks_requests();
@@ -144,10 +161,13 @@ struct Controller::Impl {
   // After a shrink: once standby slots for a whole replica are ready, the job moves to an
   // epoch with one replica more.
   void maybe_grow();
-  // The Membership follows the slots' roles and standby checks into etcd between epoch
-  // transitions too (a standby found ready, a slot back as a standby): a leader that takes
+  // The job's record as this leader knows it now (state::JobState).
+  state::JobState job_state() const;
+  // Between epoch transitions, writes the job's record when it changed (a standby found
+  // ready, a slot back as a standby, an update's phase, a command done): a leader that takes
   // over must know which standbys are ready, or it waits for one that was ready all along.
-  void record_slots();
+  // Level-triggered: called every pass of the checks; a write only when something changed.
+  void record_job_state();
   // The membership as the policy sees it, with the host's news read in.
   policy::ClusterView view();
   // Drops the store keys of epoch `e` that nothing reads once every rank has moved past it

@@ -10,6 +10,7 @@
 #include "launcher/controller/controller_impl.h"
 #include "launcher/controller/etcd_control_state.h"
 #include "launcher/controller/incident.h"
+#include "launcher/controller/job_state.h"
 #include "launcher/recovery_protocol.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
@@ -18,16 +19,6 @@
 
 namespace keel {
 namespace {
-
-// What of the Membership changes between epoch transitions: each slot's role and standby
-// check (its link, lost or up, is the agents' to tell a new leader).
-std::string slots_key(const membership::Membership& m) {
-  std::string key;
-  for (const auto& s : m.slots())
-    key += detail::concat(s.slot(), ":", int(s.role()), ",", int(s.ready()), ",", s.standby_gen(),
-                          ",", int(s.check_failed()), ";");
-  return key;
-}
 
 // A standby still checking itself is worth this long a wait before the policy is asked
 // again as if it were not there.
@@ -334,21 +325,37 @@ void Controller::Impl::write_rebuild(const policy::Plan& plan, const membership:
     rb.set_plugin_path(plugin->plugin_path());
     rb.set_plugin_hash(plugin->plugin_hash());
   }
-  // etcd first: the epoch a next leader finds is never behind the one the ranks were told.
+  transition = rb;
+  // etcd first, the whole record in one fenced write: the epoch a next leader finds is never
+  // behind the one the ranks were told, and it comes with the decisions' memory that chose it.
   if (o.state) {
-    o.state->transition(rb);
-    recorded_slots = slots_key(rb.membership());
+    const state::JobState js = job_state();
+    o.state->job_state(js);
+    recorded_state = job_state_key(js);
   }
   set_message(*store, keys::rebuild_key(members.epoch()), rb);
 }
 
-void Controller::Impl::record_slots() {
+state::JobState Controller::Impl::job_state() const {
+  state::JobState js;
+  *js.mutable_membership() = members.to_proto();
+  *js.mutable_transition() = transition;
+  *js.mutable_stops() = stop_counts(stops);
+  *js.mutable_ladder() = ladder_record(ladder);
+  *js.mutable_update() = updates.to_proto();
+  js.set_commands(commands);
+  js.set_commands_done(commands_done);
+  return js;
+}
+
+void Controller::Impl::record_job_state() {
+  // Mid-transition the membership is half changed: the transition writes the record itself.
   if (!o.state || state != RunState::kTraining) return;
-  const membership::Membership m = members.to_proto();
-  std::string key = slots_key(m);
-  if (key == recorded_slots) return;
-  o.state->membership(m);
-  recorded_slots = std::move(key);
+  const state::JobState js = job_state();
+  std::string key = job_state_key(js);
+  if (key == recorded_state) return;
+  o.state->job_state(js);
+  recorded_state = std::move(key);
 }
 
 void Controller::Impl::carry_out(const policy::Plan& plan, int next, Transition* t,

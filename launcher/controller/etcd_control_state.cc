@@ -31,8 +31,6 @@ EtcdControlState::EtcdControlState(EtcdClient* client, const std::string& job,
       quorum_timeout_(quorum_timeout),
       idle_(std::move(idle)) {
   lead(Clock::now() + (campaign_timeout.count() > 0 ? campaign_timeout : quorum_timeout_));
-  // Numbers continue after those a controller before this one took.
-  commands_ = int64_t(client_->get_prefix(keys::state::root(job_) + "command/").size());
 }
 
 EtcdControlState::~EtcdControlState() {
@@ -46,6 +44,23 @@ EtcdControlState::~EtcdControlState() {
 
 int64_t EtcdControlState::term() const {
   return election_ ? election_->guard().create_revision : 0;
+}
+
+void EtcdControlState::abandon() {
+  if (election_) election_->abandon();
+  election_.reset();
+}
+
+EtcdGuard EtcdControlState::guard() const {
+  if (!election_ || !election_->is_leader()) return {};
+  return election_->guard();
+}
+
+void EtcdControlState::refused(const std::string& what) {
+  ++refusals_;
+  LOG(WARNING) << "fenced write refused by etcd (term " << led_term_ << "): " << what
+               << ": this controller no longer leads";
+  if (election_) election_->refused();
 }
 
 bool EtcdControlState::leads() const {
@@ -115,6 +130,11 @@ void EtcdControlState::write_all(const std::vector<std::pair<std::string, std::s
       throw;
     } catch (const Deposed&) {
       throw;
+    } catch (const LostLeadership& e) {
+      // Refused by etcd: lead() campaigns again or finds the controller that took over.
+      ++refusals_;
+      LOG(WARNING) << "fenced write refused by etcd (term " << led_term_ << "): " << e.what()
+                   << ": this controller no longer leads";
     } catch (const std::exception& e) {
       if (Clock::now() > deadline)
         throw QuorumLost(detail::concat("etcd took no write of ", key, " for ",
@@ -134,24 +154,21 @@ void EtcdControlState::spec(const state::JobSpec& s) {
   write(keys::state::spec(job_), s.SerializeAsString());
 }
 
-void EtcdControlState::membership(const membership::Membership& m) {
-  write(keys::state::membership(job_), m.SerializeAsString());
+void EtcdControlState::job_state(state::JobState js,
+                                 const std::vector<std::pair<std::string, std::string>>& with) {
+  js.set_term(term());
+  std::vector<std::pair<std::string, std::string>> kvs = with;
+  kvs.emplace_back(keys::state::job_state(job_), js.SerializeAsString());
+  write_all(kvs);
 }
 
-void EtcdControlState::transition(const membership::Rebuild& rb) {
-  write_all({{keys::state::membership(job_), rb.membership().SerializeAsString()},
-             {keys::state::rebuild(job_), rb.SerializeAsString()}});
-}
-
-std::optional<membership::Rebuild> EtcdControlState::last_transition() {
-  const auto kv = client_->get(keys::state::rebuild(job_));
-  membership::Rebuild rb;
-  if (!kv || !rb.ParseFromString(kv->value)) return std::nullopt;
-  return rb;
-}
-
-void EtcdControlState::plugin(const store::Plugin& p) {
-  write(keys::state::plugin(job_), p.SerializeAsString());
+std::optional<state::JobState> EtcdControlState::read_job_state() {
+  const auto kv = client_->get(keys::state::job_state(job_));
+  state::JobState js;
+  if (!kv) return std::nullopt;
+  KEEL_CHECK(js.ParseFromString(kv->value), "etcd: ", keys::state::job_state(job_),
+             " holds no state::JobState");
+  return js;
 }
 
 void EtcdControlState::etcd_members(const state::EtcdMembers& m) {
@@ -184,10 +201,15 @@ void EtcdControlState::end(const state::JobEnd& e) {
   write(keys::state::end(job_), e.SerializeAsString());
 }
 
-int64_t EtcdControlState::command(const control::Envelope& request) {
-  const int64_t n = commands_++;
+void EtcdControlState::command(int64_t n, const control::Envelope& request) {
   write(keys::state::command(job_, n), request.SerializeAsString());
-  return n;
+}
+
+std::optional<control::Envelope> EtcdControlState::command_record(int64_t n) {
+  const auto kv = client_->get(keys::state::command(job_, n));
+  control::Envelope e;
+  if (!kv || !e.ParseFromString(kv->value)) return std::nullopt;
+  return e;
 }
 
 }  // namespace keel

@@ -55,13 +55,14 @@ class EtcdControlState {
   ~EtcdControlState();
 
   void spec(const state::JobSpec& s);
-  void membership(const membership::Membership& m);
-  // An epoch transition decided: its Membership and its whole Rebuild, in one write (the
-  // Rebuild before any rank is told, so that a leader that takes over can tell them).
-  void transition(const membership::Rebuild& rb);
-  // The newest transition's Rebuild, if one was written.
-  std::optional<membership::Rebuild> last_transition();
-  void plugin(const store::Plugin& p);
+  // The job's one record (state::JobState), whole, stamped with this leader's term, and
+  // `with` (an incident's record, say) in the same fenced transaction: an epoch transition
+  // writes its Membership, its Rebuild (before any rank is told, so that a leader that takes
+  // over can tell them) and the decisions' memory at once.
+  void job_state(state::JobState js,
+                 const std::vector<std::pair<std::string, std::string>>& with = {});
+  // The record as the newest leader wrote it; nullopt before the first leader's first write.
+  std::optional<state::JobState> read_job_state();
   // The members keel keeps (launcher/controller/etcd_upkeep.h), and as last written.
   void etcd_members(const state::EtcdMembers& m);
   std::optional<state::EtcdMembers> etcd_members();
@@ -71,8 +72,15 @@ class EtcdControlState {
   void update(const report::Update& u);
   // How the job ended (the last write of a job's leader).
   void end(const state::JobEnd& e);
-  // Appends a keel-ctl request to the command log; its number.
-  int64_t command(const control::Envelope& request);
+  // Records keel-ctl request `n` in the command log (created once: a retry writes nothing
+  // twice), before it is carried out.
+  void command(int64_t n, const control::Envelope& request);
+  // Command n as recorded, if it was.
+  std::optional<control::Envelope> command_record(int64_t n);
+
+  // At the job's end, once every agent was told: stops keeping the lease without a word to
+  // etcd (whose members are stopping), leaving the key to lapse with it.
+  void abandon();
 
   // Returns while this controller leads (campaigning again if its lease lapsed); throws
   // Deposed if another took over meanwhile, QuorumLost as a write does.
@@ -81,6 +89,15 @@ class EtcdControlState {
   // asking etcd: false once the lease lapsed, when check_leading() must come before any
   // decision.
   bool leads() const;
+  // The guard every write of this leader carries (its key and term), for the ranks' store
+  // fenced on it (etcd_store.h, EtcdStore::fence): empty while it does not lead.
+  EtcdGuard guard() const;
+  // etcd refused a fenced write of the ranks' store (`what` says which): the leadership is
+  // over; check_leading() then campaigns again or throws Deposed. Logged once a refusal, and
+  // counted.
+  void refused(const std::string& what);
+  // Fenced writes etcd refused so far (this controller's own and the store's).
+  int64_t refusals() const { return refusals_; }
   // KV writes sent to etcd so far (to measure writes per recovery and per step).
   uint64_t writes() const { return client_->writes(); }
   // The leadership's term (its key's create revision).
@@ -100,8 +117,8 @@ class EtcdControlState {
   const std::chrono::milliseconds quorum_timeout_;
   std::unique_ptr<LeaderElection> election_;
   std::function<void()> idle_;
-  int64_t commands_ = 0;
   int64_t led_term_ = 0;  // the term this controller last led in (0: it never led)
+  int64_t refusals_ = 0;
 };
 
 }  // namespace keel

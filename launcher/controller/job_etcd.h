@@ -11,18 +11,15 @@
 #include "launcher/controller/etcd_control_state.h"
 #include "launcher/controller/etcd_upkeep.h"
 #include "launcher/etcd/etcd_client.h"
+#include "launcher/timings.h"
 
 namespace keel {
 
 class AgentHost;
 
-// The leader's lease. It bounds how long a dead controller leads, so how long the job goes
-// without one; and it must outlast etcd's own election when the member that led Raft is lost
-// (1-2 election timeouts, 1 s each for keel's members, more on a loaded machine), since a
-// leader that cannot refresh its lease by then must step down. At 2 s (etcd's shortest for
-// these members) the lease lapsed in every few slot losses in the tests, handing the job to
-// another controller for nothing; 5 s leaves the refresh 3.3 s at worst.
-inline constexpr std::chrono::seconds kControllerLeaseTtl{5};
+// The leader's lease, in etcd's whole seconds (launcher/timings.h says why 5 s).
+inline constexpr std::chrono::seconds kControllerLeaseTtl =
+    std::chrono::duration_cast<std::chrono::seconds>(timings::kControllerLease);
 
 struct JobEtcdOptions {
   int slots = 0;          // the job's slots (members start with 3 or more)

@@ -70,7 +70,8 @@ void Controller::Impl::repair_incidents() {
   const int epoch = members.epoch();
   const auto abort = try_get_message<store::Abort>(*store, keys::abort_key(epoch));
   if (epoch == 0 || newest_epoch >= epoch || !abort) return;
-  const std::optional<membership::Rebuild> rb = o.state ? o.state->last_transition() : std::nullopt;
+  const std::optional<membership::Rebuild> rb =
+      transition.has_membership() ? std::optional(transition) : std::nullopt;
   report::Incident inc;
   inc.set_kind("comm_error");
   inc.set_rank(-1);
@@ -95,15 +96,15 @@ std::optional<Detected> Controller::Impl::interrupted_transition() {
   // leader tells them what the one before decided.
   const int epoch = members.epoch();
   if (o.state && !store->try_get(keys::rebuild_key(epoch))) {
-    const std::optional<membership::Rebuild> rb = o.state->last_transition();
-    if (rb && rb->membership().epoch() == epoch) {
-      set_message(*store, keys::rebuild_key(epoch), *rb);
+    const membership::Rebuild& rb = transition;
+    if (rb.has_membership() && rb.membership().epoch() == epoch) {
+      set_message(*store, keys::rebuild_key(epoch), rb);
       LOG(WARNING) << "the controller before this one decided epoch " << epoch
                    << " but did not tell the ranks: this leader tells them";
       ctx.event("transition_completed", EventFields()
                                             .add("epoch", epoch)
                                             .add("rule", "interrupted_transition")
-                                            .add("restore_step", double(rb->restore_step())));
+                                            .add("restore_step", double(rb.restore_step())));
       return std::nullopt;
     }
   }

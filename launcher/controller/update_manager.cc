@@ -45,13 +45,14 @@ void UpdateManager::set_current_plugin(const std::string& path, const std::strin
   store::Plugin p;
   p.set_path(path);
   p.set_hash(hash);
-  if (ctx_.o->state) ctx_.o->state->plugin(p);
+  // etcd's copy is the job's record (to_proto), written by the controller's loop.
   set_message(*ctx_.store, keys::kPluginCurrent, p);
 }
 
-void UpdateManager::request(const control::UpdateRequest& rq, int64_t completed,
+void UpdateManager::request(const control::UpdateRequest& rq, int64_t completed, int64_t command,
                             control::UpdateReply* r) {
   report::Update u;
+  u.set_command(command);
   u.set_plugin(rq.plugin());
   u.set_requested_at(recovery::unix_now());
   u.set_applied_step(-1);
@@ -270,6 +271,73 @@ void UpdateManager::rollback(Detected* d, membership::Rebuild* rb) {
   LOG(WARNING) << "update " << u.id() << " rolled back to " << u.previous_plugin() << " (build "
                << u.previous_hash() << "): " << why;
   active_ = -1;
+}
+
+state::UpdateState UpdateManager::to_proto() const {
+  state::UpdateState s;
+  if (active_ >= 0) {
+    switch (phase_) {
+      case Phase::kChecking:
+        s.set_phase(state::UpdateState::checking);
+        break;
+      case Phase::kStaged:
+        s.set_phase(state::UpdateState::staged);
+        break;
+      case Phase::kApplying:
+        s.set_phase(state::UpdateState::applying);
+        break;
+      case Phase::kProbation:
+        s.set_phase(state::UpdateState::probation);
+        break;
+    }
+    *s.mutable_plan() = plan_;
+  }
+  s.set_plugin_path(plugin_path_);
+  s.set_plugin_hash(plugin_hash_);
+  s.set_plugin_version(plugin_version_);
+  s.set_previous_version(previous_version_);
+  s.set_plugin_changed(plugin_changed_);
+  s.set_last_applied_step(last_applied_step_);
+  return s;
+}
+
+void UpdateManager::restore(const state::UpdateState& s) {
+  plugin_path_ = s.plugin_path();
+  plugin_hash_ = s.plugin_hash();
+  plugin_version_ = s.plugin_version();
+  previous_version_ = s.previous_version();
+  plugin_changed_ = s.plugin_changed();
+  last_applied_step_ = s.last_applied_step();
+  plan_ = s.plan();
+  active_ = s.phase() == state::UpdateState::none ? -1 : plan_.id();
+  switch (s.phase()) {
+    case state::UpdateState::checking:
+      phase_ = Phase::kChecking;
+      break;
+    case state::UpdateState::staged:
+      phase_ = Phase::kStaged;
+      break;
+    case state::UpdateState::applying:
+      phase_ = Phase::kApplying;
+      break;
+    default:
+      phase_ = Phase::kProbation;
+      break;
+  }
+  // The ranks' checks are read again from the store; their deadline starts over.
+  deadline_ = Clock::now() + kCheckTimeout;
+  if (active_ >= 0)
+    LOG(WARNING) << "update " << active_ << " (" << plan_.plugin()
+                 << ") goes on under this leader (" << state::UpdateState::Phase_Name(s.phase())
+                 << ")";
+}
+
+bool UpdateManager::published_by(int64_t command) const {
+  const int64_t n = ctx_.store->add(keys::kUpdateCount, 0);
+  for (int64_t i = n - 1; i >= 0; --i)
+    if (auto u = try_get_message<report::Update>(*ctx_.store, keys::update_record_key(int(i))))
+      if (u->command() == command) return true;
+  return false;
 }
 
 std::string UpdateManager::progress_label() const {

@@ -13,6 +13,7 @@
 
 #include "launcher/controller/context.h"
 #include "proto/control.pb.h"
+#include "proto/control_state.pb.h"
 #include "proto/membership.pb.h"
 
 namespace keel {
@@ -23,7 +24,9 @@ class UpdateManager {
 
   // keel-ctl update; `completed` is the newest step any rank completed (an --at-step at or
   // before it is refused, as keel-ctl inject refuses a step that has passed).
-  void request(const control::UpdateRequest& rq, int64_t completed, control::UpdateReply* r);
+  // `command`: its number in the command log (the update's record names it).
+  void request(const control::UpdateRequest& rq, int64_t completed, int64_t command,
+               control::UpdateReply* r);
   // Moves the update in progress on: collects the ranks' checks and decides, or sees every
   // rank switched. `ahead`: the newest step any rank reported (or the epoch's first).
   void poll(int64_t ahead);
@@ -45,6 +48,15 @@ class UpdateManager {
   int64_t last_applied_step() const { return last_applied_step_; }
   // " | plugin <version> <hash>" once an update changed the plugin, for progress lines.
   std::string progress_label() const;
+
+  // What a new leader needs to go on with the update in progress or on probation (roll it
+  // back after a failure in probation, say): part of the job's record in etcd.
+  state::UpdateState to_proto() const;
+  // A new leader's start: the update as the leader before it left it.
+  void restore(const state::UpdateState& s);
+  // Whether command `n` of the command log already published its update (a new leader
+  // carrying out the commands the one before accepted must not publish one twice).
+  bool published_by(int64_t command) const;
 
  private:
   enum class Phase { kChecking, kStaged, kApplying, kProbation };

@@ -316,7 +316,7 @@ bool EtcdClient::erase_if(const EtcdGuard& guard, const std::string& key, bool p
 
 bool EtcdClient::put_if_unchanged(const std::string& key, int64_t mod_revision,
                                   const std::string& value, std::optional<EtcdKeyValue>* current,
-                                  const std::string& writer) {
+                                  const std::string& writer, const EtcdGuard* guard) {
   KEEL_CHECK(!key.empty(), "etcd put_if_unchanged: empty key");
   etcdserverpb::TxnRequest txn;
   // etcd compares an absent key as one whose revisions are all 0.
@@ -337,6 +337,11 @@ bool EtcdClient::put_if_unchanged(const std::string& key, int64_t mod_revision,
     mark->set_value(writer);
     txn.add_failure()->mutable_request_range()->set_key(writer_key);
   }
+  // The guard's key comes back on failure last, to tell a lost leadership from a lost race.
+  if (guard) {
+    add_guard(txn, *guard);
+    txn.add_failure()->mutable_request_range()->set_key(guard->key);
+  }
   etcdserverpb::TxnResponse resp;
   impl_->call(
       "put " + key + " if at @" + std::to_string(mod_revision), steady_clock::now() + timeout_,
@@ -345,6 +350,13 @@ bool EtcdClient::put_if_unchanged(const std::string& key, int64_t mod_revision,
   bytes_written_ +=
       key.size() + value.size() + (writer.empty() ? 0 : writer_key.size() + writer.size());
   if (resp.succeeded()) return true;
+  if (guard) {
+    const auto& last = resp.responses(resp.responses_size() - 1).response_range();
+    if (last.kvs_size() == 0 || last.kvs(0).create_revision() != guard->create_revision)
+      throw LostLeadership(detail::concat("etcd refused the fenced write of ", key, ": ",
+                                          guard->key, " @", guard->create_revision,
+                                          " does not hold"));
+  }
   std::optional<EtcdKeyValue> now;
   if (resp.responses_size() > 0 && resp.responses(0).response_range().kvs_size() > 0)
     now = from_proto(resp.responses(0).response_range().kvs(0));

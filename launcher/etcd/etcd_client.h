@@ -150,9 +150,11 @@ class EtcdClient {
   // unique to this call, written to key + kEtcdWriterSuffix in the same transaction; a try that
   // finds the key changed and the token its own reports true. Without it, a try that timed out
   // but was applied makes a counter's add count twice.
+  // `guard`, if given, must hold as well (a leader's fenced counter): when it does not, throws
+  // LostLeadership, having written nothing.
   bool put_if_unchanged(const std::string& key, int64_t mod_revision, const std::string& value,
                         std::optional<EtcdKeyValue>* current = nullptr,
-                        const std::string& writer = "");
+                        const std::string& writer = "", const EtcdGuard* guard = nullptr);
 
   // A new lease of `ttl` (at least 1 s; etcd may raise it, see EtcdLease).
   EtcdLease lease_grant(std::chrono::seconds ttl);

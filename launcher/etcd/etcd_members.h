@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "launcher/timings.h"
+
 namespace keel {
 
 struct EtcdMemberSpec {
@@ -29,8 +31,8 @@ struct EtcdMemberSpec {
   // advice) replaces a dead Raft leader within 1-2 s yet rides out a busy machine's scheduling
   // hiccups, since a needless election stalls every write. It also sets etcd's shortest lease
   // (1.5 election timeouts, whole seconds: 2 s), the bound on a controller failover.
-  int heartbeat_ms = 100;
-  int election_timeout_ms = 1000;
+  int heartbeat_ms = int(timings::kEtcdHeartbeat.count());
+  int election_timeout_ms = int(timings::kEtcdElectionTimeout.count());
   std::string binary = "etcd";  // looked up in PATH unless a path
   // TLS with client certificates, clients and peers alike, from the CA of the process's job
   // key (launcher/etcd/etcd_tls.h); certificates in `data_dir`.tls. Off only for tests of

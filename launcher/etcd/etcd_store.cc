@@ -97,6 +97,21 @@ struct EtcdStore::Impl {
 
   std::string where() const { return "rendezvous store (etcd " + prefix + ")"; }
 
+  std::function<EtcdGuard()> fence;  // empty: writes are not fenced
+
+  // The guard of a fenced write now; throws LostLeadership when there is no leadership.
+  EtcdGuard guard(const std::string& op) const {
+    EtcdGuard g = fence();
+    if (g.key.empty())
+      throw LostLeadership(where() + ": " + op + ": not written: this process does not lead");
+    return g;
+  }
+  // A fenced write that etcd refused: the guard did not hold.
+  [[noreturn]] void refused(const std::string& op, const EtcdGuard& g) const {
+    throw LostLeadership(where() + ": etcd refused the fenced " + op + ": " + g.key + " @" +
+                         std::to_string(g.create_revision) + " no longer leads");
+  }
+
   // Runs an etcd call of a Store method: a lost quorum is a CommError, the data plane's
   // failure to survive, never an EtcdUnavailable the caller does not know of.
   template <typename F>
@@ -237,18 +252,38 @@ const std::string& EtcdStore::prefix() const {
   return impl_->prefix;
 }
 
+void EtcdStore::fence(std::function<EtcdGuard()> leader) {
+  impl_->fence = std::move(leader);
+}
+
 void EtcdStore::set(const std::string& key, const std::string& value) {
-  impl_->guarded("set " + key, [&] { return impl_->client.put(impl_->prefix + key, value); });
+  set_all({{key, value}});
 }
 
 void EtcdStore::set_all(const std::vector<std::pair<std::string, std::string>>& kvs) {
   if (kvs.empty()) return;
   std::vector<std::pair<std::string, std::string>> full;
   for (const auto& [k, v] : kvs) full.emplace_back(impl_->prefix + k, v);
-  impl_->guarded("set " + std::to_string(kvs.size()) + " keys from " + kvs.front().first, [&] {
-    impl_->client.put_all(full);
-    return 0;
-  });
+  const std::string op =
+      kvs.size() == 1 ? "set " + kvs.front().first
+                      : "set " + std::to_string(kvs.size()) + " keys from " + kvs.front().first;
+  if (!impl_->fence) {
+    impl_->guarded(op, [&] {
+      if (full.size() == 1)
+        impl_->client.put(full.front().first, full.front().second);
+      else
+        impl_->client.put_all(full);
+      return 0;
+    });
+    return;
+  }
+  for (size_t first = 0; first < full.size(); first += EtcdClient::kMaxTxnOps) {
+    const std::vector<std::pair<std::string, std::string>> part(
+        full.begin() + first, full.begin() + std::min(full.size(), first + EtcdClient::kMaxTxnOps));
+    const EtcdGuard g = impl_->guard(op);
+    if (!impl_->guarded(op, [&] { return impl_->client.put_all_if(g, part); }))
+      impl_->refused(op, g);
+  }
 }
 
 std::string EtcdStore::get(const std::string& key, std::chrono::milliseconds timeout) {
@@ -304,8 +339,11 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
     // A token of this try: a retry of a write that was applied but whose answer was lost
     // must not add twice (an incident counted without its record, seen in the soak).
     const std::string writer = unique_token();
+    std::optional<EtcdGuard> g;
+    if (impl_->fence) g = impl_->guard("add " + key);
     if (impl_->guarded("add " + key, [&] {
-          return impl_->client.put_if_unchanged(full, revision, std::to_string(value), &kv, writer);
+          return impl_->client.put_if_unchanged(full, revision, std::to_string(value), &kv, writer,
+                                                g ? &*g : nullptr);
         }))
       return value;
     // Another writer came first: *kv is its write, the base of the next try.
@@ -314,11 +352,21 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
 
 void EtcdStore::erase(const std::vector<std::string>& keys,
                       const std::vector<std::string>& prefixes) {
-  for (const auto& k : keys)
-    impl_->guarded("erase " + k, [&] { return impl_->client.erase(impl_->prefix + k); });
-  for (const auto& p : prefixes)
-    impl_->guarded("erase prefix " + p,
-                   [&] { return impl_->client.erase_prefix(impl_->prefix + p); });
+  auto erase_one = [&](const std::string& k, bool prefix) {
+    const std::string op = (prefix ? "erase prefix " : "erase ") + k;
+    const std::string full = impl_->prefix + k;
+    if (!impl_->fence) {
+      impl_->guarded(op, [&] {
+        return prefix ? impl_->client.erase_prefix(full) : impl_->client.erase(full);
+      });
+      return;
+    }
+    const EtcdGuard g = impl_->guard(op);
+    if (!impl_->guarded(op, [&] { return impl_->client.erase_if(g, full, prefix); }))
+      impl_->refused(op, g);
+  };
+  for (const auto& k : keys) erase_one(k, false);
+  for (const auto& p : prefixes) erase_one(p, true);
 }
 
 bool is_etcd_store_address(const std::string& address) {
@@ -343,6 +391,14 @@ std::string etcd_store_address(const std::vector<std::string>& endpoints,
   if (!prefix.starts_with('/'))
     throw InputError("etcd store address: the key prefix '" + prefix + "' must start with '/'");
   return std::string(tls ? kTlsScheme : kScheme) + join(hosts, ",") + prefix;
+}
+
+std::shared_ptr<Store> connect_fenced_etcd_store(const std::string& address,
+                                                 std::function<EtcdGuard()> leader,
+                                                 std::chrono::milliseconds call_timeout) {
+  std::shared_ptr<Store> s = connect_etcd_store(address, call_timeout);
+  static_cast<EtcdStore&>(*s).fence(std::move(leader));
+  return s;
 }
 
 std::shared_ptr<Store> connect_etcd_store(const std::string& address,

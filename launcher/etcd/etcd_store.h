@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,17 @@ class EtcdStore : public Store {
 
   const std::string& prefix() const;
 
+  // Fences every write of this store on the guard `leader` returns when asked (a leader's key
+  // and term, launcher/etcd/leader_election.h): set, set_all, add and erase each become
+  // transactions that write only while the guard holds in etcd, and throw LostLeadership,
+  // having written nothing, when it does not (or when `leader` returns an empty guard: no
+  // leadership to write under). The controller's store: a deposed leader's abort, rebuild and
+  // incident writes fail in etcd whatever the timing, where a local check of the lease before
+  // the put cannot see a pause between the two. A set_all or erase of more keys than one
+  // transaction holds (EtcdClient::kMaxTxnOps) is fenced a transaction at a time. Call before
+  // the store is shared with another thread.
+  void fence(std::function<EtcdGuard()> leader);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
@@ -85,5 +97,10 @@ inline constexpr std::chrono::milliseconds kEtcdQuickCall{300};
 std::shared_ptr<Store> connect_etcd_store(
     const std::string& address, std::chrono::milliseconds call_timeout = std::chrono::seconds(5),
     EtcdRead reads = EtcdRead::kLinearizable);
+// The same, every write fenced on `leader` (EtcdStore::fence): the leader controller's view
+// of the ranks' store.
+std::shared_ptr<Store> connect_fenced_etcd_store(
+    const std::string& address, std::function<EtcdGuard()> leader,
+    std::chrono::milliseconds call_timeout = std::chrono::seconds(5));
 
 }  // namespace keel

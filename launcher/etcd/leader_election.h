@@ -106,6 +106,10 @@ class LeaderElection {
   void fenced_put_all(const std::vector<std::pair<std::string, std::string>>& kvs);
   void fenced_delete(const std::string& key, bool prefix = false);
 
+  // A write fenced on this candidacy's guard elsewhere (a store fenced on it, etcd_store.h)
+  // was refused: the candidacy is over, as when its own fenced write is.
+  void refused() { lose("a fenced write was refused"); }
+
   // The current leader, this candidate or another (find_leader on this prefix).
   std::optional<LeaderInfo> leader();
   // A LeaderObserver on this election.

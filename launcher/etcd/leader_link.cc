@@ -25,9 +25,10 @@ LeaderLink::LeaderLink(const std::vector<std::string>& endpoints, const std::str
         std::optional<state::Leader> now;
         if (info) {
           state::Leader l;
-          if (l.ParseFromString(info->value))
+          if (l.ParseFromString(info->value)) {
+            l.set_term(info->term);  // etcd's, not the candidate's word
             now = l;
-          else
+          } else
             LOG(WARNING) << "the leader key " << info->key << " holds no state::Leader";
         }
         {

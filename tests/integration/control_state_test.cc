@@ -53,6 +53,7 @@ TEST(ControlState, AJobOfThreeSlotsKeepsItsStateInEtcd) {
   state::JobSpec spec;
   membership::Membership members;
   report::Incident incident;
+  int64_t term = 0;
   std::vector<EtcdKeyValue> leaders;
   bool read = false;
   JobRun r = run_launch_job(
@@ -69,7 +70,10 @@ TEST(ControlState, AJobOfThreeSlotsKeepsItsStateInEtcd) {
                      std::chrono::seconds(5), JobKey::load(job_dir + "/secret"));
         const std::string job = fs::path(job_dir).filename();
         spec.ParseFromString(c.get(keys::state::spec(job)).value().value);
-        members.ParseFromString(c.get(keys::state::membership(job)).value().value);
+        state::JobState js;
+        js.ParseFromString(c.get(keys::state::job_state(job)).value().value);
+        members = js.membership();
+        term = js.term();
         incident.ParseFromString(c.get(keys::state::incident(job, 0)).value().value);
         leaders = c.get_prefix(keys::state::leader_prefix(job));
         read = true;
@@ -84,6 +88,7 @@ TEST(ControlState, AJobOfThreeSlotsKeepsItsStateInEtcd) {
   EXPECT_EQ(spec.config_hash().size(), 16u);
   ASSERT_EQ(spec.faults().fault_size(), 1);
   EXPECT_EQ(members.epoch(), 1);
+  EXPECT_GT(term, 0);  // the record names the leader's term that wrote it
   EXPECT_EQ(incident.rank(), 1);
   EXPECT_EQ(incident.epoch(), 1);
   // One leader, this job's controller, at the endpoint keel-ctl finds (the oldest candidacy),
@@ -504,6 +509,41 @@ TEST(ControlState, AFirstControllerDeposedUnawareIsStoppedWhenTheJobEnds) {
   EXPECT_EQ(count_events(job_dir, "takeover"), 1) << read_text(job_dir + "/events.jsonl");
   EXPECT_EQ(json_number_field(r.report, "steps_completed"), 300);
   EXPECT_TRUE(contains(r.output, "deposed without learning it")) << r.output;
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+  EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
+}
+
+// What a leader knows outlives it (issue 42): the stop rules' count is in the job's record in
+// etcd, so recovery.max_incidents = 2 stops the job at its third incident although the leader
+// that counted the first was killed (-9, from outside, the process the election names) before
+// the second. Without the count carried over, the next leader counts 2 and trains on.
+TEST(ControlState, MaxIncidentsCountsAcrossATakeover) {
+  const std::string dir = temp_dir("max-incidents-takeover");
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
+  // Paced (40 ms a step): the takeover (some 4 s) lands between the first and second crash.
+  const std::string job = "--config " + cfg +
+                          " --local 3 --standby 1 --set train.steps=500 --set train.eval_every=0 "
+                          "--set recovery.max_incidents=2 --fault slow@step=0,rank=0,delay_ms=40 "
+                          "--set detect.slow_round_steps=0 --fault crash@step=20,rank=1 "
+                          "--fault crash@step=300,rank=0 --fault crash@step=400,rank=1";
+  bool killed = false;
+  JobRun r = run_launch_job(dir, job, [&](pid_t) {
+    const std::string job_dir = launched_job_dir(dir);
+    if (killed || job_dir.empty() || !find_event(job_dir, "recovered")) return;
+    if (launched_job_step(job_dir) < 60) return;
+    const pid_t leader = leader_pid(job_dir);
+    if (leader > 0 && kill(leader, SIGKILL) == 0) killed = true;
+  });
+  ASSERT_TRUE(killed) << r.output;
+  const std::string job_dir = launched_job_dir(dir);
+  const std::string events = read_text(job_dir + "/events.jsonl");
+  EXPECT_EQ(r.exit_code, 6) << r.output << events;  // recovery::kExitStopped
+  EXPECT_EQ(count_events(job_dir, "takeover"), 1) << events;
+  EXPECT_TRUE(contains(r.report, "\"stopped\": true")) << r.report;
+  EXPECT_EQ(json_object_array(r.report, "incidents").size(), 2u) << r.report;
+  const double steps = json_number_field(r.report, "steps_completed");
+  EXPECT_GE(steps, 300) << r.report;
+  EXPECT_LT(steps, 500) << r.report;
   EXPECT_EQ(r.leftover_processes, 0) << r.output;
   EXPECT_TRUE(r.leftover_shm.empty()) << r.output;
 }

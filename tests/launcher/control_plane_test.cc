@@ -1,4 +1,4 @@
-// ControlServer, ControlClient and EpochFilter over real sockets on 127.0.0.1: every message
+// ControlServer, ControlClient and EntryCheck over real sockets on 127.0.0.1: every message
 // kind round-trips, replies reach only the client they name, stale epochs are dropped, and a
 // client that comes early, a peer that vanished, one that is SIGKILLed, garbage on the wire
 // and an unanswered request never stall the other end.
@@ -190,46 +190,73 @@ TEST(ControlPlane, EveryKindBetweenServerAndThreeClients) {
   EXPECT_EQ(server.malformed(), 0);
 }
 
-TEST(ControlPlane, EpochFilterDropsStaleAndCountsThem) {
-  EpochFilter filter;
-  EXPECT_TRUE(filter.accept(heartbeat(3, 0), 3));
-  EXPECT_TRUE(filter.accept(heartbeat(4, 0), 3));  // the receiver is behind
-  EXPECT_FALSE(filter.accept(heartbeat(2, 0), 3));
-  Envelope cmd = make_envelope(1);
+TEST(ControlPlane, EntryCheckDropsOlderTermsAndEpochsAndCountsThem) {
+  EntryCheck check;
+  using Drop = EntryCheck::Drop;
+  // Term 7, epoch 3 known to the receiver.
+  Envelope cmd = make_envelope(3, 7);
   cmd.mutable_command()->set_kind(control::Command::kill);
-  EXPECT_FALSE(filter.accept(cmd, 3));
-  EXPECT_EQ(filter.dropped(), 2);
+  EXPECT_EQ(check.check(cmd, 7, 3), Drop::kNone);
+  cmd.set_term(8);  // a newer leader than the receiver knows: etcd told the sender first
+  EXPECT_EQ(check.check(cmd, 7, 3), Drop::kNone);
+  cmd.set_term(6);  // a deposed leader's
+  EXPECT_EQ(check.check(cmd, 7, 3), Drop::kOlderTerm);
+  cmd.set_term(7);
+  cmd.set_epoch(2);  // an older epoch's command
+  EXPECT_EQ(check.check(cmd, 7, 3), Drop::kOlderEpoch);
+  cmd.set_epoch(4);  // the receiver is behind
+  EXPECT_EQ(check.check(cmd, 7, 3), Drop::kNone);
+  // A heartbeat carries facts of no epoch: only its term is checked.
+  EXPECT_EQ(check.check(heartbeat(0, 1), 0, 3), Drop::kNone);
+  Envelope hb = heartbeat(0, 1);
+  hb.set_term(5);
+  EXPECT_EQ(check.check(hb, 7, 3), Drop::kOlderTerm);
+  // From a sender the receiver does not know (no registration yet).
+  EXPECT_EQ(check.check(heartbeat(3, 1), 0, 3, /*known=*/false), Drop::kUnknownSender);
+  EXPECT_EQ(check.dropped(Drop::kOlderTerm), 2);
+  EXPECT_EQ(check.dropped(Drop::kOlderEpoch), 1);
+  EXPECT_EQ(check.dropped(Drop::kUnknownSender), 1);
+  EXPECT_EQ(check.dropped(), 4);
 
-  // Valid at any epoch: a (re)starting agent's register, keel-ctl's requests.
+  // Valid at any term and epoch, known or not: a (re)starting agent's register, keel-ctl's
+  // requests.
   Envelope reg = make_envelope(0);
   reg.mutable_registration()->set_slot(1);
-  EXPECT_TRUE(filter.accept(reg, 7));
+  EXPECT_EQ(check.check(reg, 9, 7, false), Drop::kNone);
   Envelope status = make_envelope(0);
   status.mutable_status_request();
-  EXPECT_TRUE(filter.accept(status, 7));
+  EXPECT_EQ(check.check(status, 9, 7, false), Drop::kNone);
   Envelope inject = make_envelope(0);
   inject.mutable_inject_request()->set_fault("crash@step=1,rank=0");
-  EXPECT_TRUE(filter.accept(inject, 7));
-  EXPECT_EQ(filter.dropped(), 2);
+  EXPECT_EQ(check.check(inject, 9, 7), Drop::kNone);
+  EXPECT_EQ(check.dropped(), 4);
 
-  EXPECT_FALSE(filter.accept(make_envelope(9), 7));  // no body
-  EXPECT_EQ(filter.dropped(), 3);
+  EXPECT_EQ(check.check(make_envelope(9, 9), 7, 7), Drop::kNoBody);
+  EXPECT_EQ(check.dropped(), 5);
+  EXPECT_STREQ(drop_name(Drop::kOlderTerm), "older term");
 }
 
-TEST(ControlPlane, StaleMessageOverTheWireIsDropped) {
+TEST(ControlPlane, ADeposedLeadersCommandOverTheWireIsDropped) {
   ControlServer server(kHost, 0);
   ControlClient agent(server.endpoint(), "agent/1");
-  const int epoch = 5;
-  EpochFilter filter;
-  ASSERT_TRUE(agent.send(heartbeat(4, 1)));  // sent before the agent heard of epoch 5
-  ASSERT_TRUE(agent.send(heartbeat(5, 1)));
-  auto first = next(server);
+  // The agent registers; two leaders answer it: the deposed one (term 4) and the one etcd
+  // confirmed to the agent (term 9).
+  ASSERT_TRUE(agent.send(heartbeat(0, 1)));
+  auto in = next(server);
+  ASSERT_TRUE(in);
+  EntryCheck check;
+  for (int64_t term : {4, 9}) {
+    Envelope cmd = make_envelope(2, term);
+    cmd.mutable_command()->set_kind(control::Command::kill);
+    ASSERT_TRUE(server.send(in->identity, cmd));
+  }
+  auto first = agent.poll(5s);
   ASSERT_TRUE(first);
-  EXPECT_FALSE(filter.accept(first->msg, epoch));
-  auto second = next(server);
+  EXPECT_FALSE(check.admit(*first, 9, 2));
+  auto second = agent.poll(5s);
   ASSERT_TRUE(second);
-  EXPECT_TRUE(filter.accept(second->msg, epoch));
-  EXPECT_EQ(filter.dropped(), 1);
+  EXPECT_TRUE(check.admit(*second, 9, 2));
+  EXPECT_EQ(check.dropped(EntryCheck::Drop::kOlderTerm), 1);
 }
 
 // Listens on `port` as a plain TCP socket, not a control server, until `n` connection

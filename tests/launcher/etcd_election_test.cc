@@ -2,6 +2,7 @@
 // cluster. One leads; when its lease ends the other leads, within about the TTL when the
 // leader just stops (a crash); the old leader's fenced writes are refused and write nothing;
 // observers see every change.
+#include "launcher/etcd/etcd_store.h"
 #include "launcher/etcd/leader_election.h"
 
 #include <gtest/gtest.h>
@@ -68,6 +69,52 @@ TEST(LeaderElection, RevokedLeaseHandsOverAndFencesTheOldLeader) {
   EXPECT_EQ(agent.get("/keel/job/membership")->value, "epoch 2");
   EXPECT_TRUE(test::eventually([&] { return seen.has("tcp://b:1"); }, seconds(10)));
   EXPECT_THROW(a.campaign("tcp://a:1", seconds(1)), LostLeadership);  // that candidacy is over
+}
+
+// The ranks' store as a leader writes it (EtcdStore::fence): every write is refused by etcd
+// once another leads, even when the writer still believes it leads (a leader paused between
+// its own check and its write: the guard it holds is the stale one), and nothing lands.
+TEST(LeaderElection, AStoreFencedOnADeposedLeaderWritesNothing) {
+  test::EtcdTestCluster cluster(3);
+  EtcdClient client_a(cluster.endpoints()), client_b(cluster.endpoints());
+  EtcdClient reader(cluster.endpoints());
+  LeaderElection a(client_a, kPrefix, seconds(2));
+  LeaderElection b(client_b, kPrefix, seconds(2));
+  ASSERT_TRUE(a.campaign("tcp://a:1", seconds(10)));
+  const EtcdGuard held = a.guard();  // what A believes, whatever etcd says later
+  EtcdStore store(cluster.endpoints(), "/keel/job/store/");
+  store.fence([held] { return held; });
+  store.set("abort/1", "stop");
+  store.set_all({{"rebuild/1", "epoch 1"}, {"incident/0", "crash"}});
+  EXPECT_EQ(store.add("incidents", 1), 1);
+  store.erase({"incident/0"}, {});
+  EXPECT_EQ(reader.get("/keel/job/store/abort/1")->value, "stop");
+  EXPECT_FALSE(reader.get("/keel/job/store/incident/0"));
+
+  // A's lease ends; B leads. A's store still holds A's guard.
+  reader.lease_revoke(reader.get(held.key)->lease);
+  ASSERT_TRUE(b.campaign("tcp://b:1", seconds(10)));
+  EXPECT_THROW(store.set("abort/2", "a deposed leader's abort"), LostLeadership);
+  EXPECT_THROW(store.set_all({{"rebuild/2", "x"}, {"abort/1", "y"}}), LostLeadership);
+  EXPECT_THROW(store.add("incidents", 1), LostLeadership);
+  EXPECT_THROW(store.erase({"abort/1"}, {}), LostLeadership);
+  EXPECT_THROW(store.erase({}, {"rebuild/"}), LostLeadership);
+  EXPECT_FALSE(reader.get("/keel/job/store/abort/2"));
+  EXPECT_FALSE(reader.get("/keel/job/store/rebuild/2"));
+  EXPECT_EQ(reader.get("/keel/job/store/abort/1")->value, "stop");
+  EXPECT_EQ(reader.get("/keel/job/store/rebuild/1")->value, "epoch 1");
+  EXPECT_EQ(reader.get("/keel/job/store/incidents")->value, "1");
+
+  // B's store writes: the fence is B's term.
+  EtcdStore b_store(cluster.endpoints(), "/keel/job/store/");
+  b_store.fence([&b] { return b.guard(); });
+  b_store.set("abort/2", "the new leader's");
+  EXPECT_EQ(b_store.add("incidents", 1), 2);
+  // No leadership at all: nothing is sent.
+  EtcdStore none(cluster.endpoints(), "/keel/job/store/");
+  none.fence([] { return EtcdGuard{}; });
+  EXPECT_THROW(none.set("abort/3", "x"), LostLeadership);
+  EXPECT_FALSE(reader.get("/keel/job/store/abort/3"));
 }
 
 TEST(LeaderElection, CrashedLeaderIsReplacedWithinTheTtl) {

@@ -45,7 +45,7 @@ class UpdateManagerTest : public testing::Test {
     rq.set_plugin(plugin);
     rq.set_lazy(lazy);
     control::UpdateReply r;
-    updates.request(rq, /*completed=*/0, &r);
+    updates.request(rq, /*completed=*/0, /*command=*/0, &r);
     return r;
   }
   void check(int64_t n, int rank, bool ok, const std::string& why = "") {
@@ -77,7 +77,7 @@ TEST_F(UpdateManagerTest, AFileThatIsNoPluginIsRefusedAndPublished) {
   control::UpdateRequest rq;
   rq.set_plugin("/nonexistent/libnothing.so");
   control::UpdateReply r;
-  updates.request(rq, /*completed=*/0, &r);
+  updates.request(rq, /*completed=*/0, /*command=*/0, &r);
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.id(), 0);
   EXPECT_EQ(r.message().rfind("refused: ", 0), 0u) << r.message();
@@ -95,19 +95,19 @@ TEST_F(UpdateManagerTest, AnAtStepThatHasPassedIsRefused) {
   rq.set_plugin(plugin);
   rq.set_at_step(20);
   control::UpdateReply r;
-  updates.request(rq, /*completed=*/30, &r);
+  updates.request(rq, /*completed=*/30, /*command=*/0, &r);
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.message(),
             "--at-step 20: step 20 has passed: the job has completed 30 step(s); give "
             "--at-step 31 or later");
   rq.set_at_step(100);
-  updates.request(rq, /*completed=*/30, &r);
+  updates.request(rq, /*completed=*/30, /*command=*/0, &r);
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.message(),
             "--at-step 100: the job has 100 steps (train.steps); give a step below it");
   EXPECT_EQ(store->add(keys::kUpdateCount, 0), 0) << "a refused --at-step published a plan";
   rq.set_at_step(31);
-  updates.request(rq, /*completed=*/30, &r);
+  updates.request(rq, /*completed=*/30, /*command=*/0, &r);
   EXPECT_TRUE(r.ok()) << r.message();
 }
 
@@ -192,6 +192,45 @@ TEST_F(UpdateManagerTest, ALazyUpdateWaitsForTheNextRecovery) {
   EXPECT_EQ(updates.last_applied_step(), 6);
   EXPECT_FALSE(updates.staged(&rb));
   EXPECT_TRUE(updates.in_probation(8));
+}
+
+// A new leader goes on with an update on probation (issue 42): the update's state is part of
+// the job's record (to_proto), and a manager restored from it rolls the update back on a
+// failure, as the one that applied it would have; a command's update is found by its number.
+TEST_F(UpdateManagerTest, ANewLeaderRollsBackAnUpdateOnProbation) {
+  control::UpdateRequest rq;
+  rq.set_plugin(plugin);
+  control::UpdateReply r;
+  updates.request(rq, /*completed=*/0, /*command=*/7, &r);
+  ASSERT_TRUE(r.ok()) << r.message();
+  check(0, 0, true);
+  check(0, 1, true);
+  updates.poll(0);
+  store::Step s;
+  s.set_step(3);
+  set_message(*store, keys::update_applied_key(0, 0), s);
+  set_message(*store, keys::update_applied_key(0, 1), s);
+  updates.poll(3);
+  ASSERT_TRUE(updates.in_probation(5));
+  const state::UpdateState saved = updates.to_proto();
+  EXPECT_EQ(saved.phase(), state::UpdateState::probation);
+
+  UpdateManager next(ctx);  // the next leader's, from the record alone
+  EXPECT_FALSE(next.in_probation(5));
+  next.restore(saved);
+  EXPECT_TRUE(next.in_probation(5));
+  EXPECT_TRUE(next.can_roll_back());
+  EXPECT_EQ(next.last_applied_step(), 3);
+  EXPECT_TRUE(next.published_by(7));
+  EXPECT_FALSE(next.published_by(8));
+  Detected d;
+  d.found.set_detail("a rank crashed");
+  membership::Rebuild rb;
+  next.rollback(&d, &rb);
+  EXPECT_EQ(d.failure.restore_at_most, std::optional<int64_t>(3));
+  EXPECT_EQ(rb.plugin_hash(), record(0).previous_hash());
+  EXPECT_EQ(record(0).outcome(), report::rolled_back);
+  EXPECT_EQ(next.to_proto().phase(), state::UpdateState::none);
 }
 
 }  // namespace
