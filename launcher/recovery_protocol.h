@@ -20,24 +20,12 @@
 #include <chrono>
 #include <string>
 
+#include "launcher/exit_codes.h"
 #include "proto/store_keys.h"
 
 namespace keel::recovery {
 
-// Exit codes of a rank that the supervisor must not answer with a restart: the same input
-// or the same numbers would fail again.
-constexpr int kExitInputError = 2;
-constexpr int kExitNonFinite = 4;
-// The job could not write what it must: a persistent checkpoint under
-// checkpoint.on_write_error: stop (every rank, after the same step, once rank 0's report is
-// written), or an output at its end (--report, --loss-svg, --export-llmc; rank 0). A full
-// disk stays full: no restart.
-constexpr int kExitWriteFailed = 5;
-// keel stopped the job itself: a stop rule (recovery.max_incidents, a repeating failure), a
-// failure the policy would not recover from (restart_all with no checkpoint to restart from,
-// no standby under on_no_standby = fail). Its report says why (RunReport.stop_reason).
-// Stopped by a signal, keel-launch and keel-worker exit 128 + the signal, as a shell does.
-constexpr int kExitStopped = 6;
+// Exit codes: launcher/exit_codes.h (recovery::kExitStopped and the others are named there).
 
 // Unix time in seconds, for timelines across processes.
 inline double unix_now() {

@@ -243,12 +243,39 @@ void Agent::stop_candidate() {
   candidate_ = 0;
 }
 
+void Agent::keep_member() {
+  if (!etcd_ || member_given_up_ || etcd_->running()) return;
+  // At most once a second; one that ends again within seconds three times (removed from the
+  // cluster while this slot was lost, its disk full) is left alone: the leader's upkeep
+  // replaces a member that cannot serve.
+  if (Clock::now() - member_started_ < kMemberRestartEvery) return;
+  member_quick_ends_ =
+      Clock::now() - member_started_ < 5 * kMemberRestartEvery ? member_quick_ends_ + 1 : 0;
+  if (member_quick_ends_ >= 3) {
+    member_given_up_ = true;
+    LOG(ERROR) << "slot " << o_.slot << ": etcd member " << etcd_->spec().name
+               << " keeps ending; not started again (see " << etcd_->spec().log_path << ")";
+    return;
+  }
+  member_started_ = Clock::now();
+  LOG(WARNING) << "slot " << o_.slot << ": etcd member " << etcd_->spec().name
+               << " ended; starting it again from its data";
+  try {
+    etcd_->restart();
+  } catch (const std::exception& e) {
+    LOG(ERROR) << "slot " << o_.slot << ": etcd member " << etcd_->spec().name
+               << " cannot be started again: " << e.what();
+  }
+}
+
 void Agent::on_etcd_start(int epoch, const control::Command& c) {
   control::Event ev;
   ev.set_kind(control::Event::etcd_started);
   try {
     // A member this slot ran before (it was lost and came back) has ended: a new one starts.
     if (etcd_ && !etcd_->running()) etcd_.reset();
+    member_given_up_ = false;
+    member_quick_ends_ = 0;
     if (!etcd_) {
       EtcdMemberSpec s;
       s.name = c.etcd().name();
@@ -507,9 +534,25 @@ int Agent::run(const volatile int* stop) {
       last_heard = Clock::now();  // the new leader's silence counts from now
     if (welcomed_ && o_.controller_timeout.count() > 0 &&
         Clock::now() - last_heard > o_.controller_timeout) {
-      stop_candidate();
-      return stop_without_controller(
-          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_heard));
+      // With the job's etcd, a silent controller while etcd still shows a leader is a
+      // failover under way: a dead leader's key lives out its lease, which etcd renews when its
+      // own Raft leader changes (a lost member), so a takeover can take longer than the
+      // timeout. The slot stops once etcd too has shown no leader for the timeout (the
+      // control plane gone, or this machine cut off from it).
+      if (leader_link_ && Clock::now() - leader_link_->leader_seen_at() < o_.controller_timeout) {
+        if (!waiting_for_failover_)
+          LOG(WARNING) << "slot " << o_.slot << ": no word from the controller at " << controller_
+                       << " for "
+                       << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() -
+                                                                                last_heard)
+                              .count()
+                       << " ms; etcd shows a leader: waiting for the failover";
+        waiting_for_failover_ = true;
+      } else {
+        stop_candidate();
+        return stop_without_controller(
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_heard));
+      }
     }
     if (auto m = client_->poll(kPoll)) {
       const int64_t term = confirmed_term_;
@@ -523,12 +566,14 @@ int Agent::run(const volatile int* stop) {
                                  << term << "; " << entry_.dropped() << " dropped so far)";
       } else {
         last_heard = Clock::now();
+        waiting_for_failover_ = false;
         if (m->has_command())
           if (std::optional<int> rc = on_command(m->epoch(), m->command())) return *rc;
       }
     }
     reap_workers();
     keep_candidate();
+    keep_member();
     accept_liveness_probes();
     // A connection that closed and came back (a reset link, not this process's death):
     // heartbeat at once, so that the controller sees the slot back within its grace.

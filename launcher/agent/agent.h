@@ -23,6 +23,7 @@
 #include "launcher/control_plane.h"
 #include "launcher/etcd/etcd_members.h"
 #include "launcher/etcd/leader_link.h"
+#include "launcher/exit_codes.h"
 #include "launcher/timings.h"
 #include "parallel/socket_util.h"
 
@@ -45,17 +46,8 @@ struct AgentOptions {
   std::chrono::milliseconds controller_timeout{std::chrono::seconds(10)};
 };
 
-// Agent::run's result (and the joined keel-launch's exit status) when the controller went
-// silent: the slot stopped its workers and removed its shared memory. 75 is sysexits.h's
-// EX_TEMPFAIL: nothing is wrong with the slot; the job can be resumed (--resume).
-constexpr int kExitControllerLost = 75;
-// Agent::run's result when the controller refused the registration (a wrong job id, a slot
-// out of range, in use, or slot 0): bad input, as recovery::kExitInputError.
-constexpr int kExitJoinRefused = 2;
-// Agent::run's result when a new leader refused its registration again: the slot was taken as
-// lost while it could not be heard (cut off, paused) and its ranks went elsewhere. Its workers
-// are stopped; the job goes on without it (not the job's exit status).
-constexpr int kExitSlotGone = 77;
+// Agent::run's results beside the job's own status (kExitControllerLost, kExitJoinRefused,
+// kExitSlotGone): launcher/exit_codes.h.
 
 class Agent {
  public:
@@ -82,11 +74,14 @@ class Agent {
   static constexpr std::chrono::milliseconds kLeaderRecheck = timings::kLeaderRecheck;
   // How often a controller candidate that keeps dying is started again.
   static constexpr std::chrono::milliseconds kCandidateRestartEvery{1000};
+  // How often a member that keeps dying is started again.
+  static constexpr std::chrono::milliseconds kMemberRestartEvery{1000};
 
   AgentOptions o_;
   std::unique_ptr<ControlClient> client_;  // to the leader controller (controller_)
   std::string controller_;                 // its endpoint: o_.controller, then each new leader's
   bool welcomed_ = false;
+  bool waiting_for_failover_ = false;  // silent past the timeout, etcd showing a leader
   // The newest leader term etcd confirmed to this agent (its LeaderLink; 0 without etcd): a
   // message of an older term is a deposed leader's, dropped at the door (entry_), and every
   // message this agent sends carries it.
@@ -126,6 +121,14 @@ class Agent {
   // connects to the new one and registers again. Returns whether it switched.
   bool switch_leader(std::chrono::steady_clock::duration silent);
   void start_candidate();
+  // This slot's etcd member, started by on_etcd_start, whose process ended (killed, crashed)
+  // while the slot lives: started again from its data, so that the cluster is whole again
+  // within a second without a membership change (the upkeep replaces members of lost slots
+  // only), and a second member lost later does not cost the quorum.
+  void keep_member();
+  std::chrono::steady_clock::time_point member_started_{};
+  int member_quick_ends_ = 0;
+  bool member_given_up_ = false;
   // A candidate that ended while the job goes on (it led and was killed, or was deposed) is
   // replaced, so that the job outlives any number of controller deaths, not just as many
   // as it had candidates.

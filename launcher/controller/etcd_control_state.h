@@ -19,6 +19,7 @@
 
 #include "launcher/etcd/etcd_client.h"
 #include "launcher/etcd/leader_election.h"
+#include "launcher/exit_codes.h"
 #include "launcher/patient_store.h"
 #include "proto/control.pb.h"
 #include "proto/control_state.pb.h"
@@ -37,9 +38,7 @@ class Deposed : public Error {
   using Error::Error;
 };
 
-// A controller that was deposed exits with this status: keel-launch then waits for the job's
-// end from the leader that took over, as after a crash.
-inline constexpr int kExitDeposed = 76;
+// A controller that was deposed exits with kExitDeposed (launcher/exit_codes.h).
 
 class EtcdControlState {
  public:

@@ -99,6 +99,18 @@ EtcdMember::EtcdMember(EtcdMemberSpec spec) : spec_(std::move(spec)) {
   if (fs::exists(spec_.data_dir) && !fs::is_empty(spec_.data_dir))
     throw InputError("etcd member " + spec_.name + ": data dir " + spec_.data_dir +
                      " is not empty (a stale member's data would rejoin its old cluster)");
+  start();
+}
+
+void EtcdMember::restart() {
+  KEEL_CHECK(!running(), "etcd member ", spec_.name, ": restart while it runs");
+  // Its data dir holds its member id and log: it rejoins its cluster as itself (the
+  // --initial-cluster flags are ignored once a data dir exists), and catches up from the
+  // leader.
+  start();
+}
+
+void EtcdMember::start() {
   const std::string peer = url(spec_.host, spec_.peer_port, spec_.tls);
   const std::string client = url(spec_.host, spec_.client_port, spec_.tls);
   std::vector<std::string> argv = {

@@ -67,6 +67,11 @@ class EtcdMember {
 
   // Whether its process still runs (reaps it when it has ended).
   bool running();
+  // Starts the member's process again after it ended (killed, crashed) from its own data
+  // dir: it rejoins its cluster as the same member, with the same name, ports and
+  // certificates, so the cluster is whole again without a membership change. Throws
+  // keel::Error if it still runs or cannot be started.
+  void restart();
 
   // The member's process (for tests and fault injection: kill -9, kill -STOP); -1 once stopped.
   pid_t pid() const { return pid_; }
@@ -77,6 +82,7 @@ class EtcdMember {
   const EtcdMemberSpec& spec() const { return spec_; }
 
  private:
+  void start();  // spawns the process of spec_
   std::string log_tail() const;
   // Where its certificates are (beside its data dir, removed with it).
   std::string tls_dir() const;

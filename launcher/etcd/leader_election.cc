@@ -63,6 +63,7 @@ void LeaderObserver::update() {
     LOG_EVERY_N(WARNING, 20) << "leader observer " << prefix_ << ": " << e.what();
     return;
   }
+  if (now) leader_seen_at_ = std::chrono::steady_clock::now().time_since_epoch().count();
   const bool same =
       reported_ && now.has_value() == last_.has_value() &&
       (!now || (now->key == last_->key && now->term == last_->term && now->value == last_->value));

@@ -57,6 +57,14 @@ class LeaderObserver {
                  std::chrono::milliseconds recheck = std::chrono::milliseconds(0));
   ~LeaderObserver();
 
+  // When a read last found a leader under the prefix (etcd answered, and a leader's key
+  // lives: the leader, or a dead one's key living out its lease); the epoch of the clock if
+  // never.
+  std::chrono::steady_clock::time_point leader_seen_at() const {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(leader_seen_at_.load()));
+  }
+
  private:
   void update();
 
@@ -66,6 +74,7 @@ class LeaderObserver {
   std::mutex mu_;
   std::optional<LeaderInfo> last_;
   bool reported_ = false;
+  std::atomic<std::chrono::steady_clock::rep> leader_seen_at_{0};
   std::unique_ptr<EtcdWatch> watch_;
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;

@@ -44,6 +44,10 @@ LeaderLink::~LeaderLink() {
   observer_.reset();  // its thread ends before the client goes
 }
 
+std::chrono::steady_clock::time_point LeaderLink::leader_seen_at() const {
+  return observer_->leader_seen_at();
+}
+
 std::optional<state::Leader> LeaderLink::leader() const {
   std::lock_guard<std::mutex> g(mu_);
   return leader_;

@@ -35,6 +35,9 @@ class LeaderLink {
 
   // The leader as last seen; nullopt between two leaders.
   std::optional<state::Leader> leader() const;
+  // When etcd last showed a leader (LeaderObserver::leader_seen_at): a controller that went
+  // silent while etcd still shows one is failing over, not gone.
+  std::chrono::steady_clock::time_point leader_seen_at() const;
 
  private:
   mutable std::mutex mu_;

@@ -15,6 +15,7 @@
 
 #include "launcher/etcd/etcd_client.h"
 #include "launcher/etcd/leader_election.h"
+#include "launcher/exit_codes.h"
 #include "launcher/job_env.h"
 #include "proto/control_state.pb.h"
 #include "proto/events.pb.h"
@@ -537,7 +538,7 @@ TEST(ControlState, MaxIncidentsCountsAcrossATakeover) {
   ASSERT_TRUE(killed) << r.output;
   const std::string job_dir = launched_job_dir(dir);
   const std::string events = read_text(job_dir + "/events.jsonl");
-  EXPECT_EQ(r.exit_code, 6) << r.output << events;  // recovery::kExitStopped
+  EXPECT_EQ(r.exit_code, kExitStopped) << r.output << events;
   EXPECT_EQ(count_events(job_dir, "takeover"), 1) << events;
   EXPECT_TRUE(contains(r.report, "\"stopped\": true")) << r.report;
   EXPECT_EQ(json_object_array(r.report, "incidents").size(), 2u) << r.report;

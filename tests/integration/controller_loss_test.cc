@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "launcher/exit_codes.h"
 #include "test_paths.h"
 #include "worker_harness.h"
 
@@ -34,7 +35,6 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kExitControllerLost = 75;  // launcher/agent/agent.h
 const std::string k3d = "tp: 2 pp: 2 dp: 2";
 
 std::string bin(const std::string& name) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/exit_codes.h"
 #include "test_paths.h"
 #include "worker_harness.h"
 
@@ -24,7 +25,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int kSteps = 20, kEvery = 5;
-constexpr int kExitWriteFailed = 5;  // launcher/recovery_protocol.h
 
 // Every file under `dir`, for the messages.
 // Every file under `dir` but the owner lock a job holds on its checkpoint directory

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 
+#include "launcher/exit_codes.h"
 #include "test_paths.h"
 #include "worker_harness.h"
 
@@ -17,8 +18,6 @@ namespace keel::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr int kExitStopped = 6;  // launcher/recovery_protocol.h
 
 // recovery.max_incidents = 0: the first failure stops the job. Before, it exited 137 (the
 // killed rank's status) with no report and an empty `why`.
