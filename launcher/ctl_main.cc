@@ -285,18 +285,20 @@ int main(int argc, char** argv) {
       ->type_name("S")
       ->check(step_count());
 
+  // Placeholders by option_text, not type_name: parse() knows a floating-point flag by its type
+  // name (FLOAT) to refuse NaN and infinities (runtime/cli.h).
   double machines = 0, mtbf = 0, recovery = 0, percentile = 99;
   CLI::App* plan = app.add_subcommand(
       "plan-standby", "size the warm spares for N machines (binomial model); needs no job");
-  plan->add_option("--machines", machines, "machines in the job")->type_name("N")->required();
+  plan->add_option("--machines", machines, "machines in the job")->option_text("N")->required();
   plan->add_option("--mtbf-hours", mtbf, "mean time between failures of one machine")
-      ->type_name("H")
+      ->option_text("H")
       ->required();
   plan->add_option("--recovery-minutes", recovery, "time to bring back a lost machine")
-      ->type_name("R")
+      ->option_text("R")
       ->required();
   plan->add_option("--percentile", percentile, "cover this percentile of failures (default 99)")
-      ->type_name("P");
+      ->option_text("P");
 
   if (auto rc = keel::cli::parse(app, argc, argv)) return *rc;
   try {
