@@ -57,6 +57,16 @@ std::string verify_step(const std::string& dir, const std::string& name, int64_t
       return name + "/" + kManifest + ": cannot parse (not a keel.ckpt.CheckpointManifest)";
     }
   }
+  // An empty file parses as a manifest of nothing (every field its default), which the checks
+  // below would report as a step or layout that differs: say what it is. A manifest is
+  // written whole and renamed into place, so this one was not written by keel.
+  if (!manifest->has_step()) {
+    std::error_code ec;
+    const uintmax_t bytes = fs::file_size(manifest_path, ec);
+    return name + "/" + kManifest +
+           (!ec && bytes == 0 ? std::string(": empty (0 bytes), not a manifest")
+                              : ": records no step (not a keel.ckpt.CheckpointManifest)");
+  }
   if (manifest->format_version() != kFormatVersion) {
     return detail::concat(name, "/", kManifest, ": format_version = ", manifest->format_version(),
                           " (this keel reads ", kFormatVersion, ")");
