@@ -165,6 +165,22 @@ ResumePoint find_resume_point(const std::string& dir, const CheckpointLayout& ex
   throw InputError(text);
 }
 
+std::string check_resume(const ResumePoint& point, const config::JobConfig& cfg) {
+  const int64_t steps = cfg.train().steps();
+  if (point.step > steps)
+    throw InputError(detail::concat(
+        point.dir, ": checkpoint step ", point.step, " is past train.steps = ", steps,
+        ": nothing is left to train (to go on, give train.steps > ", point.step, ")"));
+  const int64_t was = point.manifest.global_batch_size(), now = cfg.train().global_batch_size();
+  if (point.manifest.has_global_batch_size() && was != now)
+    return detail::concat(
+        point.dir, ": written with train.global_batch_size = ", was, ", this job's is ", now,
+        ": the data position of a step is step × the batch, so the job reads on "
+        "from sequence ",
+        point.step * now, " where the run it continues was at sequence ", point.step * was);
+  return "";
+}
+
 std::vector<CheckpointStep> list_checkpoints(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError(dir + ": no such checkpoint directory");
