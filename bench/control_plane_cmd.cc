@@ -7,6 +7,7 @@
 #include "bench/bench_util.h"
 #include "bench/control_plane_sim.h"
 #include "runtime/check.h"
+#include "runtime/cli.h"
 
 namespace keel::bench {
 namespace {
@@ -107,7 +108,8 @@ Command add_control_plane_command(CLI::App& app) {
   sub->add_option("--progress-ms", o->progress_ms, "a rank's WorkerProgress period")
       ->check(CLI::Range(10, 10000));
   sub->add_option("--step-ms", o->step_ms, "a fake training step")->check(CLI::Range(10, 60000));
-  sub->add_option("--steady-s", o->steady_s, "the CPU window")->check(CLI::Range(0.5, 600.0));
+  sub->add_option("--steady-s", o->steady_s, "the CPU window, 0.5 to 600 seconds")
+      ->transform(cli::number(0.5, 600, "seconds"));
   sub->add_option("--slot-timeout-ms", o->slot_timeout_ms,
                   "the job's detect.slot_timeout_ms (default: the config's, 2000), which also "
                   "bounds a new leader's wait for the agents to register")

@@ -284,9 +284,10 @@ void add_flags(CLI::App& app, Options* o) {
       ->check(CLI::IsMember({"auto", "local", "netns"}));
   app.add_option("--soak-kill-controller-every", o->soak_kill_controller_every_s,
                  "the soak kills the leader controller (kill -9 of the PID its election names) "
-                 "this often, once the previous kill was taken over (default 30; 0: never)")
+                 "this often, once the previous kill was taken over (0 to 3600; default 30; 0: "
+                 "never)")
       ->option_text("S")
-      ->check(CLI::Range(0.0, 3600.0));
+      ->transform(cli::number(0, 3600, "seconds"));
 }
 
 int soak(const Options& o) {

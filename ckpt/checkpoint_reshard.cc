@@ -217,6 +217,16 @@ void carry_out_reshard(const std::vector<CopyRun>& runs, const RankStateShape& s
   state.backend()->synchronize();
 }
 
+void check_plugin_fits(const ResumePoint& point, const Plugin& plugin,
+                       const config::JobConfig& base) {
+  const config::JobConfig cfg = checkpoint_config(point.manifest, base);
+  const ckpt::CheckpointManifest& m = point.manifest;
+  const ShardedLayout from = sharded_layout(plugin, cfg, Topology(m.tp(), m.pp(), m.dp()));
+  // Each file's header is checked as it opens; one open at a time, whatever the world.
+  for (int rank = 0; rank < m.tp() * m.pp() * m.dp(); ++rank)
+    RankFileReader(point, rank, rank_state_shape(from, rank));
+}
+
 void for_each_full_tensor(
     const ResumePoint& point, const Plugin& plugin, const config::JobConfig& base,
     const std::function<void(const keel_param_desc&, const std::vector<float>&)>& fn) {

@@ -46,6 +46,13 @@ void load_state(const ResumePoint& point, const Plugin& plugin, const config::Jo
 void carry_out_reshard(const std::vector<CopyRun>& runs, const RankStateShape& shape,
                        TrainState& state, const std::function<void(const CopyRun&, float*)>& read);
 
+// Whether `plugin`'s parameter tables, for the model and layout that `point` records (`base`
+// supplying what the manifest does not), give every rank file's layout fingerprint and size:
+// what for_each_full_tensor and load_state check before they read. Throws InputError naming the
+// file and both values where one differs (another plugin or model wrote it).
+void check_plugin_fits(const ResumePoint& point, const Plugin& plugin,
+                       const config::JobConfig& base);
+
 // The checkpoint's parameters as whole tensors, one at a time in the single-rank describe
 // order (tied copies once), for an export: fn(desc, data) with data the row-major tensor.
 // Host memory: the largest tensor. `base` supplies what the manifest does not record.

@@ -57,6 +57,16 @@ std::string verify_step(const std::string& dir, const std::string& name, int64_t
       return name + "/" + kManifest + ": cannot parse (not a keel.ckpt.CheckpointManifest)";
     }
   }
+  // An empty file parses as a manifest of nothing (every field its default), which the checks
+  // below would report as a step or layout that differs: say what it is. A manifest is
+  // written whole and renamed into place, so this one was not written by keel.
+  if (!manifest->has_step()) {
+    std::error_code ec;
+    const uintmax_t bytes = fs::file_size(manifest_path, ec);
+    return name + "/" + kManifest +
+           (!ec && bytes == 0 ? std::string(": empty (0 bytes), not a manifest")
+                              : ": records no step (not a keel.ckpt.CheckpointManifest)");
+  }
   if (manifest->format_version() != kFormatVersion) {
     return detail::concat(name, "/", kManifest, ": format_version = ", manifest->format_version(),
                           " (this keel reads ", kFormatVersion, ")");
@@ -153,6 +163,22 @@ ResumePoint find_resume_point(const std::string& dir, const CheckpointLayout& ex
   if (reasons.empty()) text += " (no step_* directory)";
   for (const auto& r : reasons) text += "\n  " + r;
   throw InputError(text);
+}
+
+std::string check_resume(const ResumePoint& point, const config::JobConfig& cfg) {
+  const int64_t steps = cfg.train().steps();
+  if (point.step > steps)
+    throw InputError(detail::concat(
+        point.dir, ": checkpoint step ", point.step, " is past train.steps = ", steps,
+        ": nothing is left to train (to go on, give train.steps > ", point.step, ")"));
+  const int64_t was = point.manifest.global_batch_size(), now = cfg.train().global_batch_size();
+  if (point.manifest.has_global_batch_size() && was != now)
+    return detail::concat(
+        point.dir, ": written with train.global_batch_size = ", was, ", this job's is ", now,
+        ": the data position of a step is step × the batch, so the job reads on "
+        "from sequence ",
+        point.step * now, " where the run it continues was at sequence ", point.step * was);
+  return "";
 }
 
 std::vector<CheckpointStep> list_checkpoints(const std::string& dir) {

@@ -340,6 +340,7 @@ void PersistentCheckpointer::write_manifest(
   m.set_plugin_name(opts_.layout.plugin_name);
   m.set_plugin_version(opts_.layout.plugin_version);
   if (!opts_.layout.plugin_file.empty()) m.set_plugin_file(opts_.layout.plugin_file);
+  if (opts_.layout.global_batch_size > 0) m.set_global_batch_size(opts_.layout.global_batch_size);
   for (const auto& [name, value] : opts_.layout.model) {
     ckpt::ModelField* f = m.add_model();
     f->set_name(name);

@@ -48,6 +48,8 @@ struct CheckpointLayout {
   // The configuration that shapes the state, as name/value pairs (describe_model below).
   // Empty: not compared (and an old manifest without it is not either).
   std::vector<std::pair<std::string, std::string>> model{};
+  // train.global_batch_size, recorded in each manifest; never compared (check_resume warns).
+  int64_t global_batch_size = 0;
   int world() const { return tp * pp * dp; }
 };
 
@@ -167,6 +169,14 @@ struct ResumePoint {
 // (ckpt/checkpoint_reshard.h) reshards it.
 ResumePoint find_resume_point(const std::string& dir, const CheckpointLayout& expected,
                               std::vector<std::string>* skipped = nullptr);
+
+// What a job resuming `point` on the user's word (--resume) with config `cfg` must hear before
+// it trains. Throws InputError when the checkpoint's step is past train.steps (nothing is left
+// to train: "checkpoint step 300 is past train.steps = 100 ..."); a step equal to it loads
+// and trains nothing. Returns a warning ("" if none) when train.global_batch_size differs from
+// the one that wrote the checkpoint: the data position of a step is step times the batch, so
+// the run goes on from other data than the one it continues.
+std::string check_resume(const ResumePoint& point, const config::JobConfig& cfg);
 
 // Reads `rank`'s file of `point` into `state` and sets state.step(). Throws keel::InputError
 // if the file does not match the manifest or the state's layout (nothing is changed then).

@@ -1,12 +1,14 @@
 // keel-ckpt: looks into persistent checkpoints and takes the model out of them.
 //   keel-ckpt inspect DIR                       steps, layout, lineage, model, files verified
 //   keel-ckpt export --format hf|llmc CHECKPOINT OUT
+// (nothing imports: a job reads a Hugging Face directory or an llm.c file as
+// model.init_checkpoint, and a keel checkpoint with --resume).
 // CHECKPOINT is checkpoint.dir (its newest complete step) or one step's directory; `hf`
 // writes OUT/model.safetensors + OUT/config.json (names as the plugin declares them,
 // model/plugin.h), `llmc` an llm.c GPT-2 file OUT. The plugin is the one the manifest
 // records (or --plugin); the model's sizes come from the manifest (or --config for a
-// checkpoint of an older keel, which does not record them). Errors are one line on stderr,
-// "keel-ckpt: error: ...", exit 2.
+// checkpoint of an older keel, which does not record them). OUT may not be inside the
+// checkpoint read. Errors are one line on stderr, "keel-ckpt: error: ...", exit 2.
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
@@ -30,10 +32,19 @@ namespace {
 namespace fs = std::filesystem;
 using namespace keel;
 
-// The plugin that wrote `m`: --plugin, else the file the manifest records (or one of its
-// name next to keel-ckpt, for a checkpoint moved from another machine), else by plugin name.
-std::shared_ptr<Plugin> plugin_of(const ckpt::CheckpointManifest& m, const std::string& flag) {
-  if (!flag.empty()) return Plugin::load(flag);
+// The plugin that wrote `m` (the manifest of checkpoint `dir`): --plugin, else the file the
+// manifest records (or one of its name next to keel-ckpt, for a checkpoint moved from another
+// machine), else by plugin name. A --plugin of another name than the manifest's is refused, as
+// a resume refuses it: its parameter table would describe another model.
+std::shared_ptr<Plugin> plugin_of(const ckpt::CheckpointManifest& m, const std::string& flag,
+                                  const std::string& dir) {
+  if (!flag.empty()) {
+    auto p = Plugin::load(flag);
+    if (p->name() != m.plugin_name())
+      throw InputError(dir + ": plugin_name = \"" + m.plugin_name() + "\" in the checkpoint, \"" +
+                       p->name() + "\" in --plugin " + flag);
+    return p;
+  }
   std::vector<std::string> tries;
   if (m.has_plugin_file()) {
     tries.push_back(m.plugin_file());
@@ -70,6 +81,18 @@ std::string layout_text(const ckpt::CheckpointManifest& m) {
                         stages.empty() || stages == "[]" ? "" : " stage_layers " + stages);
 }
 
+// A --plugin is checked against every usable step before anything is printed, as export
+// checks it before it reads (ckpt/checkpoint_reshard.h): the name, then each rank file's layout
+// against the plugin's parameter table. A parameter count from a plugin that does not fit
+// would be a wrong one.
+void check_plugin_flag(const std::vector<CheckpointStep>& steps, const std::string& plugin_flag) {
+  for (const CheckpointStep& s : steps) {
+    if (!s.problem.empty() || s.manifest.model_size() == 0) continue;
+    const auto plugin = plugin_of(s.manifest, plugin_flag, s.dir);
+    check_plugin_fits({s.dir, s.step, s.manifest}, *plugin, config::JobConfig());
+  }
+}
+
 int inspect(const std::string& dir, const std::string& plugin_flag) {
   std::vector<CheckpointStep> steps;
   if (fs::exists(fs::path(dir) / "manifest.pb")) {
@@ -79,6 +102,7 @@ int inspect(const std::string& dir, const std::string& plugin_flag) {
     steps = list_checkpoints(dir);
   }
   if (steps.empty()) throw InputError(dir + ": no step_* directory");
+  if (!plugin_flag.empty()) check_plugin_flag(steps, plugin_flag);
   std::printf("%s: %zu step(s), newest first\n", dir.c_str(), steps.size());
   for (const CheckpointStep& s : steps) {
     const ckpt::CheckpointManifest& m = s.manifest;
@@ -108,7 +132,7 @@ int inspect(const std::string& dir, const std::string& plugin_flag) {
         const config::JobConfig cfg = checkpoint_config(m, config::JobConfig());
         int64_t n = 0;
         for (const auto& d :
-             plugin_of(m, plugin_flag)->describe(model_dims(cfg), single_rank_stage(cfg)))
+             plugin_of(m, plugin_flag, s.dir)->describe(model_dims(cfg), single_rank_stage(cfg)))
           n += int64_t(global_numel(d));
         params = detail::concat(", ", n, " parameters");
       } catch (const InputError&) {
@@ -119,11 +143,43 @@ int inspect(const std::string& dir, const std::string& plugin_flag) {
   return 0;
 }
 
+// An export never writes over its input: OUT may not be, or be inside, the checkpoint
+// directory it reads (checkpoint.dir, which holds the step read and the older ones a resume
+// falls back to), by canonical path (symbolic links resolved), nor be one of the step's files
+// by another name (a hard link). `writes`: the files the export makes.
+void refuse_output_in_checkpoint(const std::string& out, const std::vector<fs::path>& writes,
+                                 const ResumePoint& point) {
+  std::error_code ec;
+  const fs::path ckpt_dir = fs::weakly_canonical(fs::path(point.dir).parent_path(), ec);
+  const fs::path target = fs::weakly_canonical(fs::absolute(out), ec);
+  auto inside = [](const fs::path& p, const fs::path& root) {
+    auto r = root.begin(), q = p.begin();
+    for (; r != root.end() && !r->empty(); ++r, ++q)
+      if (q == p.end() || *q != *r) return false;
+    return true;
+  };
+  if (!ckpt_dir.empty() && inside(target, ckpt_dir))
+    throw InputError(out + ": is inside the checkpoint being read (" + ckpt_dir.string() +
+                     "): an export does not write into its input; name an output outside it");
+  for (const fs::path& w : writes)
+    for (const auto& f : fs::directory_iterator(point.dir, ec))
+      if (fs::equivalent(w, f.path(), ec))
+        throw InputError(out + ": " + (w == fs::path(out) ? "" : w.string() + " ") +
+                         "is a link to the checkpoint's file " + f.path().string() +
+                         ": an export does not write over its input; name an output outside it");
+}
+
 int export_checkpoint(const std::string& format, const std::string& path, const std::string& out,
                       const std::string& plugin_flag, const std::string& config) {
   const ResumePoint point = open_checkpoint(path);
   const ckpt::CheckpointManifest& m = point.manifest;
-  const std::shared_ptr<Plugin> plugin = plugin_of(m, plugin_flag);
+  refuse_output_in_checkpoint(out,
+                              format == "hf"
+                                  ? std::vector<fs::path>{fs::path(out) / "model.safetensors",
+                                                          fs::path(out) / "config.json"}
+                                  : std::vector<fs::path>{out},
+                              point);
+  const std::shared_ptr<Plugin> plugin = plugin_of(m, plugin_flag, point.dir);
   const config::JobConfig base = base_config(m, config);
   const config::JobConfig cfg = checkpoint_config(m, base);
   const keel_model_dims dims = model_dims(cfg);
@@ -181,6 +237,21 @@ int main(int argc, char** argv) {
       ->type_name("PATH");
   exp->add_option("--config", config, "the job's config, for a manifest without the model's sizes")
       ->type_name("FILE");
+  // CLI11 would say only "A subcommand is required", or that the word was not expected: say
+  // what keel-ckpt does, and where the way in is for what it does not (a job reads weights
+  // itself).
+  const std::string commands =
+      "keel-ckpt's commands are inspect DIR and export --format hf|llmc CHECKPOINT OUT";
+  const std::string way_in =
+      "a job reads weights itself: a Hugging Face directory (model.safetensors + config.json) "
+      "or an llm.c file with keel-worker --set model.init_checkpoint=PATH, a keel checkpoint "
+      "with --resume DIR";
+  if (argc < 2) return keel::cli::usage_error(app, "a command is needed: " + commands);
+  const std::string first = argv[1];
+  if (first == "import")
+    return keel::cli::usage_error(app, "import: not a command; " + way_in + " (" + commands + ")");
+  if (!first.empty() && first[0] != '-' && first != "inspect" && first != "export")
+    return keel::cli::usage_error(app, first + ": not a command; " + commands);
   if (auto rc = keel::cli::parse(app, argc, argv)) return *rc;
   try {
     if (app.got_subcommand(insp)) return inspect(dir, plugin);

@@ -240,6 +240,20 @@ CLI::Validator step_count() {
       "");
 }
 
+// update --plugin: a file that is there and is no directory, checked before the job is asked,
+// so that a typo is told as such and not as the controller's answer to something else (an
+// update still on probation answers every request alike). keel-ctl and the controller share
+// the file system the path is on (keel-ctl finds the job by its run directory).
+CLI::Validator plugin_file() {
+  return keel::cli::refuse_if([](const std::string& path) -> std::string {
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);
+    if (!fs::exists(st)) return "no such file";
+    if (fs::is_directory(st)) return "is a directory, expected a plugin's shared object (.so)";
+    return "";
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -276,7 +290,8 @@ int main(int argc, char** argv) {
       app, "update", "swap the job's model plugin, checked first with every rank", &target);
   update_cmd->add_option("--plugin", plugin, "the new plugin (a shared library)")
       ->type_name("PATH")
-      ->required();
+      ->required()
+      ->check(plugin_file());
   auto* lazy_flag = update_cmd->add_flag(
       "--lazy", lazy, "switch with the next recovery, not at a step boundary (not with --urgent)");
   update_cmd->add_flag("--urgent", urgent, "switch at the next step boundary (the default)")
@@ -285,18 +300,20 @@ int main(int argc, char** argv) {
       ->type_name("S")
       ->check(step_count());
 
+  // Placeholders by option_text, not type_name: parse() knows a floating-point flag by its type
+  // name (FLOAT) to refuse NaN and infinities (runtime/cli.h).
   double machines = 0, mtbf = 0, recovery = 0, percentile = 99;
   CLI::App* plan = app.add_subcommand(
       "plan-standby", "size the warm spares for N machines (binomial model); needs no job");
-  plan->add_option("--machines", machines, "machines in the job")->type_name("N")->required();
+  plan->add_option("--machines", machines, "machines in the job")->option_text("N")->required();
   plan->add_option("--mtbf-hours", mtbf, "mean time between failures of one machine")
-      ->type_name("H")
+      ->option_text("H")
       ->required();
   plan->add_option("--recovery-minutes", recovery, "time to bring back a lost machine")
-      ->type_name("R")
+      ->option_text("R")
       ->required();
   plan->add_option("--percentile", percentile, "cover this percentile of failures (default 99)")
-      ->type_name("P");
+      ->option_text("P");
 
   if (auto rc = keel::cli::parse(app, argc, argv)) return *rc;
   try {

@@ -1,11 +1,57 @@
 #include "launcher/launch_options.h"
 
+#include <arpa/inet.h>
+
+#include <filesystem>
 #include <map>
+#include <string>
 
 #include "runtime/cli.h"
 
 namespace keel {
 namespace {
+
+namespace fs = std::filesystem;
+
+// --run-dir: a directory, or one that can be made (its nearest existing part a directory), so
+// that a file in the way is a usage error naming the flag, not a filesystem_error later.
+std::string run_dir_problem(const std::string& dir) {
+  std::error_code ec;
+  fs::path existing = fs::absolute(dir, ec);
+  if (ec) return "cannot resolve: " + ec.message();
+  const fs::path whole = existing;
+  while (!fs::exists(existing, ec) && existing.has_relative_path())
+    existing = existing.parent_path();
+  if (fs::is_directory(existing, ec)) return "";
+  return existing == whole ? "is a file, expected a directory (runs/<job>/ goes under it)"
+                           : existing.string() + " is a file, so the directory cannot be made";
+}
+
+// --etcd: host:port of each member, comma-separated, as the etcd client takes them (an IPv4
+// address, optionally after http:// or https://): refused here by the flag, before any slot.
+std::string etcd_endpoints_problem(const std::string& list) {
+  const std::string want =
+      "expected host:port of each member, comma-separated, the host an IPv4 address "
+      "(e.g. 127.0.0.1:2379)";
+  size_t start = 0;
+  while (true) {
+    const size_t comma = list.find(',', start);
+    std::string e = list.substr(start, comma == std::string::npos ? comma : comma - start);
+    for (const char* scheme : {"https://", "http://"})
+      if (e.rfind(scheme, 0) == 0) e = e.substr(std::string(scheme).size());
+    const size_t colon = e.rfind(':');
+    in_addr addr{};
+    if (colon == std::string::npos || ::inet_pton(AF_INET, e.substr(0, colon).c_str(), &addr) != 1)
+      return want;
+    const std::string port = e.substr(colon + 1);
+    if (port.empty() || port.size() > 5 ||
+        port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) == 0 ||
+        std::stoul(port) > 65535)
+      return "'" + e.substr(colon + 1) + "' is not a port (1 to 65535)";
+    if (comma == std::string::npos) return "";
+    start = comma + 1;
+  }
+}
 
 // The flags keel-launch does not read but hands to every keel-worker, in the order given.
 constexpr const char* kWorkerFlags[] = {"--report", "--loss-svg", "--fault", "--inject",
@@ -34,7 +80,8 @@ void add_launch_flags(LaunchCli* c, LaunchOptions* o) {
       ->check(cli::range(1, cli::kMaxCount));
   app.add_option("--run-dir", o->run_dir,
                  "where runs/<job>/ goes (default: runs): logs, events.jsonl, config")
-      ->type_name("DIR");
+      ->type_name("DIR")
+      ->check(cli::refuse_if(run_dir_problem));
   app.add_option("--resume", o->resume,
                  "restart a job from its newest complete persistent checkpoint: DIR is a "
                  "checkpoint directory (checkpoint.dir) or the run directory runs/<job>/ of the "
@@ -75,7 +122,8 @@ void add_launch_flags(LaunchCli* c, LaunchOptions* o) {
   app.add_option("--etcd", o->etcd,
                  "use this etcd cluster (host:port,... of its members) for the job's control "
                  "state instead of starting members")
-      ->type_name("ENDPOINTS");
+      ->type_name("ENDPOINTS")
+      ->check(cli::refuse_if(etcd_endpoints_problem));
   app.add_option("--etcd-data", o->etcd_data,
                  "where the members keep their data: run (runs/<job>/etcd/) or shm (/dev/shm: no "
                  "disk writes, gone with the machine); default: shm under --local (one machine "

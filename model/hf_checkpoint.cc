@@ -159,8 +159,37 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
-// config.json against the one the plugin writes for the job's dims: the model type and every
-// number must agree (a file of another size is refused by the field, not by a tensor).
+// A config.json value as the file writes it: 1e-05, "gelu_new", true, null.
+std::string json_text(const google::protobuf::Value& v) {
+  switch (v.kind_case()) {
+    case google::protobuf::Value::kNumberValue:
+      return detail::concat(v.number_value());
+    case google::protobuf::Value::kStringValue:
+      return "\"" + v.string_value() + "\"";
+    case google::protobuf::Value::kBoolValue:
+      return v.bool_value() ? "true" : "false";
+    case google::protobuf::Value::kNullValue:
+      return "null";
+    default: {
+      std::string out;
+      (void)google::protobuf::util::MessageToJsonString(v, &out);
+      return out;
+    }
+  }
+}
+
+// Fields of the plugin's config.json that describe the file, not the model: torch_dtype (F16
+// and BF16 tensors are read and widened) and architectures (the head class a loader makes).
+bool describes_the_file(const std::string& key) {
+  return key == "torch_dtype" || key == "architectures";
+}
+
+// config.json against the one the plugin writes for the job's dims: every field the plugin
+// writes that shapes the model or what it computes (sizes, activation, norm epsilon, tied
+// embeddings, biases, ...) must agree where the file gives it, so that a file of another model
+// is refused by the field, not by a tensor, or worse, loaded into a model that computes
+// something else. A field the file leaves out takes Hugging Face's default, which for the
+// fields the plugins write is the value they write.
 void check_config(const std::string& path, const std::string& expected) {
   std::ifstream in(path);
   if (!in) return;  // a safetensors file alone: the tensors' shapes still decide
@@ -178,12 +207,17 @@ void check_config(const std::string& path, const std::string& expected) {
     auto it = have.fields().find(key);
     if (it == have.fields().end()) continue;
     const auto& h = it->second;
-    if (v.has_number_value() && h.has_number_value() && v.number_value() != h.number_value())
-      throw InputError(detail::concat(path, ": ", key, " = ", h.number_value(),
-                                      ", this job's model has ", v.number_value()));
+    if (describes_the_file(key)) continue;
+    if (v.has_number_value() && h.has_null_value()) continue;  // e.g. n_inner: null, the default
     if (key == "model_type" && h.string_value() != v.string_value())
       throw InputError(path + ": model_type = \"" + h.string_value() +
                        "\", this job's plugin is \"" + v.string_value() + "\"");
+    const bool same = v.kind_case() == h.kind_case() &&
+                      (v.has_number_value() ? v.number_value() == h.number_value()
+                                            : json_text(v) == json_text(h));
+    if (!same)
+      throw InputError(path + ": " + key + " = " + json_text(h) + ", this job's model has " +
+                       json_text(v));
   }
 }
 
@@ -192,6 +226,23 @@ void check_config(const std::string& path, const std::string& expected) {
 bool is_hf_checkpoint(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / kTensors, ec);
+}
+
+void refuse_directory_without_weights(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec) || is_hf_checkpoint(path)) return;
+  const std::string what = "model.init_checkpoint = " + path + ": ";
+  // A keel checkpoint by its files (ckpt/persistent_checkpoint.h): a step's manifest.pb, or
+  // checkpoint.dir's step_NNNNNN directories. Its state (moments, step) is a resume's.
+  bool keel = fs::exists(fs::path(path) / "manifest.pb", ec);
+  for (const auto& e : fs::directory_iterator(path, ec))
+    keel = keel || (e.is_directory(ec) && e.path().filename().string().rfind("step_", 0) == 0);
+  if (keel)
+    throw InputError(what + "is a keel checkpoint; a job goes on from one with --resume " + path +
+                     " (model.init_checkpoint takes a Hugging Face directory or an llm.c file)");
+  throw InputError(what + "a directory without " + kTensors +
+                   " (model.init_checkpoint takes a Hugging Face directory, model.safetensors + "
+                   "config.json, or an llm.c .bin file)");
 }
 
 HfExport::HfExport(std::string dir, const Plugin& plugin, const keel_model_dims& dims,

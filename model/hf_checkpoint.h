@@ -19,6 +19,11 @@ namespace keel {
 // Whether `path` is a directory holding model.safetensors.
 bool is_hf_checkpoint(const std::string& path);
 
+// model.init_checkpoint = `path`, a directory that is no Hugging Face checkpoint: throws the
+// InputError that says what it lacks, or, for a keel checkpoint (checkpoint.dir or one step's
+// directory), that --resume is the way in. Does nothing for any other path (an llm.c file).
+void refuse_directory_without_weights(const std::string& path);
+
 // Writes a Hugging Face checkpoint into `dir` (created if missing), one keel tensor at a time
 // so that host memory holds one tensor: add() each of `params` (the single-rank table) in
 // order, then finish(). Files appear only at finish() (written as .tmp, then renamed).

@@ -33,6 +33,12 @@ std::string exe_dir() {
 
 std::string resolve(const std::string& path) {
   namespace fs = std::filesystem;
+  std::error_code ec;
+  // A directory reads as an empty file and would fail in dlopen, under the name of the copy
+  // that load_copy makes: said here, by the name the user gave.
+  if (fs::is_directory(path, ec))
+    throw InputError(detail::concat("plugin ", path,
+                                    ": is a directory, expected a plugin's shared object (.so)"));
   if (fs::exists(path)) return fs::absolute(path).string();
   if (fs::path(path).is_relative()) {
     fs::path beside = fs::path(exe_dir()) / path;
@@ -141,8 +147,15 @@ void Plugin::open(const std::string& file) {
   Plugin* p = this;
   // RTLD_LOCAL so that two versions of one plugin can be loaded side by side (hot update).
   p->handle_ = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!p->handle_)
-    throw InputError(detail::concat("plugin ", p->path_, ": dlopen failed: ", dlerror()));
+  if (!p->handle_) {
+    // dlerror names the file opened, which for load_copy is a private copy the user never saw
+    // (and that is gone by the time they read it): name theirs instead.
+    std::string why = dlerror();
+    for (size_t at = why.find(file); file != p->path_ && at != std::string::npos;
+         at = why.find(file, at + p->path_.size()))
+      why.replace(at, file.size(), p->path_);
+    throw InputError(detail::concat("plugin ", p->path_, ": dlopen failed: ", why));
+  }
   auto entry = reinterpret_cast<keel_plugin_entry_fn>(dlsym(p->handle_, KEEL_PLUGIN_ENTRY_SYMBOL));
   if (!entry)
     throw InputError(detail::concat("plugin ", p->path_, ": missing symbol ",

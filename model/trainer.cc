@@ -121,6 +121,7 @@ void Trainer::rebind(ProcessGroups* groups) {
 void Trainer::init_params() {
   const std::string& ckpt = cfg_.model().init_checkpoint();
   ParamStore& ps = state_->params();
+  if (!ckpt.empty()) refuse_directory_without_weights(ckpt);  // not "shorter than a header"
   if (ckpt.empty()) {
     ps.init(cfg_.train().seed());
   } else if (is_hf_checkpoint(ckpt)) {

@@ -210,8 +210,12 @@ std::vector<std::string> apply_override(config::JobConfig* cfg, const std::strin
       fail(walked + " is a repeated message; set it in the config file");
     }
     refl->ClearField(msg, field);
-    if (!value.empty()) {
-      std::stringstream ss(value);
+    // The list as text format and the config print it, [2, 2], is taken too.
+    std::string items = trim(value);
+    if (items.size() >= 2 && items.front() == '[' && items.back() == ']')
+      items = trim(items.substr(1, items.size() - 2));
+    if (!items.empty()) {
+      std::stringstream ss(items);
       std::string item;
       while (std::getline(ss, item, ',')) parse_into(msg, trim(item));
     }

@@ -36,8 +36,9 @@ config::JobConfig parse_config_text(const std::string& text, const std::string& 
 // (an unknown component is named in the error); the value is parsed as text format would
 // (enums by name, e.g. optim.schedule=cosine; a message as {a: 1 b: 2}), except that string
 // fields take the value verbatim unless it is in double quotes, and repeated fields take a
-// comma-separated list that replaces the old one (parallel.stage_layers=1,2; an empty value
-// clears it). On error *cfg is unchanged. Returns the paths of the fields it assigned.
+// comma-separated list, bare or in brackets, that replaces the old one
+// (parallel.stage_layers=1,2 or =[1,2]; an empty value or [] clears it). On error *cfg is
+// unchanged. Returns the paths of the fields it assigned.
 std::vector<std::string> apply_override(config::JobConfig* cfg, const std::string& assignment);
 
 // The SDC check period when the config leaves it unset in deterministic mode: its measured cost

@@ -90,6 +90,10 @@ void take_last_values(CLI::App& app) {
 // its value read together: "--mtbf-s nan: must be a number > 0 (seconds)".
 constexpr char kValueFirst = '\x1f';
 
+// The name every number check of this file carries, by which parse() knows that a floating-point
+// flag is checked already (see refuse_non_finite).
+constexpr char kNumberCheck[] = "keel-number";
+
 std::string refusal(const std::string& text, const std::string& range) {
   return kValueFirst + (text.empty() ? std::string("''") : text) + ": must be " + range;
 }
@@ -149,7 +153,38 @@ CLI::Validator number_check(const Bounds& b) {
         text = buf;
         return "";
       },
-      "");
+      "", kNumberCheck);
+}
+
+// CLI11 reads "nan", "inf" and "1e400" into a double flag, and its Range check lets NaN through
+// (every comparison with NaN is false), so a flag declared without one of the checks above would
+// take them. parse() gives every floating-point flag (CLI11 names their type FLOAT) that has none
+// this one, so that no flag of any binary takes a number that is not finite.
+CLI::Validator finite_number() {
+  return number_check({-HUGE_VAL, HUGE_VAL, false, false, "a finite number"});
+}
+
+bool has_number_check(CLI::Option* opt) {
+  try {
+    opt->get_validator(kNumberCheck);
+    return true;
+  } catch (const CLI::OptionNotFound&) {
+    return false;
+  }
+}
+
+// Whether CLI11 reads the flag as a float or double: its type name is FLOAT, followed by the
+// descriptions of any checks (":FLOAT in [0.5 - 600]").
+bool is_floating_point(const CLI::Option* opt) {
+  const std::string type = opt->get_type_name();
+  return type.rfind("FLOAT", 0) == 0 && (type.size() == 5 || type[5] == ':');
+}
+
+void refuse_non_finite(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options())
+    if (is_floating_point(opt) && !has_number_check(opt))
+      opt->transform(finite_number(), kNumberCheck);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_non_finite(*sub);
 }
 
 }  // namespace
@@ -164,7 +199,7 @@ CLI::Validator whole_number(int64_t lo, int64_t hi, const std::string& unit) {
         text = std::to_string(*v);  // plain decimal digits, which CLI11 reads as they are
         return "";
       },
-      "");
+      "", kNumberCheck);
 }
 
 CLI::Validator number(double lo, double hi, const std::string& unit) {
@@ -188,6 +223,16 @@ CLI::Validator must_be(std::function<bool(const std::string&)> ok, const std::st
   return CLI::Validator(
       [ok = std::move(ok), words](std::string& text) -> std::string {
         return ok(text) ? "" : refusal(text, words);
+      },
+      "");
+}
+
+CLI::Validator refuse_if(std::function<std::string(const std::string&)> why_not) {
+  return CLI::Validator(
+      [why_not = std::move(why_not)](std::string& text) -> std::string {
+        const std::string why = why_not(text);
+        return why.empty() ? ""
+                           : kValueFirst + (text.empty() ? std::string("''") : text) + ": " + why;
       },
       "");
 }
@@ -251,6 +296,7 @@ void add_fault_flags(CLI::App& app, FaultFlags* f) {
 std::optional<int> parse(CLI::App& app, int argc, char** argv) {
   use_wrapping_formatter(app, std::make_shared<WrappingFormatter>());
   take_last_values(app);
+  refuse_non_finite(app);
   try {
     app.parse(argc, argv);
     return std::nullopt;

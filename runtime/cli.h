@@ -71,12 +71,17 @@ CLI::Validator number_under(double lo, double hi, const std::string& unit = "");
 // Any other check of a flag's value with the same message, "<flag> <value>: must be <words>":
 //   app.add_option("--prefix", ...)->check(cli::must_be(no_slash, "a name without '/'"));
 CLI::Validator must_be(std::function<bool(const std::string&)> ok, const std::string& words);
+// A check whose words depend on the value: `why_not` returns "" to take it, else the reason,
+// said as "<flag> <value>: <reason>" ("--plugin x.so: no such file").
+CLI::Validator refuse_if(std::function<std::string(const std::string&)> why_not);
 
 // Parses argv. Returns nothing to go on, or the exit status to end with: 0 after --help
 // (the generated help on stdout), 2 (recovery::kExitInputError) after a usage error, which
 // goes to stderr as "<program>: error: <what is wrong, naming the flag and value>" and then
 // "run with --help for usage". <program> is the App's name. A flag of one value given twice
-// keeps the last (a script may append one to override), as before CLI11.
+// keeps the last (a script may append one to override), as before CLI11. Every floating-point
+// flag without a check of its own above is given one that refuses NaN and infinities
+// ("--steady-s nan: must be a finite number"): CLI11 reads them, and CLI::Range passes NaN.
 std::optional<int> parse(CLI::App& app, int argc, char** argv);
 
 // The --help text parse() prints, for a binary that shows it elsewhere too.

@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "ckpt/persistent_checkpoint.h"
 #include "model/memory_estimate.h"
 #include "proto/config_loader.h"
 #include "runtime/check.h"
@@ -101,6 +102,17 @@ void check_launch(const WorkerOptions& o) {
   check_output_file("--loss-svg", o.loss_svg_path);
   check_output_file("--export-llmc", o.export_llmc_path);
   check_checkpoint_dir(o.config_path, cfg);
+  if (!o.resume_dir.empty()) {
+    // The checkpoint each rank will load, and whether anything is left to train: said once
+    // here rather than by every rank (the plugin is compared by each rank, which loads it).
+    CheckpointLayout layout;
+    layout.tp = p.tp();
+    layout.pp = p.pp();
+    layout.dp = p.dp();
+    layout.zero1 = p.zero1();
+    layout.model = describe_model(cfg);
+    check_resume(find_resume_point(o.resume_dir, layout), cfg);
+  }
   // Every rank of --nproc runs on this machine.
   check_memory(cfg, 0, o.nproc);
 }

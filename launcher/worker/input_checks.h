@@ -11,7 +11,9 @@ namespace keel {
 // Checks made by the --nproc parent before it starts any rank, so that each failure is
 // reported once: --nproc <= 4096; the config loads (a directory or missing file is named);
 // --nproc equals parallel.tp·pp·dp; the output files and checkpoint.dir can be written
-// (below); and the N ranks fit in this machine's memory (model/memory_estimate.h).
+// (below); a --resume has a usable checkpoint of this model, not past train.steps
+// (check_resume, ckpt/persistent_checkpoint.h); and the N ranks fit in this machine's memory
+// (model/memory_estimate.h).
 void check_launch(const WorkerOptions& o);
 
 // Checks made by each rank right after it read its config, before it allocates or trains:

@@ -154,6 +154,7 @@ CheckpointLayout Worker::checkpoint_layout() const {
   l.plugin_file = plugin_->path();
   l.lineage = env_.lineage;
   l.model = describe_model(cfg_);
+  l.global_batch_size = cfg_.train().global_batch_size();
   return l;
 }
 
@@ -191,6 +192,11 @@ void Worker::load_start_state() {
       ResumePoint p = find_resume_point(dir, layout, &skipped);
       for (const auto& s : skipped)
         LOG(WARNING) << "rank " << o_.rank << ": skipped checkpoint " << s;
+      if (!o_.resume_dir.empty()) {
+        // The user's resume: past train.steps it is refused here, before any step.
+        const std::string warning = check_resume(p, cfg_);
+        if (!warning.empty() && leader_ && !env_.restarted) LOG(WARNING) << warning;
+      }
       StateRewrite rw(*state_);
       load_state(p, *plugin_, cfg_, members_.topo(), o_.rank, *state_);
       rw.commit();

@@ -72,13 +72,16 @@ int hf_tensors(const keel_model_dims* dims, keel_hf_tensor* out, int capacity) {
 }
 
 int hf_config(const keel_model_dims* dims, char* out, size_t out_len) {
-  // GELU is the tanh form (gelu_new), LayerNorm's epsilon 1e-5, as in llm.c; no dropout.
+  // GELU is the tanh form (gelu_new), LayerNorm's epsilon 1e-5, as in llm.c; no dropout;
+  // attention scores scaled by 1/sqrt(head size) alone. Every field that changes what the model
+  // computes is written, so that an import compares it (model/hf_checkpoint.h).
   return std::snprintf(
       out, out_len,
       "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
       "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_ctx\": %d,\n  \"n_embd\": %d,\n"
       "  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": %d,\n"
       "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n"
+      "  \"scale_attn_weights\": true,\n  \"scale_attn_by_inverse_layer_idx\": false,\n"
       "  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n"
       "  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"float32\"\n}\n",
       dims->vocab_size, dims->seq_len, dims->seq_len, dims->hidden_size, dims->num_layers,

@@ -352,6 +352,15 @@ TEST(ConfigTest, SetOverrides) {
   c = parse_config_text("model { num_layers: 4 } parallel { pp: 2 stage_layers: [2, 2] }", "x",
                         {"parallel.stage_layers="});
   EXPECT_EQ(c.parallel().stage_layers_size(), 0);
+  // The list as text format writes it, in brackets, too (not "Expected integer, got: [").
+  c = parse_config_text("model { num_layers: 4 } parallel { pp: 2 }", "x",
+                        {"parallel.stage_layers=[3, 1]"});
+  ASSERT_EQ(c.parallel().stage_layers_size(), 2);
+  EXPECT_EQ(c.parallel().stage_layers(0), 3);
+  EXPECT_EQ(c.parallel().stage_layers(1), 1);
+  c = parse_config_text("model { num_layers: 4 } parallel { pp: 2 stage_layers: [2, 2] }", "x",
+                        {"parallel.stage_layers=[]"});
+  EXPECT_EQ(c.parallel().stage_layers_size(), 0);
 
   // A message value merges into what is there.
   c = parse_config_text("model { num_layers: 4 }", "x", {"model={hidden_size: 128 num_heads: 8}"});

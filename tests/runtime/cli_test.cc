@@ -212,5 +212,50 @@ TEST(Cli, NumberChecksTakeWhatAPersonWritesAndConvertWhatTheyChecked) {
   EXPECT_EQ(parse_numbers({"--seconds", "1e-3"}).seconds, 0.001);
 }
 
+// A floating-point flag declared with no check of runtime/cli.h, or with CLI11's own Range
+// (which passes NaN), refuses what is not a finite number all the same (issue 43, item 9), and
+// still takes a finite one; a flag with a check of its own keeps that check's words.
+TEST(Cli, EveryFloatingPointFlagRefusesNanAndInfinity) {
+  const auto run = [](const std::vector<std::string>& args) {
+    CLI::App app("a test binary", "keel-test");
+    CLI::App* sub = app.add_subcommand("sub", "a subcommand");
+    double plain = 1, ranged = 1, own = 1;
+    std::vector<double> list;
+    app.add_option("--plain", plain, "no check")->option_text("X");
+    sub->add_option("--ranged", ranged, "CLI11's range")->check(CLI::Range(0.5, 600.0));
+    app.add_option("--list", list, "several")->delimiter(',');
+    app.add_option("--own", own, "keel's check")->transform(number_above(0, "seconds"));
+    Argv a(args);
+    testing::internal::CaptureStdout();
+    testing::internal::CaptureStderr();
+    Numbers n;
+    n.rc = parse(app, a.argc(), a.argv());
+    testing::internal::GetCapturedStdout();
+    n.err = testing::internal::GetCapturedStderr();
+    n.seconds = plain + ranged + own;
+    for (double v : list) n.seconds += v;
+    return n;
+  };
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--plain", "nan"}, "--plain nan: must be a finite number"},
+      {{"--plain", "-inf"}, "--plain -inf: must be a finite number"},
+      {{"--plain", "1e400"}, "--plain 1e400: must be a finite number"},
+      {{"sub", "--ranged", "nan"}, "--ranged nan: must be a finite number"},
+      {{"sub", "--ranged", "inf"}, "--ranged inf: must be a finite number"},
+      {{"--list", "1,nan"}, "--list nan: must be a finite number"},
+      {{"--own", "nan"}, "--own nan: must be a number > 0 (seconds)"},
+  };
+  for (const auto& [args, said] : cases) {
+    const Numbers n = run(args);
+    ASSERT_TRUE(n.rc.has_value()) << args.back();
+    EXPECT_EQ(*n.rc, 2) << args.back();
+    EXPECT_EQ(n.err.rfind("keel-test: error: " + said, 0), 0u) << n.err;
+  }
+  const Numbers ok = run({"--plain", "2.5", "--list", "1,2", "--own", "1", "sub", "--ranged", "3"});
+  EXPECT_FALSE(ok.rc.has_value()) << ok.err;
+  EXPECT_EQ(ok.seconds, 2.5 + 3 + 1 + 1 + 2);
+  EXPECT_TRUE(run({"sub", "--ranged", "0.1"}).rc.has_value());  // CLI11's range still holds
+}
+
 }  // namespace
 }  // namespace keel::cli

@@ -65,14 +65,17 @@ int hf_tensors(const keel_model_dims* dims, keel_hf_tensor* out, int capacity) {
 }
 
 int hf_config(const keel_model_dims* dims, char* out, size_t out_len) {
-  // RMSNorm's epsilon is keel_ops' 1e-5; no biases; one key/value head per query head.
+  // RMSNorm's epsilon is keel_ops' 1e-5; no biases; one key/value head per query head; plain
+  // rotary positions (no rope_scaling). Every field that changes what the model computes is
+  // written, so that an import compares it (model/hf_checkpoint.h).
   return std::snprintf(
       out, out_len,
       "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
       "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n"
       "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n"
       "  \"num_key_value_heads\": %d,\n  \"max_position_embeddings\": %d,\n"
-      "  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": %.1f,\n  \"hidden_act\": \"silu\",\n"
+      "  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": %.1f,\n  \"rope_scaling\": null,\n"
+      "  \"hidden_act\": \"silu\",\n"
       "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n"
       "  \"tie_word_embeddings\": false,\n  \"torch_dtype\": \"float32\"\n}\n",
       dims->vocab_size, dims->hidden_size, dims->ffn_hidden_size, dims->num_layers, dims->num_heads,
