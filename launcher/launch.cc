@@ -54,8 +54,13 @@ namespace {
 namespace fs = std::filesystem;
 
 volatile sig_atomic_t g_signal = 0;
+// The job's first controller, once forked: a signal is passed on to it at once, also while
+// this process still waits for it to say where it listens or that etcd is up (a start that
+// waits on an unreachable --etcd must answer SIGTERM).
+volatile sig_atomic_t g_controller = 0;
 void on_signal(int sig) {
   g_signal = sig;
+  if (g_controller > 0) ::kill(pid_t(g_controller), sig);
 }
 
 std::string self_dir() {
@@ -293,6 +298,7 @@ int supervise(FirstLead f, const LaunchOptions& o, const config::JobConfig& cfg,
     _exit(code);  // not return: this process's copies of keel-launch's objects are not its own
   }
   close(fds[1]);
+  g_controller = controller;
   std::vector<pid_t> slots;
   std::thread agent0;
   std::atomic<int> agent0_code{-1};  // slot 0's agent's exit status once it ended
@@ -325,6 +331,7 @@ int supervise(FirstLead f, const LaunchOptions& o, const config::JobConfig& cfg,
   std::optional<int> ended_without_it;
   const int st = wait_controller(controller, slots, agent0_code, agent0.joinable(), &g_signal,
                                  &ended_without_it);
+  g_controller = 0;  // reaped: its pid may be another process's from now on
   int code = 1;
   const bool died = !WIFEXITED(st) || WEXITSTATUS(st) == kExitDeposed;
   if (ended_without_it) {
@@ -391,6 +398,11 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     if (o.worker_args[i] == "--inject") add_fault_file(&plan, o.worker_args[i + 1]);
   }
   const bool failover = !mpi && (nslots >= 3 || !o.etcd.empty());
+  // A setting that cannot apply is said, not silently ignored.
+  if (o.etcd_members != 3 && (nslots < 3 || !o.etcd.empty()))
+    LOG(WARNING) << "--etcd-members " << o.etcd_members << " has no effect: "
+                 << (o.etcd.empty() ? "a job of 1-2 slots starts no etcd members"
+                                    : "the job uses the cluster given with --etcd");
   check_faults(plan,
                FaultJob{.world = world,
                         .steps = cfg.train().steps(),
@@ -420,6 +432,8 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
     std::vector<std::string> skipped;
     resumed = find_resume_point(o.resume, layout, &skipped);
     for (const auto& s : skipped) LOG(WARNING) << "skipped checkpoint " << s;
+    // Past train.steps: refused here, before a run directory is made or a slot starts.
+    if (const std::string w = check_resume(*resumed, cfg); !w.empty()) LOG(WARNING) << w;
     std::printf("keel-launch: resuming from checkpoint step %lld (%s)\n",
                 static_cast<long long>(resumed->step), resumed->dir.c_str());
     std::fflush(stdout);

@@ -176,6 +176,7 @@ int lead_first(const FirstLead& f) {
   eo.leader.set_slot(0);
   eo.leader.set_pid(int(getpid()));
   eo.spec = spec;
+  eo.stop = f.stop;
   const auto on_event = [&events](const std::string& k, const EventFields& e) {
     events.write(k, e);
   };
@@ -184,10 +185,13 @@ int lead_first(const FirstLead& f) {
     etcd = start_job_etcd(agents, eo, on_event);
   } catch (const std::exception& e) {
     LOG(ERROR) << "the job's etcd: " << e.what();
-    events.write("end", EventFields().add("code", 1));
+    // Stopped from outside: 128 + the signal, as a shell says it.
+    const int code = f.stop && *f.stop ? 128 + int(*f.stop) : 1;
+    events.write("end", EventFields().add("code", code));
+    agents.set_exit_code(code);
     agents.finish();
     agents.await_shutdown(kShutdownGrace);
-    return 1;
+    return code;
   }
   // From here on every message says the term this controller leads in (agents that follow
   // the leadership in etcd drop an older term's).

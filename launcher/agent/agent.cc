@@ -525,6 +525,17 @@ int Agent::run(const volatile int* stop) {
   // Anything the controller sends proves it alive; it answers every heartbeat.
   auto last_heard = Clock::now();
   while (!(stop && *stop)) {
+    // A controller that answered and refused the handshake is up: the job's secret is not
+    // this one's (keel-ctl says the same for the same file), which no wait would mend.
+    if (!welcomed_) {
+      if (const std::string refused = client_->handshake_refused(); !refused.empty()) {
+        LOG(ERROR) << "slot " << o_.slot << ": the controller at " << o_.controller
+                   << " refused this slot's handshake (" << refused
+                   << "): the job's secret is not this one's; give --join the job's own "
+                      "run directory or secret file";
+        return kExitJoinRefused;
+      }
+    }
     if (!welcomed_ && Clock::now() > register_deadline) {
       LOG(ERROR) << "slot " << o_.slot << ": cannot reach the controller at " << o_.controller
                  << " within " << o_.register_timeout.count() / 1000 << " s";

@@ -20,6 +20,8 @@ constexpr std::chrono::milliseconds kMemberStartWait{10000};
 // Every etcd call's deadline, and how often a new cluster is asked whether it has a leader.
 constexpr std::chrono::milliseconds kCallTimeout{2000};
 constexpr std::chrono::milliseconds kHealthPoll{50};
+// How long the user's own cluster (--etcd) gets to answer at the start.
+constexpr std::chrono::milliseconds kUserClusterWait{10000};
 
 }  // namespace
 
@@ -41,15 +43,22 @@ JobEtcd start_job_etcd(AgentHost& agents, const JobEtcdOptions& o,
   j.client = std::make_unique<EtcdClient>(endpoints, kCallTimeout);
   // A new cluster takes its first Raft election (seconds: members start apart and wait out an
   // election timeout) before it takes a write; a lease granted before it would lapse unused.
-  const auto deadline = start + o.quorum_timeout;
+  // The user's cluster runs already: one that does not answer within seconds is a wrong
+  // address, said now rather than after the quorum timeout.
+  const std::chrono::milliseconds wait =
+      o.endpoints.empty() ? o.quorum_timeout : std::min(o.quorum_timeout, kUserClusterWait);
+  const auto deadline = start + wait;
   while (true) {
+    if (o.stop && *o.stop)
+      throw Error(detail::concat("stopped by a signal while waiting for etcd (", where, ")"));
     try {
       if (j.client->status().leader_id != 0) break;
     } catch (const EtcdUnavailable& e) {
       if (Clock::now() > deadline)
-        throw QuorumLost(detail::concat("etcd (", where, ") elected no leader within ",
-                                        o.quorum_timeout.count(),
-                                        " ms (detect.quorum_timeout_ms): ", e.what()));
+        throw QuorumLost(detail::concat(
+            "etcd (", where, ") ", o.endpoints.empty() ? "elected no leader" : "did not answer",
+            " within ", wait.count(), " ms",
+            o.endpoints.empty() ? " (detect.quorum_timeout_ms)" : " (--etcd)", ": ", e.what()));
     }
     agents.keep_alive();
     std::this_thread::sleep_for(kHealthPoll);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <csignal>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,7 @@ struct JobEtcdOptions {
   std::chrono::milliseconds quorum_timeout{60000};  // detect.quorum_timeout_ms
   state::Leader leader;                             // this controller
   state::JobSpec spec;                              // written once the leadership is won
+  const volatile sig_atomic_t* stop = nullptr;      // set by SIGINT/SIGTERM: give up waiting
 };
 
 struct JobEtcd {

@@ -31,7 +31,31 @@ bool ReplayCoordinator::possible(std::string* why) const {
     *why = "a replay at data parallelism 1 needs whole moments, and ZeRO-1 shards them";
     return false;
   }
+  // Enough machines for three groups, asked now: keel-ctl replay is refused before any rank
+  // is aborted for a replay that cannot run.
+  const sdc::ReplayPlan plan = plan_now();
+  if (!plan.why_not.empty()) {
+    *why = plan.why_not;
+    return false;
+  }
   return true;
+}
+
+std::vector<int> ReplayCoordinator::replay_machines() const {
+  ctx_.host->refresh();
+  const policy::ClusterView v = ctx_.members->view();
+  std::vector<int> out;
+  for (const auto& [slot, st] : v.slots)
+    if ((st == membership::SlotInfo::active && !v.ranks_on(slot).empty()) ||
+        v.ready_standbys.count(slot))
+      out.push_back(slot);
+  return out;
+}
+
+sdc::ReplayPlan ReplayCoordinator::plan_now() const {
+  const Topology& topo = ctx_.members->topo();
+  return sdc::plan_replay(replay_machines(), topo.tp() * topo.pp(),
+                          std::max(1, ctx_.members->view().workers_per_slot));
 }
 
 std::vector<std::string> ReplayCoordinator::run_phase(int phase,
@@ -85,17 +109,10 @@ std::vector<int> ReplayCoordinator::replay(int64_t step, int incident, std::stri
     *detail = "no replay: " + why;
     return {};
   }
-  ctx_.host->refresh();
-  const policy::ClusterView v = ctx_.members->view();
   const Topology& topo = ctx_.members->topo();
-  std::vector<int> machines;
-  for (const auto& [slot, st] : v.slots)
-    if ((st == membership::SlotInfo::active && !v.ranks_on(slot).empty()) ||
-        v.ready_standbys.count(slot))
-      machines.push_back(slot);
   const int ranks = topo.tp() * topo.pp();
-  const int per_slot = std::max(1, v.workers_per_slot);
-  const sdc::ReplayPlan plan = sdc::plan_replay(machines, ranks, per_slot);
+  const int per_slot = std::max(1, ctx_.members->view().workers_per_slot);
+  const sdc::ReplayPlan plan = plan_now();
   if (!plan.why_not.empty()) {
     *detail = "no replay: " + plan.why_not;
     return {};

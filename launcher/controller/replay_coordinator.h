@@ -14,6 +14,7 @@
 
 #include "launcher/controller/context.h"
 #include "proto/store_values.pb.h"
+#include "robust/sdc_replay.h"
 
 namespace keel {
 
@@ -24,7 +25,8 @@ class ReplayCoordinator {
 
   explicit ReplayCoordinator(const ControllerContext& ctx) : ctx_(ctx) {}
 
-  // Whether the job can replay now (sdc.replay on, whole moments at data parallelism 1).
+  // Whether the job can replay now (sdc.replay on, whole moments at data parallelism 1,
+  // machines for three groups among the active slots and ready standbys).
   bool possible(std::string* why) const;
   // Replays the step after `step` from snapshot `step` on groups of machines, contiguous
   // then strided, for the job's incident number `incident`; returns the machines in a
@@ -41,6 +43,10 @@ class ReplayCoordinator {
   bool take_request() { return std::exchange(requested_, false); }
 
  private:
+  // The machines a replay may use now: active slots with ranks and ready standbys.
+  std::vector<int> replay_machines() const;
+  // The replay's groups on them (why_not set when there are too few).
+  sdc::ReplayPlan plan_now() const;
   // Phase `phase` (0 contiguous, 1 strided): starts a pipeline of `ranks` replay workers
   // (`per_slot` a machine) on each group, waits up to sdc.replay_timeout_ms for the groups'
   // answers and stops the workers; each group's digest ("": an error or no answer).

@@ -17,6 +17,7 @@
 #include "parallel/tcp_store.h"
 #include "proto/config_loader.h"
 #include "runtime/check.h"
+#include "runtime/logging.h"
 
 namespace keel {
 namespace {
@@ -39,6 +40,12 @@ int run_supervisor(const WorkerOptions& o, const std::vector<std::string>& argv)
 
   ControllerOptions co;
   co.cfg = load_config(o.config_path, o.overrides);
+  // Local ranks have no standby slots: a policy that needs them is said, not silently ignored.
+  if (co.cfg.recovery().on_no_standby() != config::RecoveryConfig::fail)
+    LOG(WARNING) << o.config_path << ": recovery.on_no_standby = "
+                 << config::RecoveryConfig::OnNoStandby_Name(co.cfg.recovery().on_no_standby())
+                 << " has no effect under --nproc (no standby slots: a failed rank restarts in "
+                    "place); keel-launch --standby K gives a job standbys";
   co.job = make_job_id();
   std::optional<ResumePoint> resumed;
   if (!o.resume_dir.empty()) {

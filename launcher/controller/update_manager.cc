@@ -60,8 +60,22 @@ void UpdateManager::request(const control::UpdateRequest& rq, int64_t completed,
   u.set_mode(rq.lazy() ? report::lazy : rq.at_step() > 0 ? report::at_step : report::urgent);
   u.set_outcome(report::pending);
   if (active_ >= 0) {
+    // What is wrong with the file is said first: "still in progress" would send the user back
+    // to wait, only to be refused for the file later.
     r->set_ok(false);
-    r->set_message(detail::concat("update ", active_, " is still in progress"));
+    try {
+      Plugin::load_copy(rq.plugin());
+    } catch (const std::exception& e) {
+      r->set_message(detail::concat("refused: ", e.what()));
+      return;
+    }
+    r->set_message(detail::concat(
+        "update ", active_, " is still in progress",
+        phase_ == Phase::kProbation
+            ? detail::concat(" (on probation until step ",
+                             plan_.applied_step() + ctx_.cfg().update().probation_steps(), ")")
+            : std::string(),
+        "; ask again once it is done"));
     return;
   }
   // --at-step S switches once S steps are done: a step the job has passed (or one it never

@@ -144,8 +144,13 @@ std::optional<membership::Rebuild> Worker::setup() {
 
   state_ = make_train_state(cfg_, backend_.get(), *plugin_, members_.topo(), o_.rank);
   // A rank started alone owns its shared memory: Ctrl-C, a kill or an exit fault, which skip
-  // ~Worker, must not leave it behind.
-  if (!env_.supervised) own_segments_until_exit(env_.job, o_.rank);
+  // ~Worker, must not leave it behind; and its checkpoint directory (another job pointed at
+  // it is refused at its start, told which job writes there).
+  if (!env_.supervised) {
+    own_segments_until_exit(env_.job, o_.rank);
+    if (cfg_.checkpoint().persistent_every_steps() > 0)
+      ckpt_lock_.emplace(cfg_.checkpoint().dir(), env_.job, env_.lineage);
+  }
   SnapshotSetOptions so;
   so.job = env_.job;
   so.listen_host = listen_host_;
@@ -200,7 +205,10 @@ void Worker::make_parts(const FaultPlan& plan) {
 }
 
 void Worker::connect_store() {
-  if (o_.world_size > 1) {
+  // A rank under a controller (keel-launch, keel-worker --nproc) meets it through the job's
+  // store whatever the world size: the controller writes the epoch's rebuild there, and a
+  // one-rank job waited for ever on a store of its own.
+  if (o_.world_size > 1 || env_.supervised) {
     const StoreAddress at = store_at(o_.store_addr);
     connect_ = at.connect;
     step_store_ = at.connect_step_path();

@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 
+#include "ckpt/checkpoint_dir_lock.h"
 #include "launcher/etcd/leader_link.h"
 #include "launcher/job_env.h"
 #include "launcher/recovery_protocol.h"
@@ -211,6 +212,9 @@ class Worker {
   std::unique_ptr<UpdateWatcher> updates_;
   std::unique_ptr<Probation> probation_;
   std::unique_ptr<JobRecord> record_;
+  // A rank started alone owns its job: it holds the checkpoint directory as keel-launch and
+  // keel-worker --nproc do for theirs, so that no other job writes its steps there meanwhile.
+  std::optional<CheckpointDirLock> ckpt_lock_;
   int exit_code_ = 0;  // once the job is done: kExitWriteFailed if a file could not be written
 };
 

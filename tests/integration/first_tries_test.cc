@@ -6,6 +6,7 @@
 // and keel-ctl refuse a bad flag by its name with exit 2. (keel-bench's NaN cases are in
 // tests/bench/keel_bench_cli_test.cc, the shared check in tests/runtime/cli_test.cc.)
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -215,6 +216,89 @@ TEST(FirstTries, KeelWorkerRefusesWhatCannotTrainBeforeAnyStep) {
   // At train.steps exactly, the state loads and nothing trains.
   const JobRun at_end = run_job(dir, gpt + "--resume " + src.ck + " --set train.steps=4", {}, 60);
   EXPECT_EQ(at_end.exit_code, 0) << at_end.output;
+}
+
+// A one-rank job under each launcher trains to its end (issue 43, item 1): its rank once
+// waited for ever for an epoch record that the controller wrote to the job's store while the
+// rank read a store of its own.
+TEST(FirstTries, AOneRankJobTrainsUnderEveryLauncher) {
+  const std::string dir = temp_dir("first-tries-one-rank");
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 1"}});
+  const std::string job = "--config " + cfg + " --set train.steps=6 --set train.eval_every=0 ";
+  const JobRun nproc = run_job(temp_dir("first-tries-one-rank-nproc"), job + "--nproc 1", {}, 120);
+  EXPECT_EQ(nproc.exit_code, 0) << nproc.output;
+  EXPECT_EQ(json_number_field(nproc.report, "steps_completed"), 6) << nproc.report;
+  const JobRun local =
+      run_launch_job(temp_dir("first-tries-one-rank-local"), job + "--local 1", {}, 120);
+  EXPECT_EQ(local.exit_code, 0) << local.output;
+  EXPECT_EQ(json_number_field(local.report, "steps_completed"), 6) << local.report;
+  EXPECT_EQ(json_string_field(local.report, "param_checksum"),
+            json_string_field(nproc.report, "param_checksum"));
+  EXPECT_EQ(local.leftover_processes, 0) << local.output;
+  EXPECT_TRUE(local.leftover_shm.empty()) << local.output;
+}
+
+// An --etcd that answers nothing (issue 43, item 2): the start says so naming the endpoint
+// within seconds, and answers SIGTERM meanwhile with 128 + 15, leaving nothing behind.
+TEST(FirstTries, AnUnreachableEtcdIsNamedAndASignalEndsTheWait) {
+  const std::string dir = temp_dir("first-tries-etcd");
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 2"}});
+  const std::string job = "--config " + cfg + " --local 2 --etcd 127.0.0.1:1 --set train.steps=5";
+  const JobRun said = run_launch_job(temp_dir("first-tries-etcd-said"), job, {}, 60);
+  EXPECT_EQ(said.exit_code, 1) << said.output;
+  EXPECT_HAS(said.output, "etcd (the cluster at 127.0.0.1:1) did not answer within");
+  EXPECT_EQ(said.leftover_processes, 0) << said.output;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool sent = false;
+  const JobRun stopped = run_launch_job(
+      temp_dir("first-tries-etcd-term"), job,
+      [&](pid_t launcher) {
+        // Once the slots are up and the wait for etcd has begun.
+        if (sent || std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) return;
+        kill(launcher, SIGTERM);
+        sent = true;
+      },
+      60);
+  ASSERT_TRUE(sent) << stopped.output;
+  EXPECT_EQ(stopped.exit_code, 128 + SIGTERM) << stopped.output;
+  EXPECT_HAS(stopped.output,
+             "stopped by a signal while waiting for etcd (the cluster at 127.0.0.1:1)");
+  EXPECT_EQ(stopped.leftover_processes, 0) << stopped.output;
+}
+
+// One owner per checkpoint directory whatever starts the job (issue 43, item 6): while a lone
+// keel-worker writes its checkpoints, another lone one and a keel-worker --nproc 2 pointed at
+// the same directory are refused at their start, told which job writes there.
+TEST(FirstTries, ALoneWorkerHoldsItsCheckpointDirectory) {
+  const std::string dir = temp_dir("first-tries-ckpt-owner");
+  const std::string ck = dir + "/ck";
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 1"}});
+  const std::string sets = " --set checkpoint.persistent_every_steps=5 --set checkpoint.dir=" + ck +
+                           " --set train.eval_every=0 ";
+  std::vector<JobRun> others;
+  // The first, paced (30 ms a step) so that it still writes while the others start.
+  const JobRun first = run_job(
+      temp_dir("first-tries-ckpt-owner-a"),
+      "--config " + cfg + sets +
+          "--set train.steps=400 --fault slow@step=0,rank=0,delay_ms=30 --set "
+          "detect.slow_round_steps=0",
+      [&](pid_t) {
+        if (!others.empty() || !fs::exists(ck + "/.keel-owner")) return;
+        others.push_back(run_job(temp_dir("first-tries-ckpt-owner-b"),
+                                 "--config " + cfg + sets + "--set train.steps=10", {}, 60));
+        others.push_back(run_job(temp_dir("first-tries-ckpt-owner-c"),
+                                 "--config " + cfg + sets +
+                                     "--set train.steps=10 --set "
+                                     "parallel.dp=2 --nproc 2",
+                                 {}, 60));
+      },
+      300);
+  EXPECT_EQ(first.exit_code, 0) << first.output;
+  ASSERT_EQ(others.size(), 2u) << first.output;
+  for (const JobRun& r : others) {
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_HAS(r.output, "is writing its checkpoints there");
+  }
 }
 
 TEST(FirstTries, KeelLaunchAndKeelCtlRefuseABadFlagByItsName) {

@@ -91,7 +91,7 @@ TEST(JoinErrors, RefusedJoinsExitTwoWithTheReasonAndTheJobTrainsOn) {
   };
   std::vector<Case> cases;
   std::vector<Bounded> joins;
-  Bounded inject;
+  Bounded inject, wrong_secret;
   std::string status_before, status_after;
   int step_before = -1, step_after = -1;
   bool done = false, stopped = false;
@@ -112,6 +112,8 @@ TEST(JoinErrors, RefusedJoinsExitTwoWithTheReasonAndTheJobTrainsOn) {
         std::string endpoint, job;
         std::getline(c, endpoint);
         std::getline(c, job);
+        const std::string other_secret = dir + "/another-jobs-secret";
+        JobKey::generate().save(other_secret);
         // The job's secret given, so that what is refused is the join itself.
         const std::string join = bin_dir() + "/keel-launch --join " + endpoint + " --config " +
                                  cfg + " --run-dir " + dir + "/runs --secret-file " + job_dir +
@@ -126,6 +128,11 @@ TEST(JoinErrors, RefusedJoinsExitTwoWithTheReasonAndTheJobTrainsOn) {
             {"slot 0 in use", join + " --slot 0 --job " + job,
              "slot 0 is in use: keel-launch pid "},
         };
+        // Another job's secret: said as such at once (issue 43), not "cannot reach".
+        wrong_secret = run_bounded(bin_dir() + "/keel-launch --join " + endpoint + " --config " +
+                                       cfg + " --run-dir " + dir + "/runs --secret-file " +
+                                       other_secret + " --slot 1 --job " + job,
+                                   dir + "/join-wrong-secret.log", 8);
         step_before = launched_job_step(job_dir);
         for (size_t i = 0; i < cases.size(); ++i)
           joins.push_back(
@@ -159,6 +166,13 @@ TEST(JoinErrors, RefusedJoinsExitTwoWithTheReasonAndTheJobTrainsOn) {
     EXPECT_FALSE(contains(j.output, "cannot reach")) << j.output;
     EXPECT_EQ(j.leftovers, 0u) << j.output;
   }
+  EXPECT_EQ(wrong_secret.exit_code, 2) << wrong_secret.output;
+  EXPECT_TRUE(contains(wrong_secret.output, "refused this slot's handshake"))
+      << wrong_secret.output;
+  EXPECT_TRUE(contains(wrong_secret.output, "the job's secret is not this one's"))
+      << wrong_secret.output;
+  EXPECT_FALSE(contains(wrong_secret.output, "cannot reach")) << wrong_secret.output;
+  EXPECT_EQ(wrong_secret.leftovers, 0u) << wrong_secret.output;
   // The controller says each refusal too.
   EXPECT_EQ(count_of(r.output, "] refused keel-launch --join"), int(cases.size())) << r.output;
 
