@@ -97,6 +97,14 @@ std::string serialize(const control::Envelope& msg) {
   return bytes;
 }
 
+// `msg` as sent by an end that stamps `term` on everything (0: each message's own term).
+std::string serialize_stamped(const control::Envelope& msg, int64_t term) {
+  if (term <= 0 || msg.term() == term) return serialize(msg);
+  control::Envelope stamped = msg;
+  stamped.set_term(term);
+  return serialize(stamped);
+}
+
 // "tcp://host:port" with IPv6 hosts in brackets, as ZeroMQ expects them.
 std::string tcp_endpoint(const std::string& host, const std::string& port) {
   bool v6 = host.find(':') != std::string::npos && host.front() != '[';
@@ -347,14 +355,7 @@ std::optional<ControlServer::Incoming> ControlServer::poll(std::chrono::millisec
 }
 
 bool ControlServer::send(const std::string& identity, const control::Envelope& msg) {
-  std::string bytes;
-  if (term_ > 0 && msg.term() != term_) {
-    control::Envelope stamped = msg;
-    stamped.set_term(term_);
-    bytes = serialize(stamped);
-  } else {
-    bytes = serialize(msg);
-  }
+  const std::string bytes = serialize_stamped(msg, term_);
   try {
     // The identity frame is where ZeroMQ decides whether the message can be queued; once it
     // is accepted, the payload frame always is.
@@ -396,14 +397,7 @@ ControlClient::ControlClient(const std::string& endpoint, const std::string& ide
 }
 
 bool ControlClient::send(const control::Envelope& msg) {
-  std::string bytes;
-  if (term_ > 0 && msg.term() != term_) {
-    control::Envelope stamped = msg;
-    stamped.set_term(term_);
-    bytes = serialize(stamped);
-  } else {
-    bytes = serialize(msg);
-  }
+  const std::string bytes = serialize_stamped(msg, term_);
   try {
     return sock_.send(zmq::buffer(bytes), zmq::send_flags::dontwait).has_value();
   } catch (const zmq::error_t& e) {

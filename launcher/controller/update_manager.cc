@@ -287,23 +287,19 @@ void UpdateManager::rollback(Detected* d, membership::Rebuild* rb) {
   active_ = -1;
 }
 
+namespace {
+
+// The manager's phases as the job's record names them, in Phase's order.
+constexpr state::UpdateState::Phase kRecordedPhase[] = {
+    state::UpdateState::checking, state::UpdateState::staged, state::UpdateState::applying,
+    state::UpdateState::probation};
+
+}  // namespace
+
 state::UpdateState UpdateManager::to_proto() const {
   state::UpdateState s;
   if (active_ >= 0) {
-    switch (phase_) {
-      case Phase::kChecking:
-        s.set_phase(state::UpdateState::checking);
-        break;
-      case Phase::kStaged:
-        s.set_phase(state::UpdateState::staged);
-        break;
-      case Phase::kApplying:
-        s.set_phase(state::UpdateState::applying);
-        break;
-      case Phase::kProbation:
-        s.set_phase(state::UpdateState::probation);
-        break;
-    }
+    s.set_phase(kRecordedPhase[int(phase_)]);
     *s.mutable_plan() = plan_;
   }
   s.set_plugin_path(plugin_path_);
@@ -324,20 +320,9 @@ void UpdateManager::restore(const state::UpdateState& s) {
   last_applied_step_ = s.last_applied_step();
   plan_ = s.plan();
   active_ = s.phase() == state::UpdateState::none ? -1 : plan_.id();
-  switch (s.phase()) {
-    case state::UpdateState::checking:
-      phase_ = Phase::kChecking;
-      break;
-    case state::UpdateState::staged:
-      phase_ = Phase::kStaged;
-      break;
-    case state::UpdateState::applying:
-      phase_ = Phase::kApplying;
-      break;
-    default:
-      phase_ = Phase::kProbation;
-      break;
-  }
+  phase_ = Phase::kProbation;
+  for (int p = 0; p < int(std::size(kRecordedPhase)); ++p)
+    if (kRecordedPhase[p] == s.phase()) phase_ = Phase(p);
   // The ranks' checks are read again from the store; their deadline starts over.
   deadline_ = Clock::now() + kCheckTimeout;
   if (active_ >= 0)
