@@ -119,10 +119,7 @@ std::string Agent::standby_log_of(int index) const {
          ".log";
 }
 
-Agent::Agent(AgentOptions o) : o_(std::move(o)) {
-  // Picked once, before the controller may need them: a member is started with the whole
-  // cluster named, so every member's ports must be known first.
-  etcd_ports_ = free_tcp_ports(o_.host, 2);
+Agent::Agent(AgentOptions o) : o_(std::move(o)), member_(o_.slot, o_.host, o_.job) {
   liveness_ = detail::listen_tcp(o_.host, 0, 64);
 }
 
@@ -152,8 +149,8 @@ void Agent::send_register(bool rejoin) {
   reg->set_pid(int(getpid()));
   reg->set_workers(o_.workers);
   reg->set_job(o_.job);
-  reg->set_etcd_client_port(etcd_ports_[0]);
-  reg->set_etcd_peer_port(etcd_ports_[1]);
+  reg->set_etcd_client_port(member_.client_port());
+  reg->set_etcd_peer_port(member_.peer_port());
   reg->set_liveness_port(detail::local_port(liveness_.get()));
   client_->send(r);
 }
@@ -243,53 +240,11 @@ void Agent::stop_candidate() {
   candidate_ = 0;
 }
 
-void Agent::keep_member() {
-  if (!etcd_ || member_given_up_ || etcd_->running()) return;
-  // At most once a second; one that ends again within seconds three times (removed from the
-  // cluster while this slot was lost, its disk full) is left alone: the leader's upkeep
-  // replaces a member that cannot serve.
-  if (Clock::now() - member_started_ < kMemberRestartEvery) return;
-  member_quick_ends_ =
-      Clock::now() - member_started_ < 5 * kMemberRestartEvery ? member_quick_ends_ + 1 : 0;
-  if (member_quick_ends_ >= 3) {
-    member_given_up_ = true;
-    LOG(ERROR) << "slot " << o_.slot << ": etcd member " << etcd_->spec().name
-               << " keeps ending; not started again (see " << etcd_->spec().log_path << ")";
-    return;
-  }
-  member_started_ = Clock::now();
-  LOG(WARNING) << "slot " << o_.slot << ": etcd member " << etcd_->spec().name
-               << " ended; starting it again from its data";
-  try {
-    etcd_->restart();
-  } catch (const std::exception& e) {
-    LOG(ERROR) << "slot " << o_.slot << ": etcd member " << etcd_->spec().name
-               << " cannot be started again: " << e.what();
-  }
-}
-
 void Agent::on_etcd_start(int epoch, const control::Command& c) {
   control::Event ev;
   ev.set_kind(control::Event::etcd_started);
   try {
-    // A member this slot ran before (it was lost and came back) has ended: a new one starts.
-    if (etcd_ && !etcd_->running()) etcd_.reset();
-    member_given_up_ = false;
-    member_quick_ends_ = 0;
-    if (!etcd_) {
-      EtcdMemberSpec s;
-      s.name = c.etcd().name();
-      s.host = o_.host;
-      s.client_port = etcd_ports_[0];
-      s.peer_port = etcd_ports_[1];
-      s.data_dir = c.etcd().data_dir();
-      s.log_path = c.etcd().log_path();
-      s.cluster = c.etcd().cluster();
-      s.token = o_.job;
-      s.join_existing = c.etcd().existing();
-      etcd_ = std::make_unique<EtcdMember>(s);
-    }
-    ev.set_pid(etcd_->pid());
+    ev.set_pid(member_.start(c.etcd()));
   } catch (const std::exception& e) {
     ev.set_message(e.what());
   }
@@ -584,7 +539,7 @@ int Agent::run(const volatile int* stop) {
     }
     reap_workers();
     keep_candidate();
-    keep_member();
+    member_.keep();
     accept_liveness_probes();
     // A connection that closed and came back (a reset link, not this process's death):
     // heartbeat at once, so that the controller sees the slot back within its grace.

@@ -20,6 +20,7 @@
 
 #include <sys/types.h>
 
+#include "launcher/agent/slot_member.h"
 #include "launcher/control_plane.h"
 #include "launcher/etcd/etcd_members.h"
 #include "launcher/etcd/leader_link.h"
@@ -74,8 +75,6 @@ class Agent {
   static constexpr std::chrono::milliseconds kLeaderRecheck = timings::kLeaderRecheck;
   // How often a controller candidate that keeps dying is started again.
   static constexpr std::chrono::milliseconds kCandidateRestartEvery{1000};
-  // How often a member that keeps dying is started again.
-  static constexpr std::chrono::milliseconds kMemberRestartEvery{1000};
 
   AgentOptions o_;
   std::unique_ptr<ControlClient> client_;  // to the leader controller (controller_)
@@ -105,8 +104,7 @@ class Agent {
   std::map<int, control::Event> exited_;
   // The slot's etcd member (Command etcd_start), on the ports picked when it registered; it
   // stops with the agent.
-  std::vector<int> etcd_ports_;  // client, peer
-  std::unique_ptr<EtcdMember> etcd_;
+  SlotMember member_;
   // Register.liveness_port's socket: listening while this process lives, each connection
   // closed at once (accept_liveness_probes, every poll).
   detail::Fd liveness_;
@@ -121,14 +119,7 @@ class Agent {
   // connects to the new one and registers again. Returns whether it switched.
   bool switch_leader(std::chrono::steady_clock::duration silent);
   void start_candidate();
-  // This slot's etcd member, started by on_etcd_start, whose process ended (killed, crashed)
-  // while the slot lives: started again from its data, so that the cluster is whole again
-  // within a second without a membership change (the upkeep replaces members of lost slots
-  // only), and a second member lost later does not cost the quorum.
-  void keep_member();
-  std::chrono::steady_clock::time_point member_started_{};
-  int member_quick_ends_ = 0;
-  bool member_given_up_ = false;
+
   // A candidate that ended while the job goes on (it led and was killed, or was deposed) is
   // replaced, so that the job outlives any number of controller deaths, not just as many
   // as it had candidates.
