@@ -91,7 +91,7 @@ TEST(JoinErrors, RefusedJoinsExitTwoWithTheReasonAndTheJobTrainsOn) {
   };
   std::vector<Case> cases;
   std::vector<Bounded> joins;
-  Bounded inject, wrong_secret;
+  Bounded inject, wrong_secret, replay;
   std::string status_before, status_after;
   int step_before = -1, step_after = -1;
   bool done = false, stopped = false;
@@ -137,6 +137,10 @@ TEST(JoinErrors, RefusedJoinsExitTwoWithTheReasonAndTheJobTrainsOn) {
         for (size_t i = 0; i < cases.size(); ++i)
           joins.push_back(
               run_bounded(cases[i].args, dir + "/join" + std::to_string(i) + ".log", 8));
+        // A replay needs three groups of machines; this job has two: refused before any rank
+        // is aborted (issue 43), and the job trains on in the same epoch.
+        replay =
+            run_bounded(bin_dir() + "/keel-ctl replay --run " + job_dir, dir + "/replay.log", 8);
         // Step 0 has passed for every rank once the job reports 2 steps done.
         inject = run_bounded(bin_dir() + "/keel-ctl inject crash@step=0,rank=1 --run " + job_dir,
                              dir + "/inject.log", 8);
@@ -166,6 +170,9 @@ TEST(JoinErrors, RefusedJoinsExitTwoWithTheReasonAndTheJobTrainsOn) {
     EXPECT_FALSE(contains(j.output, "cannot reach")) << j.output;
     EXPECT_EQ(j.leftovers, 0u) << j.output;
   }
+  EXPECT_EQ(replay.exit_code, 2) << replay.output;
+  EXPECT_TRUE(contains(replay.output, "a replay needs three groups")) << replay.output;
+  EXPECT_FALSE(contains(r.output, "aborted")) << r.output;
   EXPECT_EQ(wrong_secret.exit_code, 2) << wrong_secret.output;
   EXPECT_TRUE(contains(wrong_secret.output, "refused this slot's handshake"))
       << wrong_secret.output;
