@@ -35,6 +35,13 @@ PatientStore::PatientStore(std::shared_ptr<Store> inner, std::chrono::millisecon
       before_(std::move(before)),
       refused_(std::move(refused)) {}
 
+bool PatientStore::learn_refusal(const LostLeadership& e, bool write) {
+  if (!write || !refused_ || !before_) return false;
+  refused_(e.what());
+  before_();  // throws Deposed when another controller leads now
+  return true;
+}
+
 template <class F>
 auto PatientStore::patiently(const std::string& what, bool write, F&& f)
     -> decltype(f(std::declval<Store&>())) {
@@ -45,9 +52,7 @@ auto PatientStore::patiently(const std::string& what, bool write, F&& f)
     } catch (const LostLeadership& e) {
       // Refused by etcd in passing: the leadership learns it (before() throws Deposed when
       // another leads), and the caller skips this look as it skips one out of reach.
-      if (!write || !refused_ || !before_) throw;
-      refused_(e.what());
-      before_();
+      if (!learn_refusal(e, write)) throw;
       throw CommError(what + ": refused by etcd's fence; tried again on the next look");
     }
   }
@@ -71,9 +76,7 @@ auto PatientStore::patiently(const std::string& what, bool write, F&& f)
       // lead when the write arrived. Nothing was written; the leadership learns it, and the
       // write is tried again only if `before` finds this process leading again (no other
       // controller led meanwhile), else Deposed ends its part.
-      if (!write || !refused_ || !before_) throw;
-      refused_(e.what());
-      before_();
+      if (!learn_refusal(e, write)) throw;
       if (Clock::now() > deadline)
         throw QuorumLost(detail::concat("the job's store took no ", what, " for ",
                                         patience_.count(),

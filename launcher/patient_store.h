@@ -18,6 +18,8 @@
 
 namespace keel {
 
+class LostLeadership;
+
 // No write reached a quorum of etcd within detect.quorum_timeout_ms.
 class QuorumLost : public Error {
  public:
@@ -70,6 +72,11 @@ class PatientStore : public Store {
   // first checks that this controller still leads.
   template <class F>
   auto patiently(const std::string& what, bool write, F&& f) -> decltype(f(std::declval<Store&>()));
+
+  // A write etcd refused (its fence): tells the leadership and asks `before` again, which
+  // throws Deposed when another leads. False when this store has no one to tell (the
+  // refusal is then the caller's).
+  bool learn_refusal(const LostLeadership& e, bool write);
 
   std::shared_ptr<Store> inner_;
   std::shared_ptr<Store> quick_;

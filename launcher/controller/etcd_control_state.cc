@@ -132,9 +132,7 @@ void EtcdControlState::write_all(const std::vector<std::pair<std::string, std::s
       throw;
     } catch (const LostLeadership& e) {
       // Refused by etcd: lead() campaigns again or finds the controller that took over.
-      ++refusals_;
-      LOG(WARNING) << "fenced write refused by etcd (term " << led_term_ << "): " << e.what()
-                   << ": this controller no longer leads";
+      refused(e.what());
     } catch (const std::exception& e) {
       if (Clock::now() > deadline)
         throw QuorumLost(detail::concat("etcd took no write of ", key, " for ",

@@ -40,13 +40,24 @@ class UpdateManagerTest : public testing::Test {
     ctx.members = &members;
   }
 
-  control::UpdateReply request(bool lazy = false) {
+  control::UpdateReply request(bool lazy = false, int64_t command = 0) {
     control::UpdateRequest rq;
     rq.set_plugin(plugin);
     rq.set_lazy(lazy);
     control::UpdateReply r;
-    updates.request(rq, /*completed=*/0, /*command=*/0, &r);
+    updates.request(rq, /*completed=*/0, command, &r);
     return r;
+  }
+  // Update 0, checked by both ranks, switched to by both at `step`: then on probation.
+  void apply_on_both_ranks(int64_t step) {
+    check(0, 0, true);
+    check(0, 1, true);
+    updates.poll(0);
+    store::Step s;
+    s.set_step(step);
+    set_message(*store, keys::update_applied_key(0, 0), s);
+    set_message(*store, keys::update_applied_key(0, 1), s);
+    updates.poll(step);
   }
   void check(int64_t n, int rank, bool ok, const std::string& why = "") {
     store::UpdateCheck c;
@@ -157,14 +168,7 @@ TEST_F(UpdateManagerTest, AnAcceptedUpdateAppliesAheadOfEveryRankThenPassesProba
 
 TEST_F(UpdateManagerTest, AFailureOnProbationRollsBack) {
   ASSERT_TRUE(request().ok());
-  check(0, 0, true);
-  check(0, 1, true);
-  updates.poll(0);
-  store::Step s;
-  s.set_step(3);
-  set_message(*store, keys::update_applied_key(0, 0), s);
-  set_message(*store, keys::update_applied_key(0, 1), s);
-  updates.poll(3);
+  apply_on_both_ranks(3);
   ASSERT_TRUE(updates.in_probation(5));
   Detected d;
   d.found.set_detail("loss jumped");
@@ -198,19 +202,9 @@ TEST_F(UpdateManagerTest, ALazyUpdateWaitsForTheNextRecovery) {
 // the job's record (to_proto), and a manager restored from it rolls the update back on a
 // failure, as the one that applied it would have; a command's update is found by its number.
 TEST_F(UpdateManagerTest, ANewLeaderRollsBackAnUpdateOnProbation) {
-  control::UpdateRequest rq;
-  rq.set_plugin(plugin);
-  control::UpdateReply r;
-  updates.request(rq, /*completed=*/0, /*command=*/7, &r);
+  const control::UpdateReply r = request(/*lazy=*/false, /*command=*/7);
   ASSERT_TRUE(r.ok()) << r.message();
-  check(0, 0, true);
-  check(0, 1, true);
-  updates.poll(0);
-  store::Step s;
-  s.set_step(3);
-  set_message(*store, keys::update_applied_key(0, 0), s);
-  set_message(*store, keys::update_applied_key(0, 1), s);
-  updates.poll(3);
+  apply_on_both_ranks(3);
   ASSERT_TRUE(updates.in_probation(5));
   const state::UpdateState saved = updates.to_proto();
   EXPECT_EQ(saved.phase(), state::UpdateState::probation);
