@@ -36,13 +36,20 @@ policy::LadderMemory ladder_memory(const state::LadderMemory& r) {
 }
 
 std::string job_state_key(const state::JobState& js) {
-  state::JobState k = js;
-  k.clear_term();
-  for (auto& slot : *k.mutable_membership()->mutable_slots()) {
-    slot.clear_state();  // the link; the role is kept
-    slot.clear_host();
+  // Only what changes between transitions, copied: the rank -> slot map and the Rebuild (the
+  // size of the job) change with a transition, which writes the record itself.
+  state::JobState k;
+  for (const auto& s : js.membership().slots()) {
+    membership::SlotInfo* slot = k.mutable_membership()->add_slots();
+    *slot = s;
+    slot->clear_state();  // the link; the role is kept
+    slot->clear_host();
   }
-  // The Rebuild's renumber map: a map's order is not fixed unless asked for.
+  *k.mutable_stops() = js.stops();
+  *k.mutable_ladder() = js.ladder();
+  *k.mutable_update() = js.update();
+  k.set_commands(js.commands());
+  k.set_commands_done(js.commands_done());
   std::string out;
   {
     google::protobuf::io::StringOutputStream raw(&out);

@@ -18,9 +18,11 @@ policy::StopMemory stop_memory(const state::StopCounts& c);
 state::LadderMemory ladder_record(const policy::LadderMemory& m);
 policy::LadderMemory ladder_memory(const state::LadderMemory& r);
 
-// What of the record is worth a write between epoch transitions: everything but each slot's
-// link (lost or up: the agents' to tell a new leader) and the term (the writer's stamp),
-// serialized deterministically. Equal keys: nothing to write.
+// What of the record is worth a write between epoch transitions, serialized: each slot's role
+// and standby check (not its link, lost or up: the agents' to tell a new leader), the
+// decisions' memory, the update and the command log's progress; not the rank -> slot map or
+// the Rebuild, which only a transition changes, and it writes the record itself (so the key
+// stays small at 100k ranks). Equal keys: nothing to write.
 std::string job_state_key(const state::JobState& js);
 
 }  // namespace keel
