@@ -146,6 +146,17 @@ void resolve_resume(LaunchOptions* o) {
   o->resume = fs::absolute(ck).string();
 }
 
+// The failure domain Slurm's topology gives this machine: the leaf switch of
+// SLURM_TOPOLOGY_ADDR ("s0.s2.node7" -> "s0.s2"; set by srun under a topology plugin), or ""
+// when Slurm gives none (or only the node itself).
+std::string slurm_failure_domain() {
+  const char* addr = std::getenv("SLURM_TOPOLOGY_ADDR");
+  if (!addr) return "";
+  const std::string a = addr;
+  const size_t dot = a.rfind('.');
+  return dot == std::string::npos ? "" : a.substr(0, dot);
+}
+
 int run_agent(const LaunchOptions& o, const config::JobConfig& cfg, int slot,
               const std::string& endpoint, const std::string& job, const std::string& host) {
   AgentOptions a;
@@ -157,6 +168,7 @@ int run_agent(const LaunchOptions& o, const config::JobConfig& cfg, int slot,
   a.zero1 = cfg.parallel().zero1();
   a.job = job;
   a.controller_timeout = std::chrono::milliseconds(cfg.detect().controller_timeout_ms());
+  a.failure_domain = o.failure_domain.empty() ? slurm_failure_domain() : o.failure_domain;
   fs::create_directories(a.log_dir);
   Agent agent(a);
   return agent.run(reinterpret_cast<const volatile int*>(&g_signal));
@@ -314,6 +326,11 @@ int supervise(FirstLead f, const LaunchOptions& o, const config::JobConfig& cfg,
         for (const auto& s : o.overrides) argv.insert(argv.end(), {"--set", s});
         if (o.workers_per_slot > 0)
           argv.insert(argv.end(), {"--workers-per-slot", std::to_string(o.workers_per_slot)});
+        // One label for every slot, or slot k's own.
+        const std::vector<std::string> domains = split(o.failure_domain, ',', true);
+        if (!domains.empty())
+          argv.insert(argv.end(),
+                      {"--failure-domain", domains.size() == 1 ? domains[0] : domains[size_t(k)]});
         // SIGTERM, not SIGKILL, when keel-launch dies: the slot's agent then stops its workers
         // and removes the job's shared memory before it goes (launcher/agent/agent.h).
         slots.push_back(spawn_child(argv, {}, "", SIGTERM));
@@ -399,7 +416,7 @@ int run_slot0(const LaunchOptions& o, const config::JobConfig& cfg, int nslots, 
   }
   const bool failover = !mpi && (nslots >= 3 || !o.etcd.empty());
   // A setting that cannot apply is said, not silently ignored.
-  if (o.etcd_members != 3 && (nslots < 3 || !o.etcd.empty()))
+  if (o.etcd_members != 0 && (nslots < 3 || !o.etcd.empty()))
     LOG(WARNING) << "--etcd-members " << o.etcd_members << " has no effect: "
                  << (o.etcd.empty() ? "a job of 1-2 slots starts no etcd members"
                                     : "the job uses the cluster given with --etcd");

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "runtime/cli.h"
+#include "runtime/text.h"
 
 namespace keel {
 namespace {
@@ -51,6 +52,19 @@ std::string etcd_endpoints_problem(const std::string& list) {
     if (comma == std::string::npos) return "";
     start = comma + 1;
   }
+}
+
+// --failure-domain: labels of letters, digits and ._:- (at most 64 each), comma-separated.
+std::string failure_domain_problem(const std::string& list) {
+  for (const std::string& label : split(list, ',', /*skip_empty=*/false)) {
+    if (label.empty() || label.size() > 64 ||
+        label.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                "0123456789._:-") != std::string::npos)
+      return "'" + label +
+             "' is not a failure domain label (1 to 64 letters, digits and ._:-; several "
+             "comma-separated under --local)";
+  }
+  return "";
 }
 
 // The flags keel-launch does not read but hands to every keel-worker, in the order given.
@@ -115,10 +129,19 @@ void add_launch_flags(LaunchCli* c, LaunchOptions* o) {
   app.add_option("--host", o->host, "internal: the candidate's slot address (with --candidate)")
       ->type_name("ADDR");
   app.add_option("--etcd-members", o->etcd_members,
-                 "a job of 3+ slots keeps its control state in etcd: this many members (3 or 5) "
-                 "start beside the first slots (a job of 1-2 slots keeps it in keel-launch's "
-                 "memory: there is nothing to fail over to)")
+                 "a job of 3+ slots keeps its control state in etcd: this many members (3 "
+                 "survive one lost machine, 5 two) start on slots spread over the failure "
+                 "domains and slot numbers; default: 5 for jobs of 5+ slots (standbys "
+                 "included), else 3 (a job of 1-2 slots keeps it in keel-launch's memory: there "
+                 "is nothing to fail over to)")
       ->type_name("N");
+  app.add_option("--failure-domain", o->failure_domain,
+                 "the failure domain of this machine (a rack, a power feed: what one failure "
+                 "takes together), for placing the job's etcd members; under --local one label "
+                 "per slot, comma-separated, or one for all; default: the leaf switch of "
+                 "Slurm's SLURM_TOPOLOGY_ADDR, else not known")
+      ->type_name("LABEL")
+      ->check(cli::refuse_if(failure_domain_problem));
   app.add_option("--etcd", o->etcd,
                  "use this etcd cluster (host:port,... of its members) for the job's control "
                  "state instead of starting members")
@@ -145,7 +168,7 @@ std::optional<int> parse_launch_options(int argc, char** argv, LaunchOptions* o)
     return cli::usage_error(c.app, "--slots N cannot be combined with --local or --join");
   if (!o->join.empty() && (o->slot < 0 || o->job.empty()))
     return cli::usage_error(c.app, "--join needs --slot K and --job ID");
-  if (o->etcd_members != 3 && o->etcd_members != 5)
+  if (o->etcd_members != 0 && o->etcd_members != 3 && o->etcd_members != 5)
     return cli::usage_error(c.app, "--etcd-members " + std::to_string(o->etcd_members) +
                                        ": 3 or 5 (a quorum survives the loss of 1 or 2)");
   if (!o->etcd_data.empty() && o->etcd_data != "run" && o->etcd_data != "shm")
@@ -153,6 +176,12 @@ std::optional<int> parse_launch_options(int argc, char** argv, LaunchOptions* o)
   o->config_path = c.job.config;
   o->overrides = c.job.set;
   o->local = c.slots.local;
+  const size_t domains = split(o->failure_domain, ',').size();
+  if (!o->failure_domain.empty() && domains > 1 && domains != size_t(o->local))
+    return cli::usage_error(
+        c.app, "--failure-domain " + o->failure_domain + ": " + std::to_string(domains) +
+                   " labels; one for this machine, or under --local one per slot (" +
+                   std::to_string(o->local) + ")");
   o->standby = c.slots.standby;
   o->workers_per_slot = c.slots.workers_per_slot;
   // Each occurrence of a passthrough flag, in the order given across all of them: the k-th

@@ -31,7 +31,10 @@ struct LaunchOptions {
   bool quiet = false;
   // The job's control state in etcd (jobs of 3+ slots): members keel starts beside the first
   // slots, or an existing cluster's endpoints, and where members keep their data.
-  int etcd_members = 3;   // --etcd-members 3|5
+  int etcd_members = 0;  // --etcd-members 3|5 (0: 5 for jobs of 5+ slots, else 3)
+  // --failure-domain LABEL: this machine's (under --local, LABEL,... one per slot, or one for
+  // all); "": Slurm's topology if it gives one, else not known.
+  std::string failure_domain;
   std::string etcd;       // --etcd host:port,...
   std::string etcd_data;  // --etcd-data run|shm ("": shm under --local, else run)
   // --candidate: a controller candidate of job --job on slot --slot (started by the slot's

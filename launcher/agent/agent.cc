@@ -152,6 +152,7 @@ void Agent::send_register(bool rejoin) {
   reg->set_etcd_client_port(member_.client_port());
   reg->set_etcd_peer_port(member_.peer_port());
   reg->set_liveness_port(detail::local_port(liveness_.get()));
+  reg->set_failure_domain(o_.failure_domain);
   client_->send(r);
 }
 

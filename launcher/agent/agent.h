@@ -32,12 +32,13 @@ namespace keel {
 
 struct AgentOptions {
   int slot = 0;
-  int workers = 1;         // worker capacity of the slot
-  std::string host;        // the slot's reachable address, for the controller
-  std::string controller;  // the control plane's endpoint
-  std::string log_dir;     // each worker's stdout and stderr: log_dir/rank<R>.log
-  bool zero1 = false;      // parallel.zero1: with the layout, whose backups a rank holds
-  std::string job;         // names the job's shared memory
+  int workers = 1;             // worker capacity of the slot
+  std::string host;            // the slot's reachable address, for the controller
+  std::string controller;      // the control plane's endpoint
+  std::string log_dir;         // each worker's stdout and stderr: log_dir/rank<R>.log
+  bool zero1 = false;          // parallel.zero1: with the layout, whose backups a rank holds
+  std::string job;             // names the job's shared memory
+  std::string failure_domain;  // Register.failure_domain ("": not known)
   // How long the agent tries to reach the controller before it gives up (exit 1): the
   // controller binds before any slot starts, so only a wrong endpoint or a dead controller
   // takes this long.

@@ -122,6 +122,7 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     a.pid = reg.pid();
     a.etcd_client_port = reg.etcd_client_port();
     a.liveness_port = reg.liveness_port();
+    a.failure_domain = reg.failure_domain();
     a.process_gone = false;
     a.etcd_peer_port = reg.etcd_peer_port();
     a.last_heartbeat = Clock::now();

@@ -113,12 +113,14 @@ class AgentHost : public RankHost {
   // without an answer for detect.controller_timeout_ms.
   void keep_alive() { poll_plane(); }
 
-  // Starts an etcd member on each of slots 0..n-1 (agent_host_etcd.cc), named "slot<k>", on
-  // the ports each registered, data under `data_root`/slot<k>, logs under `log_dir`, and
-  // waits up to `timeout` for every agent to say its process runs (not that the cluster is
-  // healthy: the caller's client waits for that). Returns their client endpoints
-  // ("host:port"). Throws keel::Error naming the slot and why one could not be started.
-  std::vector<std::string> start_etcd_members(int n, const std::string& data_root,
+  // Starts an etcd member on each of `slots` (agent_host_etcd.cc; robust/etcd_member_place.h
+  // chooses them), named "slot<k>", on the ports each registered, data under
+  // `data_root`/slot<k>, logs under `log_dir`, and waits up to `timeout` for every agent to say
+  // its process runs (not that the cluster is healthy: the caller's client waits for that).
+  // Returns their client endpoints ("host:port"). Throws keel::Error naming the slot and why
+  // one could not be started.
+  std::vector<std::string> start_etcd_members(const std::vector<int>& slots,
+                                              const std::string& data_root,
                                               const std::string& log_dir,
                                               std::chrono::milliseconds timeout);
   // One member named `name` on `slot`, added to the running cluster (EtcdClient::member_add,
@@ -136,6 +138,8 @@ class AgentHost : public RankHost {
   std::optional<std::chrono::steady_clock::time_point> lost_silent_since(int slot) const;
   bool slot_up(int slot) const { return up(slot); }
   int slot_count() const { return int(agents_.size()); }
+  // Each slot's failure domain as its agent registered it ("": not known).
+  std::vector<std::string> failure_domains() const;
 
  private:
   // What the transport knows of a slot's agent.
@@ -150,6 +154,7 @@ class AgentHost : public RankHost {
     int registrations = 0;                         // Register messages received
     int etcd_client_port = 0, etcd_peer_port = 0;  // free on its host when it registered
     int liveness_port = 0;                         // Register.liveness_port
+    std::string failure_domain;                    // Register.failure_domain
     bool process_gone = false;  // its closed connection's probe was refused (for the message)
     std::chrono::milliseconds close_grace{0};  // how long closed_at waits for it to come back
     std::chrono::steady_clock::time_point reprobed_at;  // its port answered: the last retry

@@ -1,5 +1,6 @@
-// AgentHost::start_etcd_members: the job's etcd cluster, one member beside each of the first
-// slots (DESIGN.md, Processes), started by their agents on the ports they registered.
+// AgentHost::start_etcd_members: the job's etcd cluster, one member beside each of the slots
+// robust/etcd_member_place.h chooses (DESIGN.md, Processes), started by their agents on the
+// ports they registered.
 #include <chrono>
 
 #include "launcher/control_plane.h"
@@ -23,16 +24,19 @@ control::Envelope AgentHost::etcd_start(const std::string& name, const std::stri
   return m;
 }
 
-std::vector<std::string> AgentHost::start_etcd_members(int n, const std::string& data_root,
+std::vector<std::string> AgentHost::start_etcd_members(const std::vector<int>& slots,
+                                                       const std::string& data_root,
                                                        const std::string& log_dir,
                                                        std::chrono::milliseconds timeout) {
-  KEEL_CHECK(n >= 1 && n <= int(agents_.size()), "etcd members: ", n, " of ", agents_.size(),
-             " slots");
-  std::vector<EtcdMemberSpec> specs(static_cast<size_t>(n));
-  for (int k = 0; k < n; ++k) {
-    const Agent& a = agents_[size_t(k)];
-    EtcdMemberSpec& s = specs[size_t(k)];
-    s.name = "slot" + std::to_string(k);
+  KEEL_CHECK(!slots.empty() && slots.size() <= agents_.size(), "etcd members: ", slots.size(),
+             " of ", agents_.size(), " slots");
+  std::vector<EtcdMemberSpec> specs(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    KEEL_CHECK(slots[i] >= 0 && size_t(slots[i]) < agents_.size(), "etcd member on slot ", slots[i],
+               " of ", agents_.size());
+    const Agent& a = agents_[size_t(slots[i])];
+    EtcdMemberSpec& s = specs[i];
+    s.name = "slot" + std::to_string(slots[i]);
     s.host = a.host;
     s.client_port = a.etcd_client_port;
     s.peer_port = a.etcd_peer_port;
@@ -40,14 +44,20 @@ std::vector<std::string> AgentHost::start_etcd_members(int n, const std::string&
   const std::string cluster = etcd_cluster(specs);
   etcd_replies_.clear();
   std::vector<std::string> endpoints;
-  for (int k = 0; k < n; ++k) {
-    send(k, etcd_start(specs[size_t(k)].name, cluster, data_root, log_dir, /*existing=*/false));
-    endpoints.push_back(kEtcdTlsScheme + specs[size_t(k)].host + ":" +
-                        std::to_string(specs[size_t(k)].client_port));
+  for (size_t i = 0; i < slots.size(); ++i) {
+    send(slots[i], etcd_start(specs[i].name, cluster, data_root, log_dir, /*existing=*/false));
+    endpoints.push_back(kEtcdTlsScheme + specs[i].host + ":" +
+                        std::to_string(specs[i].client_port));
   }
-  wait_until([&] { return int(etcd_replies_.size()) == n; }, timeout);
-  for (int k = 0; k < n; ++k) check_etcd_reply(k, timeout);
+  wait_until([&] { return etcd_replies_.size() == slots.size(); }, timeout);
+  for (int k : slots) check_etcd_reply(k, timeout);
   return endpoints;
+}
+
+std::vector<std::string> AgentHost::failure_domains() const {
+  std::vector<std::string> d;
+  for (const Agent& a : agents_) d.push_back(a.failure_domain);
+  return d;
 }
 
 void AgentHost::check_etcd_reply(int slot, std::chrono::milliseconds timeout) const {

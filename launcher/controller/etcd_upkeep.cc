@@ -6,6 +6,7 @@
 #include "launcher/controller/agent_host.h"
 #include "parallel/socket_util.h"
 #include "parallel/tcp_store.h"
+#include "robust/etcd_member_place.h"
 #include "robust/raft_leader_place.h"
 #include "runtime/logging.h"
 
@@ -71,12 +72,12 @@ EtcdUpkeep::EtcdUpkeep(AgentHost* agents, EtcdClient* client, state::EtcdMembers
       controller_slot_(controller_slot),
       changed_at_(std::chrono::steady_clock::now()) {}
 
-state::EtcdMembers EtcdUpkeep::first(const AgentHost& agents, int n, const std::string& data_root,
-                                     const std::string& log_dir) {
+state::EtcdMembers EtcdUpkeep::first(const AgentHost& agents, const std::vector<int>& slots,
+                                     const std::string& data_root, const std::string& log_dir) {
   state::EtcdMembers m;
   m.set_data_root(data_root);
   m.set_log_dir(log_dir);
-  for (int k = 0; k < n; ++k) {
+  for (int k : slots) {
     auto* x = m.add_members();
     x->set_slot(k);
     x->set_name("slot" + std::to_string(k));
@@ -154,9 +155,12 @@ void EtcdUpkeep::maintain() {
   for (const auto& m : members_.members())
     if (m.slot() < agents_->slot_count() && agents_->slot_lost(m.slot())) lost = m.slot();
   if (lost < 0) return;
-  int to = -1;
-  for (int k = 0; k < agents_->slot_count() && to < 0; ++k)
-    if (agents_->slot_up(k) && !on(k)) to = k;
+  std::vector<int> free_slots, kept;
+  for (int k = 0; k < agents_->slot_count(); ++k)
+    if (agents_->slot_up(k) && !on(k)) free_slots.push_back(k);
+  for (const auto& m : members_.members())
+    if (m.slot() != lost) kept.push_back(m.slot());
+  const int to = etcd_replacement_slot(free_slots, kept, agents_->failure_domains());
   if (to < 0) return;  // no live slot without a member: wait for one
   const state::EtcdMembers::Member old = *on(lost);
   const auto now = std::chrono::steady_clock::now();

@@ -1,6 +1,7 @@
 // Keeps the job's etcd at strength as machines come and go (DESIGN.md, Control state and
 // failover): a member whose slot is lost is removed from the cluster and a new one is added
-// and started on a live slot that runs none (Raft reconfiguration, one member at a time,
+// and started on a live slot that runs none, in the failure domain with the fewest members
+// (robust/etcd_member_place.h; Raft reconfiguration, one member at a time,
 // while the other members hold quorum). Without it, a job of 3 members that loses two of its
 // first three slots over its life, one at a time, would lose quorum although each loss alone
 // was survivable. A member cut off by a partition is removed only some seconds after its
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "launcher/controller/event_fields.h"
 #include "launcher/etcd/etcd_client.h"
@@ -33,9 +35,9 @@ class EtcdUpkeep {
              std::function<void(const std::string&, const EventFields&)> on_event,
              int controller_slot);
 
-  // The record of the `n` members keel starts on slots 0..n-1 (named slot<k>).
-  static state::EtcdMembers first(const AgentHost& agents, int n, const std::string& data_root,
-                                  const std::string& log_dir);
+  // The record of the members keel starts on `slots` (named slot<k>).
+  static state::EtcdMembers first(const AgentHost& agents, const std::vector<int>& slots,
+                                  const std::string& data_root, const std::string& log_dir);
 
   // Replaces the member of one lost slot, if any: at most one change a call, so that each
   // runs on a cluster that has taken the one before. A change that fails is tried again at

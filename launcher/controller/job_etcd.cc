@@ -7,6 +7,7 @@
 #include "launcher/controller/agent_host.h"
 #include "launcher/etcd/etcd_store.h"
 #include "proto/store_keys.h"
+#include "robust/etcd_member_place.h"
 #include "runtime/check.h"
 #include "runtime/text.h"
 
@@ -31,14 +32,20 @@ JobEtcd start_job_etcd(AgentHost& agents, const JobEtcdOptions& o,
   if (o.endpoints.empty() && o.slots < 3) return j;
   const auto start = Clock::now();
   std::vector<std::string> endpoints;
+  std::vector<int> member_slots;
   std::string where;
   if (!o.endpoints.empty()) {
     endpoints = split(o.endpoints, ',', /*skip_empty=*/true);
     where = "the cluster at " + o.endpoints;
   } else {
-    const int n = std::min(o.members, o.slots);
-    endpoints = agents.start_etcd_members(n, o.data_root, o.log_dir, kMemberStartWait);
-    where = detail::concat(n, " members on slots 0-", n - 1, " (", join(endpoints, ','), ")");
+    member_slots =
+        place_etcd_members(etcd_member_count(o.slots, o.members), agents.failure_domains());
+    endpoints = agents.start_etcd_members(member_slots, o.data_root, o.log_dir, kMemberStartWait);
+    std::vector<std::string> at;
+    for (int k : member_slots) at.push_back(std::to_string(k));
+    where = detail::concat(member_slots.size(), " members on slots ", join(at, ','), " (",
+                           join(endpoints, ','), "; a quorum survives ",
+                           etcd_members_survive(int(member_slots.size())), ")");
   }
   j.client = std::make_unique<EtcdClient>(endpoints, kCallTimeout);
   // A new cluster takes its first Raft election (seconds: members start apart and wait out an
@@ -77,7 +84,7 @@ JobEtcd start_job_etcd(AgentHost& agents, const JobEtcdOptions& o,
   j.candidates = std::min(o.slots, int(o.endpoints.empty() ? endpoints.size() : 3));
   if (o.endpoints.empty()) {
     const state::EtcdMembers first =
-        EtcdUpkeep::first(agents, int(endpoints.size()), o.data_root, o.log_dir);
+        EtcdUpkeep::first(agents, member_slots, o.data_root, o.log_dir);
     j.state->etcd_members(first);
     j.upkeep = std::make_unique<EtcdUpkeep>(
         &agents, j.client.get(), first,

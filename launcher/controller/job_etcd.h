@@ -24,7 +24,7 @@ inline constexpr std::chrono::seconds kControllerLeaseTtl =
 
 struct JobEtcdOptions {
   int slots = 0;          // the job's slots (members start with 3 or more)
-  int members = 3;        // --etcd-members
+  int members = 0;        // --etcd-members (0: by the job's size, etcd_member_count)
   std::string endpoints;  // --etcd: the user's cluster ("" : start members)
   std::string data_root;  // members' data: DATA_ROOT/slot<k>
   std::string log_dir;    // members' logs: LOG_DIR/etcd-slot<k>.log
@@ -41,8 +41,9 @@ struct JobEtcd {
   // The job's store in this etcd (launcher/etcd/etcd_store.h), as the spec records it.
   std::string store_addr;
   int candidates = 0;  // the slots that run a controller candidate: 0..candidates-1
-  // For the console, once: where etcd runs and what its start cost, e.g. "etcd: 3 members on
-  // slots 0-2 (127.0.0.1:40101,...), up and led in 1.42 s".
+  // For the console, once: where etcd runs and what its start cost, e.g. "etcd: 5 members on
+  // slots 0,1,2,3,4 (127.0.0.1:40101,...; a quorum survives two lost machines), up and led
+  // in 1.42 s".
   std::string summary;
 };
 
