@@ -107,7 +107,11 @@ std::shared_ptr<Store> leaders_store(const std::string& address,
                                      const std::unique_ptr<EtcdControlState>* state) {
   auto guard = [state] { return *state ? (*state)->guard() : EtcdGuard{}; };
   return std::make_shared<PatientStore>(
-      connect_fenced_etcd_store(address, guard), quorum_timeout, std::move(idle),
+      connect_fenced_etcd_store(address, guard), quorum_timeout,
+      [idle = std::move(idle), state] {
+        idle();
+        if (*state) (*state)->check_quorum_left();
+      },
       [state] {
         if (*state) (*state)->check_leading();
       },
@@ -326,6 +330,7 @@ int lead_as_candidate(const LaunchOptions& o, const volatile sig_atomic_t* stop)
         &agents, &client, *members,
         [&state](const state::EtcdMembers& x) { state->etcd_members(x); },
         [&events](const std::string& k, const EventFields& f) { events.write(k, f); }, o.slot);
+  if (upkeep) state->give_up_when([u = upkeep.get()] { u->check_quorum(); });
   return run_and_end(co, agents, control, store, events, &state, upkeep.get(), &client);
 }
 

@@ -107,6 +107,7 @@ void EtcdControlState::lead(Clock::time_point deadline) {
       throw QuorumLost(detail::concat("the controller could not win the job's leadership within ",
                                       quorum_timeout_.count(), " ms (detect.quorum_timeout_ms)"));
     if (idle_) idle_();
+    check_quorum_left();
     std::this_thread::sleep_for(kRetryPause);
   }
   led_term_ = election_->guard().create_revision;
@@ -144,6 +145,7 @@ void EtcdControlState::write_all(const std::vector<std::pair<std::string, std::s
       said = true;
     }
     if (idle_) idle_();
+    check_quorum_left();
     std::this_thread::sleep_for(kRetryPause);
   }
 }

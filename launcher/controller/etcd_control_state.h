@@ -102,6 +102,16 @@ class EtcdControlState {
   // The leadership's term (its key's create revision).
   int64_t term() const;
 
+  // `check` runs wherever this controller waits for etcd (beside `idle`, and in the ranks'
+  // store of lead.cc's leaders_store through check_quorum_left): it throws QuorumLost when
+  // waiting cannot help, the members left being too few for a quorum and the others known
+  // dead (EtcdUpkeep::check_quorum), so that the job stops at once instead of after
+  // detect.quorum_timeout_ms.
+  void give_up_when(std::function<void()> check) { give_up_ = std::move(check); }
+  void check_quorum_left() const {
+    if (give_up_) give_up_();
+  }
+
  private:
   // Writes key = value fenced on the leadership, trying again as the header says.
   void write(const std::string& key, const std::string& value);
@@ -116,7 +126,8 @@ class EtcdControlState {
   const std::chrono::milliseconds quorum_timeout_;
   std::unique_ptr<LeaderElection> election_;
   std::function<void()> idle_;
-  int64_t led_term_ = 0;  // the term this controller last led in (0: it never led)
+  std::function<void()> give_up_;  // give_up_when
+  int64_t led_term_ = 0;           // the term this controller last led in (0: it never led)
   int64_t refusals_ = 0;
 };
 

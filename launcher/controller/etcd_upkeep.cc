@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "launcher/controller/agent_host.h"
+#include "launcher/patient_store.h"
 #include "parallel/socket_util.h"
 #include "parallel/tcp_store.h"
 #include "robust/etcd_member_place.h"
 #include "robust/raft_leader_place.h"
 #include "runtime/logging.h"
+#include "runtime/text.h"
 
 namespace keel {
 namespace {
@@ -37,6 +40,8 @@ constexpr std::chrono::milliseconds kLeaderCheckEvery{5000};
 constexpr std::chrono::milliseconds kMembersSettled{10000};
 constexpr std::chrono::milliseconds kStatusDeadline{200};
 constexpr std::chrono::milliseconds kMoveDeadline{1000};
+// How often check_quorum probes the lost members' ports while the controller waits for etcd.
+constexpr std::chrono::milliseconds kQuorumCheckEvery{500};
 // After a move that failed: the next try waits longer (whatever refused it may last).
 constexpr std::chrono::milliseconds kAfterFailedMove{30000};
 
@@ -147,6 +152,38 @@ void EtcdUpkeep::keep_raft_leader_home() {
   leader_stays_because_.clear();
   if (on_event_)
     on_event_("etcd_leader_moved", EventFields().add("slot", move.to_slot).add("took_ms", ms));
+}
+
+namespace {
+std::string join_with(const std::vector<std::string>& parts, const std::string& sep) {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : sep) + p;
+  return out;
+}
+}  // namespace
+
+void EtcdUpkeep::check_quorum() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - quorum_checked_at_ < kQuorumCheckEvery) return;
+  quorum_checked_at_ = now;
+  std::vector<std::string> gone;
+  for (const auto& m : members_.members()) {
+    const int k = m.slot();
+    const bool dead = k < agents_->slot_count() && agents_->slot_lost(k) &&
+                      !agents_->lost_silent_since(k) && member_process_gone(m.peer_url());
+    if (dead) gone.push_back(m.name() + " (slot " + std::to_string(k) + ")");
+  }
+  const int n = members_.members_size();
+  const int left = n - int(gone.size());
+  if (left > n / 2) return;
+  throw QuorumLost(detail::concat(
+      "the job's etcd lost its quorum for good: member(s) ", join_with(gone, ", "),
+      " are gone with their machines (their agents' connections closed, their ports refuse), ",
+      left, " of ", n,
+      " left, and no write can be made without a majority; the job cannot go "
+      "on. Start it again from its newest persistent checkpoint: keel-launch --resume ",
+      // The members' logs are in the run directory's logs/.
+      std::filesystem::path(members_.log_dir()).parent_path().string()));
 }
 
 void EtcdUpkeep::maintain() {

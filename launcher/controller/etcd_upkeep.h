@@ -50,6 +50,13 @@ class EtcdUpkeep {
   // check, all at once, with a short deadline. Runs in maintain().
   void keep_raft_leader_home();
 
+  // Throws QuorumLost, naming the members and the way out, when the members left cannot form
+  // a quorum and the others are known dead: their slots lost with their agents' connections
+  // closed (not silent: a cut-off machine may come back) and their peer ports refusing. Else
+  // returns, and the caller waits for etcd as before (detect.quorum_timeout_ms). Probes at
+  // most every kQuorumCheckEvery (the .cc).
+  void check_quorum();
+
   // Members replaced so far.
   int replaced() const { return members_.replaced(); }
 
@@ -62,7 +69,8 @@ class EtcdUpkeep {
   state::EtcdMembers members_;
   std::function<void(const state::EtcdMembers&)> record_;
   std::function<void(const std::string&, const EventFields&)> on_event_;
-  std::chrono::steady_clock::time_point probed_at_;  // the last probe of a silent member
+  std::chrono::steady_clock::time_point probed_at_;            // the last probe of a silent member
+  std::chrono::steady_clock::time_point quorum_checked_at_{};  // check_quorum's last probes
   int controller_slot_;
   // Since when the members are as they are (this controller's start, or the last change),
   // and the last look at the Raft leader's place.

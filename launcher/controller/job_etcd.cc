@@ -90,6 +90,7 @@ JobEtcd start_job_etcd(AgentHost& agents, const JobEtcdOptions& o,
         &agents, j.client.get(), first,
         [state = j.state.get()](const state::EtcdMembers& m) { state->etcd_members(m); },
         std::move(on_event), o.leader.slot());
+    j.state->give_up_when([u = j.upkeep.get()] { u->check_quorum(); });
   }
   char took[32];
   std::snprintf(took, sizeof(took), "%.2f s",

@@ -7,15 +7,32 @@
 #include "launcher/run_report.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
+#include "runtime/logging.h"
 
 namespace keel {
 
 void write_stop_report(Store& store, const config::JobConfig& cfg, double job_start,
                        const std::string& why, const std::string& path, int64_t steps_seen) {
-  if (path.empty() || store.add(keys::kReportsWritten, 0) > 0) return;
+  if (path.empty()) return;
   RunReport rep;
   rep.set_stopped(true);
   rep.set_stop_reason(why);
+  try {
+    if (store.add(keys::kReportsWritten, 0) > 0) return;
+  } catch (const Error& e) {
+    // The job's store out of reach for good (its etcd without a quorum): the report says why
+    // the job stopped and what the controller saw, without the ranks' step records.
+    LOG(ERROR) << "the stopped job's report has no step records: " << e.what();
+    const Topology topo(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
+    rep.set_plugin(cfg.model().plugin());
+    rep.set_layout(layout_name(topo));
+    rep.set_world_size(topo.world_size());
+    rep.set_steps_completed(steps_seen);
+    rep.set_wall_s(recovery::unix_now() - job_start);
+    rep.set_job_start_at(job_start);
+    write_report_json(path, rep);
+    return;
+  }
   rep.set_plugin(cfg.model().plugin());
   const Topology topo(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
   rep.set_layout(layout_name(topo));

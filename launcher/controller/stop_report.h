@@ -14,7 +14,9 @@ namespace keel {
 
 // Writes `path` (whole or not at all) unless rank 0 has written this job's report already
 // (a checkpoint stop ends with rank 0's own). `job_start` is the job's unix start time.
-// Throws keel::Error naming the file when it cannot be written.
+// Throws keel::Error naming the file when it cannot be written. With the store out of reach
+// (QuorumLost: an etcd that lost its quorum for good) it writes what the controller knows:
+// why, the layout and `steps_seen`, no step records.
 // `steps_seen`: the steps every rank reported done over the control plane (the store's
 // progress comes in rank 0's batches, a second apart): the report says the larger.
 void write_stop_report(Store& store, const config::JobConfig& cfg, double job_start,

@@ -401,6 +401,41 @@ TEST(ControlState, EtcdLosingAMemberOrItsQuorumNeverStopsTraining) {
   EXPECT_EQ(r.leftover_processes, 0) << r.output;
 }
 
+// Two of the three slots that host etcd members lost for good at the same step (their
+// processes gone, their ports refusing): no quorum can form again, and the job stops at once,
+// with a report that names the members and the way out, instead of waiting out
+// detect.quorum_timeout_ms (10 minutes here, past the test's own deadline). The way out
+// works: --resume with the run directory it names ends the job.
+TEST(ControlState, TwoMemberSlotsLostForGoodStopTheJobAtOnce) {
+  const std::string dir = temp_dir("etcd-lost-for-good");
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 3"}});
+  const std::string common = "--config " + cfg +
+                             " --local 3 --set train.steps=60 --set train.eval_every=0"
+                             " --set train.global_batch_size=24"
+                             " --set checkpoint.persistent_every_steps=10 --set checkpoint.dir=" +
+                             dir + "/ck";
+  JobRun r =
+      run_launch_job(dir,
+                     common +
+                         " --set detect.quorum_timeout_ms=600000"
+                         " --fault slot_loss@step=30,rank=1 --fault slot_loss@step=30,rank=2",
+                     {}, 240);
+  ASSERT_EQ(r.exit_code, 6) << r.output;
+  const std::string why = json_string_field(r.report, "stop_reason");
+  EXPECT_TRUE(contains(why, "lost its quorum for good")) << r.report;
+  EXPECT_TRUE(contains(why, "slot1 (slot 1)") && contains(why, "slot2 (slot 2)")) << why;
+  EXPECT_TRUE(contains(r.output, "lost its quorum for good")) << r.output;
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+  // The way out, as the report gives it.
+  const size_t at = why.find("--resume ");
+  ASSERT_NE(at, std::string::npos) << why;
+  const std::string run_dir = why.substr(at + 9);
+  ASSERT_TRUE(fs::is_directory(run_dir)) << why;
+  JobRun again = run_launch_job(dir, "--resume " + run_dir + " --local 3", {}, 240);
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(json_number_field(again.report, "steps_completed"), 60) << again.report;
+}
+
 // Two of the three slots that host etcd members lost, one after the other: each loss alone
 // leaves a quorum, and the first member lost is replaced on a live slot before the second
 // goes, so the job keeps a quorum (2 of 3) and recovers both times. Without the replacement
