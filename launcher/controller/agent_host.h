@@ -124,10 +124,14 @@ class AgentHost : public RankHost {
                                               const std::string& log_dir,
                                               std::chrono::milliseconds timeout);
   // One member named `name` on `slot`, added to the running cluster (EtcdClient::member_add,
-  // whose answer gives `cluster`) to replace a lost one. Throws as above.
-  void start_etcd_member(int slot, const std::string& name, const std::string& cluster,
-                         const std::string& data_root, const std::string& log_dir,
-                         std::chrono::milliseconds timeout);
+  // whose answer gives `cluster`) to replace a lost one: sends the command and returns, so
+  // that the controller's loop goes on while the agent starts it; etcd_member_started says
+  // when the agent answered.
+  void send_etcd_member_start(int slot, const std::string& name, const std::string& cluster,
+                              const std::string& data_root, const std::string& log_dir);
+  // The answer to the last etcd_start sent to `slot`: nullopt while there is none, "" when
+  // the member's process runs, else why it could not be started.
+  std::optional<std::string> etcd_member_started(int slot) const;
   // The peer URL an etcd member on `slot` would have ("https://host:port").
   std::string etcd_peer_url(int slot) const;
   // Whether `slot` is lost (its agent silent or its connection closed).

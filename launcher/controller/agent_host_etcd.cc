@@ -69,13 +69,17 @@ void AgentHost::check_etcd_reply(int slot, std::chrono::milliseconds timeout) co
     throw Error(detail::concat("etcd member on slot ", slot, ": ", it->second.message()));
 }
 
-void AgentHost::start_etcd_member(int slot, const std::string& name, const std::string& cluster,
-                                  const std::string& data_root, const std::string& log_dir,
-                                  std::chrono::milliseconds timeout) {
+void AgentHost::send_etcd_member_start(int slot, const std::string& name,
+                                       const std::string& cluster, const std::string& data_root,
+                                       const std::string& log_dir) {
   etcd_replies_.erase(slot);
   send(slot, etcd_start(name, cluster, data_root, log_dir, /*existing=*/true));
-  wait_until([&] { return etcd_replies_.count(slot) > 0; }, timeout);
-  check_etcd_reply(slot, timeout);
+}
+
+std::optional<std::string> AgentHost::etcd_member_started(int slot) const {
+  auto it = etcd_replies_.find(slot);
+  if (it == etcd_replies_.end()) return std::nullopt;
+  return it->second.message();
 }
 
 std::string AgentHost::etcd_peer_url(int slot) const {

@@ -16,8 +16,10 @@
 namespace keel {
 namespace {
 
-// How long the new member's agent gets to start its process.
+// How long the new member's agent gets to start its process, and how often etcd is asked,
+// once it runs, whether every member has started.
 constexpr std::chrono::milliseconds kStartWait{5000};
+constexpr std::chrono::milliseconds kWholeCheckEvery{200};
 
 // How long a member cut off from the others (its slot silent, not dead) is left in the
 // cluster before it is removed. etcd 3.4's leader removes a peer by stopping its streams on
@@ -186,8 +188,50 @@ void EtcdUpkeep::check_quorum() {
       std::filesystem::path(members_.log_dir()).parent_path().string()));
 }
 
+void EtcdUpkeep::follow_start() {
+  const auto now = std::chrono::steady_clock::now();
+  const std::optional<std::string> answer = agents_->etcd_member_started(starting_->slot);
+  if (!answer) {
+    if (now - starting_->sent_at < kStartWait) return;
+    // The agent is gone or silent: its slot is lost soon, and the member with it replaced.
+    LOG(WARNING) << "etcd member " << starting_->name << " on slot " << starting_->slot
+                 << ": its agent did not answer within " << kStartWait.count() << " ms";
+    starting_.reset();
+    return;
+  }
+  if (!answer->empty()) {
+    LOG(WARNING) << "etcd member " << starting_->name << " on slot " << starting_->slot << ": "
+                 << *answer;
+    starting_.reset();
+    return;
+  }
+  if (now - starting_->checked_at < kWholeCheckEvery) return;
+  starting_->checked_at = now;
+  try {
+    // etcd names a member once it has started and joined.
+    for (const auto& m : client_->member_list())
+      if (m.name.empty()) return;
+  } catch (const Error&) {
+    return;  // asked again at a later call
+  }
+  const double ms = std::chrono::duration<double, std::milli>(now - starting_->changed_at).count();
+  LOG(WARNING) << "etcd is whole again: member " << starting_->name << " on slot "
+               << starting_->slot << " runs, " << std::lround(ms) << " ms after the change";
+  if (on_event_)
+    on_event_("etcd_whole", EventFields()
+                                .add("added", starting_->name)
+                                .add("slot", starting_->slot)
+                                .add("members", members_.members_size())
+                                .add("after_ms", ms));
+  starting_.reset();
+}
+
 void EtcdUpkeep::maintain() {
   keep_raft_leader_home();
+  if (starting_) {
+    follow_start();
+    return;  // one change at a time
+  }
   int lost = -1;
   for (const auto& m : members_.members())
     if (m.slot() < agents_->slot_count() && agents_->slot_lost(m.slot())) lost = m.slot();
@@ -251,8 +295,13 @@ void EtcdUpkeep::maintain() {
       }
     members_ = after;
     changed_at_ = std::chrono::steady_clock::now();
-    agents_->start_etcd_member(to, next.name(), cluster, members_.data_root(), members_.log_dir(),
-                               kStartWait);
+    agents_->send_etcd_member_start(to, next.name(), cluster, members_.data_root(),
+                                    members_.log_dir());
+    starting_ = Starting{.slot = to,
+                         .name = next.name(),
+                         .sent_at = changed_at_,
+                         .changed_at = changed_at_,
+                         .checked_at = {}};
   } catch (const std::exception& e) {
     // Tried again at a later call from what etcd lists then: a member removed stays removed,
     // one added but not started is the lost one of its slot next time.
@@ -264,12 +313,17 @@ void EtcdUpkeep::maintain() {
                << next.name() << " on slot " << to;
   // Outside the try: a leader deposed meanwhile must learn it (Deposed), not log it.
   if (record_) record_(members_);
+  // How long the controller's loop was held by the change (etcd's calls; the start is
+  // followed by later calls).
+  const double held_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - now).count();
   if (on_event_)
     on_event_("etcd_member", EventFields()
                                  .add("removed", old.name())
                                  .add("added", next.name())
                                  .add("slot", to)
-                                 .add("lost_slot", lost));
+                                 .add("lost_slot", lost)
+                                 .add("held_ms", held_ms));
 }
 
 }  // namespace keel

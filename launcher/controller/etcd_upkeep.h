@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,10 @@ class EtcdUpkeep {
 
   // Replaces the member of one lost slot, if any: at most one change a call, so that each
   // runs on a cluster that has taken the one before. A change that fails is tried again at
-  // a later call (etcd without quorum cannot change its members).
+  // a later call (etcd without quorum cannot change its members). The loop is held only for
+  // etcd's own calls (the removal and the add, milliseconds with a quorum): the new member's
+  // agent starts it while the loop goes on, and later calls follow it until etcd lists every
+  // member started (event `etcd_whole`), before any next change.
   void maintain();
 
   // Moves etcd's Raft leader home (robust/raft_leader_place.h) when it leads elsewhere and
@@ -63,6 +67,14 @@ class EtcdUpkeep {
  private:
   // The member on `slot`, if any.
   const state::EtcdMembers::Member* on(int slot) const;
+  // A replacement under way (maintain): its agent's answer, then every member started.
+  void follow_start();
+
+  struct Starting {
+    int slot = -1;     // where the new member starts
+    std::string name;  // its name
+    std::chrono::steady_clock::time_point sent_at, changed_at, checked_at;
+  };
 
   AgentHost* agents_;
   EtcdClient* client_;
@@ -77,6 +89,7 @@ class EtcdUpkeep {
   std::chrono::steady_clock::time_point changed_at_;
   std::chrono::steady_clock::time_point leader_checked_at_{};
   std::string leader_stays_because_;  // said once until it changes
+  std::optional<Starting> starting_;  // a replacement whose member is not yet running
 };
 
 }  // namespace keel

@@ -296,10 +296,12 @@ TEST(ControllerLoss, SlotZeroLostWholeAnotherLeaderCarriesTheJobOn) {
                                            "train.steps=200 --set train.eval_every=0");
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   SlotsJob j;
-  // Paced (5 ms a step), so that slot 0 dies well before the end.
-  start_and_lose_slot0(&j, "controller-failover", 5, k3d,
-                       {"--standby", "1", "--set", "train.steps=200", "--fault",
-                        "slow@step=0,rank=7,delay_ms=5", "--set", "detect.slow_round_steps=0"});
+  // Paced (5 ms a step), so that slot 0 dies well before the end. 3 etcd members, not the
+  // 5 a job of 5 slots gets by default, so that a slot runs none and takes slot 0's.
+  start_and_lose_slot0(
+      &j, "controller-failover", 5, k3d,
+      {"--standby", "1", "--set", "train.steps=200", "--fault", "slow@step=0,rank=7,delay_ms=5",
+       "--set", "detect.slow_round_steps=0", "--etcd-members", "3"});
   if (HasFatalFailure()) return;
   const JoinedGone g = wait_joined_gone(&j);
   const auto& [codes, took, left, shm, logs] = g;
