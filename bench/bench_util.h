@@ -79,6 +79,13 @@ inline double event_number(const events::Event& e, const std::string& key) {
   return it == f.end() ? -1 : it->second.number_value();
 }
 
+// A string field of an event's data, or "" when absent.
+inline std::string event_string(const events::Event& e, const std::string& key) {
+  const auto& f = e.data().fields();
+  const auto it = f.find(key);
+  return it == f.end() ? std::string() : it->second.string_value();
+}
+
 // Runs `program` (keel-worker or keel-launch, next to this benchmark) with `args` under a
 // 300 s limit, its report in dir/report.json, its run directories under dir/runs and its
 // output in dir/run.log; returns the exit status.

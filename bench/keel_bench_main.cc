@@ -57,6 +57,7 @@ struct Options {
   int soak = 0;  // faults of a soak (bench/soak.h); 0: the policy comparison
   std::string soak_machines = "auto";
   double soak_kill_controller_every_s = 30;
+  std::string soak_etcd = "own";
 };
 
 // The longest checkpoint interval (the config's int32 field, with room to spare).
@@ -288,6 +289,12 @@ void add_flags(CLI::App& app, Options* o) {
                  "never)")
       ->option_text("S")
       ->transform(cli::number(0, 3600, "seconds"));
+  app.add_option("--soak-etcd", o->soak_etcd,
+                 "where the soak's job keeps its control state: own, a cluster of 3 on the host "
+                 "beside the machines (--etcd; default); job, the etcd members keel-launch "
+                 "starts on the job's own slots, lost and replaced with the machines")
+      ->option_text("job|own")
+      ->check(CLI::IsMember({"job", "own"}));
 }
 
 int soak(const Options& o) {
@@ -302,7 +309,8 @@ int soak(const Options& o) {
                     .machines = o.soak_machines == "netns"   ? SoakMachines::kNetns
                                 : o.soak_machines == "local" ? SoakMachines::kLocal
                                                              : SoakMachines::kAuto,
-                    .kill_controller_every_s = o.soak_kill_controller_every_s});
+                    .kill_controller_every_s = o.soak_kill_controller_every_s,
+                    .own_etcd = o.soak_etcd == "own"});
 }
 
 int main(int argc, char** argv) {

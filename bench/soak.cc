@@ -28,6 +28,7 @@
 #include "proto/bench.pb.h"
 #include "proto/config_loader.h"
 #include "runtime/check.h"
+#include "runtime/text.h"
 
 namespace keel::bench {
 namespace {
@@ -131,7 +132,13 @@ struct RunResult {
   double wall_s = 0;
   report::RunReport report;
   std::string job;
+  // The faults the ranks injected, as the job's store counted them when last read: in the
+  // job's own etcd, which goes with the job, it is read while the job runs.
+  std::optional<int64_t> fired;
 };
+
+// How often a running job's count of injected faults is read.
+constexpr double kFiredReadEvery_s = 2;
 
 // One keel-launch run in `dir` on `cluster` (`args` includes --set for each of `sets`, which
 // joiners repeat), watched until it ends or `timeout_s` passes. In namespaces every slot but
@@ -164,7 +171,11 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
     for (int slot = 1; slot < cluster.slots(); ++slot) joins[slot].rejoin = false;
   std::vector<pid_t> joined_pids;
   int recovered = 0, restored_step = 0;
-  double next_sample = 0, next_line = 5, next_kill = o.kill_controller_every_s;
+  double next_sample = 0, next_line = 5, next_kill = o.kill_controller_every_s, next_fired = 0;
+  // The job's etcd: the soak's own cluster, or the members the job started (its `etcd`
+  // event), and each member it added since (`etcd_member`): a client tries every one.
+  std::vector<std::string> etcd = split(cluster.etcd_endpoints(), ',', /*skip_empty=*/true);
+  std::optional<int> ended;  // the job's end as its `end` event says it
   // In namespaces slot 0's launcher is a slot like any other: killed with its machine (ranks
   // move, and a lost slot's fault may name one it hosts now), the job goes on, slot 0 rejoins
   // as a lost slot does, and the job's end comes from etcd.
@@ -178,9 +189,12 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
         break;
       }
       main_gone = rc >= 0;
+    } else if (ended) {
+      res.exit_code = *ended;
+      break;
     } else if (since(t0) >= next_end_look) {
       next_end_look = since(t0) + 0.5;
-      if (const auto end = job_end_code(cluster.etcd_endpoints(), res.job, job_dir)) {
+      if (const auto end = job_end_code(join(etcd, ','), res.job, job_dir)) {
         res.exit_code = *end;
         break;
       }
@@ -214,6 +228,12 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
           j.retry_at = Clock::now();
           j.done = false;
           j.rejoin = true;
+        } else if (e.kind() == "etcd" && cluster.etcd_endpoints().empty()) {
+          etcd = split(event_string(e, "endpoints"), ',', /*skip_empty=*/true);
+        } else if (e.kind() == "etcd_member" && !event_string(e, "endpoint").empty()) {
+          etcd.push_back(event_string(e, "endpoint"));
+        } else if (e.kind() == "end") {
+          ended = int(event_number(e, "code"));
         } else if (e.kind() == "takeover") {
           rep->set_takeovers(rep->takeovers() + (total_faults > 0));
         } else if (e.kind() == "recovered") {
@@ -271,13 +291,18 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
     if (total_faults > 0 && o.kill_controller_every_s > 0 && !res.job.empty() && t >= next_kill &&
         rep->takeovers() >= rep->controller_kills()) {
       next_kill = t + o.kill_controller_every_s;
-      const pid_t leader = leader_pid(cluster.etcd_endpoints(), res.job, job_dir);
+      const pid_t leader = leader_pid(join(etcd, ','), res.job, job_dir);
       const std::string name = read_text("/proc/" + std::to_string(leader) + "/comm");
       if (leader > 0 && kill(leader, SIGKILL) == 0) {
         rep->set_controller_kills(rep->controller_kills() + 1);
         LOG(INFO) << "soak: killed the leader controller, pid " << leader << " ("
                   << name.substr(0, name.find('\n')) << ")";
       }
+    }
+    if (total_faults > 0 && !res.job.empty() && !etcd.empty() && t >= next_fired) {
+      next_fired = t + kFiredReadEvery_s;
+      if (const auto n = faults_fired(join(etcd, ','), res.job, job_dir))
+        res.fired = std::max(res.fired.value_or(0), *n);
     }
     if (watch && t >= next_sample) {
       watch->sample();
@@ -301,6 +326,10 @@ RunResult run_job(const SoakOptions& o, SoakCluster& cluster, const std::vector<
     while (reap(p) < 0 && kill(p, 0) == 0 && Clock::now() < d)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // Read once more where the etcd outlives the job (the soak's own cluster).
+  if (total_faults > 0 && !res.job.empty() && !etcd.empty())
+    if (const auto n = faults_fired(join(etcd, ','), res.job, job_dir))
+      res.fired = std::max(res.fired.value_or(0), *n);
   read_report(dir + "/report.json", &res.report);
   return res;
 }
@@ -357,7 +386,7 @@ int soak_main(const SoakOptions& given) {
   }
   std::unique_ptr<SoakCluster> cluster;
   try {
-    cluster = std::make_unique<SoakCluster>(netns, o.local);
+    cluster = std::make_unique<SoakCluster>(netns, o.local, o.own_etcd);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "keel-bench soak: cannot build the machines: %s\n", e.what());
     return 1;
@@ -370,6 +399,7 @@ int soak_main(const SoakOptions& given) {
   rep.set_faults(o.faults);
   rep.set_steps(int(steps));
   rep.set_machines(netns ? "netns" : "local");
+  rep.set_etcd(o.own_etcd ? "own" : "job");
   if (!netns) rep.set_no_partitions_why(why_local);
   *rep.mutable_schedule() = soak_schedule(o.faults, first, o.gap_steps, world, o.seed, netns);
   for (const auto& f : rep.schedule().fault())
@@ -395,10 +425,14 @@ int soak_main(const SoakOptions& given) {
   const std::string tag =
       "KEEL_SOAK_TAG=" + std::to_string(getpid()) + "-" +
       std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
-  std::printf("keel-bench soak: %d faults over %lld steps, world %d on %d slots (%d standby), %s\n",
-              o.faults, static_cast<long long>(steps), world, o.local, o.standby,
-              netns ? "one network namespace each"
-                    : ("all on this machine (no partitions: " + why_local + ")").c_str());
+  std::printf(
+      "keel-bench soak: %d faults over %lld steps, world %d on %d slots (%d standby), %s; etcd "
+      "%s\n",
+      o.faults, static_cast<long long>(steps), world, o.local, o.standby,
+      netns ? "one network namespace each"
+            : ("all on this machine (no partitions: " + why_local + ")").c_str(),
+      o.own_etcd ? "a cluster of its own on the host (--soak-etcd own)"
+                 : "on the job's own slots, lost and replaced with them");
   std::printf("keel-bench soak: the fault-free reference ...\n");
   std::fflush(stdout);
   const RunResult ref = run_job(o, *cluster, args, sets, o.out + "/reference",
@@ -453,8 +487,7 @@ int soak_main(const SoakOptions& given) {
   // One incident at least for each fault that fired: a fault of a step that a recovery
   // restored past (the step in flight when another fault struck) never fires, and the
   // injection records, not the schedule, say which did.
-  const std::optional<int64_t> fired =
-      faults_fired(cluster->etcd_endpoints(), run.job, job_dir_in(o.out + "/soak/runs"));
+  const std::optional<int64_t> fired = run.fired;
   if (fired) std::printf("keel-bench soak: %lld of %d faults fired\n", (long long)*fired, o.faults);
   if (r.incidents_size() < fired.value_or(o.faults))
     rep.add_failures("incidents: " + std::to_string(r.incidents_size()) + " for " +

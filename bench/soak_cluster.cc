@@ -24,8 +24,9 @@ namespace fs = std::filesystem;
 // How long the soak's etcd gets to elect its first leader.
 constexpr std::chrono::seconds kEtcdStartWait{30};
 
-SoakCluster::SoakCluster(bool netns, int slots) : slots_(slots) {
+SoakCluster::SoakCluster(bool netns, int slots, bool own_etcd) : slots_(slots) {
   if (netns) lab_ = std::make_unique<test::NetnsLab>(slots);
+  if (!own_etcd) return;
   const std::string host = lab_ ? lab_->bridge_address() : "127.0.0.1";
   // On /dev/shm, as a job's own members under --local: the ranks' store lives in this etcd,
   // and a disk's fsync on each of its writes would be the soak's bottleneck.
@@ -56,11 +57,13 @@ SoakCluster::SoakCluster(bool netns, int slots) : slots_(slots) {
 SoakCluster::~SoakCluster() {
   etcd_.clear();  // each member stops and removes its data
   std::error_code ec;
-  fs::remove_all(etcd_dir_, ec);
+  if (!etcd_dir_.empty()) fs::remove_all(etcd_dir_, ec);
 }
 
 std::vector<std::string> SoakCluster::layout_args() const {
-  return {netns() ? "--slots" : "--local", std::to_string(slots_), "--etcd", etcd_endpoints()};
+  std::vector<std::string> a = {netns() ? "--slots" : "--local", std::to_string(slots_)};
+  if (!etcd_.empty()) a.insert(a.end(), {"--etcd", etcd_endpoints()});
+  return a;
 }
 
 std::string SoakCluster::etcd_endpoints() const {

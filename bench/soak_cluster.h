@@ -24,8 +24,9 @@ namespace keel::bench {
 class SoakCluster {
  public:
   // `slots` machines in namespaces with `netns` (throws keel::Error naming the `ip` command
-  // that failed), else none: everything runs here.
-  SoakCluster(bool netns, int slots);
+  // that failed), else none: everything runs here. With `own_etcd`, 3 etcd members on this
+  // host for the job (--etcd); else the job starts its own on its slots.
+  SoakCluster(bool netns, int slots, bool own_etcd);
   ~SoakCluster();  // kills whatever still runs in the machines, and removes them
   SoakCluster(const SoakCluster&) = delete;
   SoakCluster& operator=(const SoakCluster&) = delete;
@@ -34,10 +35,11 @@ class SoakCluster {
   int slots() const { return slots_; }
 
   // What tells slot 0's keel-launch how many slots the job has and where they are:
-  // `--local N` here, `--slots N` (the rest join) in namespaces; and the etcd cluster it
-  // keeps its control state in (`--etcd`).
+  // `--local N` here, `--slots N` (the rest join) in namespaces; and, with own_etcd, the
+  // etcd cluster it keeps its control state in (`--etcd`).
   std::vector<std::string> layout_args() const;
-  // The job's etcd ("host:port,..."), where the soak finds the leader controller to kill.
+  // The cluster of its own ("host:port,..."), where the soak finds the leader controller to
+  // kill; "" when the job runs its own members (their endpoints are in its events).
   std::string etcd_endpoints() const;
 
   // Starts keel-launch `args` on slot `slot`'s machine in a session of its own, with `tag`
@@ -58,11 +60,9 @@ class SoakCluster {
  private:
   int slots_;
   std::unique_ptr<test::NetnsLab> lab_;
-  // The job's etcd: 3 members on this host (loopback, or the bridge's address in namespaces),
-  // beside the machines the soak fails, as a site runs etcd on its service nodes. The soak
-  // fails a machine every second or so; members on the job's own slots would lose their
-  // quorum whenever two member slots fail within the seconds a replacement takes (the tests
-  // of launcher/controller/etcd_upkeep.h cover in-job members under loss).
+  // With own_etcd, the job's etcd: 3 members on this host (loopback, or the bridge's address
+  // in namespaces), beside the machines the soak fails, as a site runs etcd on its service
+  // nodes. Without, none: the job's 5 members run on its slots and go with them.
   std::string etcd_dir_;
   std::vector<std::unique_ptr<EtcdMember>> etcd_;
 };

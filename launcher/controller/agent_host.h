@@ -132,8 +132,9 @@ class AgentHost : public RankHost {
   // The answer to the last etcd_start sent to `slot`: nullopt while there is none, "" when
   // the member's process runs, else why it could not be started.
   std::optional<std::string> etcd_member_started(int slot) const;
-  // The peer URL an etcd member on `slot` would have ("https://host:port").
+  // The peer URL an etcd member on `slot` would have ("https://host:port"), and its clients'.
   std::string etcd_peer_url(int slot) const;
+  std::string etcd_client_url(int slot) const;
   // Whether `slot` is lost (its agent silent or its connection closed).
   bool slot_lost(int slot) const { return members_->link(slot) == JobMembership::Link::kLost; }
   // For a slot lost by its heartbeats' silence (a partition, a power loss: its processes may

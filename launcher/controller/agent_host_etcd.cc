@@ -87,4 +87,9 @@ std::string AgentHost::etcd_peer_url(int slot) const {
   return kEtcdTlsScheme + a.host + ":" + std::to_string(a.etcd_peer_port);
 }
 
+std::string AgentHost::etcd_client_url(int slot) const {
+  const Agent& a = agents_[size_t(slot)];
+  return kEtcdTlsScheme + a.host + ":" + std::to_string(a.etcd_client_port);
+}
+
 }  // namespace keel

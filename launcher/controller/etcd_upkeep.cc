@@ -93,6 +93,11 @@ state::EtcdMembers EtcdUpkeep::first(const AgentHost& agents, const std::vector<
   return m;
 }
 
+bool EtcdUpkeep::orphaned(const state::EtcdMembers::Member& m) const {
+  return m.slot() < agents_->slot_count() && agents_->slot_up(m.slot()) &&
+         agents_->etcd_peer_url(m.slot()) != m.peer_url();
+}
+
 const state::EtcdMembers::Member* EtcdUpkeep::on(int slot) const {
   for (const auto& m : members_.members())
     if (m.slot() == slot) return &m;
@@ -171,8 +176,9 @@ void EtcdUpkeep::check_quorum() {
   std::vector<std::string> gone;
   for (const auto& m : members_.members()) {
     const int k = m.slot();
-    const bool dead = k < agents_->slot_count() && agents_->slot_lost(k) &&
-                      !agents_->lost_silent_since(k) && member_process_gone(m.peer_url());
+    const bool dead = k < agents_->slot_count() &&
+                      ((agents_->slot_lost(k) && !agents_->lost_silent_since(k)) || orphaned(m)) &&
+                      member_process_gone(m.peer_url());
     if (dead) gone.push_back(m.name() + " (slot " + std::to_string(k) + ")");
   }
   const int n = members_.members_size();
@@ -234,16 +240,18 @@ void EtcdUpkeep::maintain() {
   }
   int lost = -1;
   for (const auto& m : members_.members())
-    if (m.slot() < agents_->slot_count() && agents_->slot_lost(m.slot())) lost = m.slot();
+    if (m.slot() < agents_->slot_count() && (agents_->slot_lost(m.slot()) || orphaned(m)))
+      lost = m.slot();
   if (lost < 0) return;
   std::vector<int> free_slots, kept;
   for (int k = 0; k < agents_->slot_count(); ++k)
-    if (agents_->slot_up(k) && !on(k)) free_slots.push_back(k);
+    if (agents_->slot_up(k) && (!on(k) || k == lost)) free_slots.push_back(k);
   for (const auto& m : members_.members())
     if (m.slot() != lost) kept.push_back(m.slot());
   const int to = etcd_replacement_slot(free_slots, kept, agents_->failure_domains());
   if (to < 0) return;  // no live slot without a member: wait for one
   const state::EtcdMembers::Member old = *on(lost);
+  const char* why = orphaned(old) ? "its slot came back without it" : "its slot was lost";
   const auto now = std::chrono::steady_clock::now();
   const auto silent_since = agents_->lost_silent_since(lost);
   if (silent_since && now - *silent_since < kCutOffMemberGrace) {
@@ -309,8 +317,8 @@ void EtcdUpkeep::maintain() {
                  << e.what();
     return;
   }
-  LOG(WARNING) << "etcd member " << old.name() << " (slot " << lost << ", lost) replaced by "
-               << next.name() << " on slot " << to;
+  LOG(WARNING) << "etcd member " << old.name() << " (slot " << lost << ": " << why
+               << ") replaced by " << next.name() << " on slot " << to;
   // Outside the try: a leader deposed meanwhile must learn it (Deposed), not log it.
   if (record_) record_(members_);
   // How long the controller's loop was held by the change (etcd's calls; the start is
@@ -323,6 +331,8 @@ void EtcdUpkeep::maintain() {
                                  .add("added", next.name())
                                  .add("slot", to)
                                  .add("lost_slot", lost)
+                                 .add("why", why)
+                                 .add("endpoint", agents_->etcd_client_url(to))
                                  .add("held_ms", held_ms));
 }
 

@@ -1,6 +1,7 @@
 // Keeps the job's etcd at strength as machines come and go (DESIGN.md, Control state and
 // failover): a member whose slot is lost is removed from the cluster and a new one is added
-// and started on a live slot that runs none, in the failure domain with the fewest members
+// and started on a live slot that runs none, in the failure domain with the fewest members;
+// so is one whose slot came back under a new agent (orphaned)
 // (robust/etcd_member_place.h; Raft reconfiguration, one member at a time,
 // while the other members hold quorum). Without it, a job of 3 members that loses two of its
 // first three slots over its life, one at a time, would lose quorum although each loss alone
@@ -67,6 +68,11 @@ class EtcdUpkeep {
  private:
   // The member on `slot`, if any.
   const state::EtcdMembers::Member* on(int slot) const;
+  bool orphaned(const state::EtcdMembers::Member& m) const;
+  // Whether `m`'s slot is up under an agent that did not start it: its machine was lost and
+  // came back (a repair, a reboot: `keel-launch --join` again), and the new agent, with ports
+  // of its own, runs no member. Replaced as a lost slot's member is, on that slot if it is
+  // the best place.
   // A replacement under way (maintain): its agent's answer, then every member started.
   void follow_start();
 

@@ -104,6 +104,9 @@ TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
   std::string why;
   const bool netns = NetnsLab::available(&why);
   EXPECT_EQ(rep.machines(), netns ? "netns" : "local") << why;
+  // The job's etcd on a cluster of its own beside the machines (--soak-etcd own, the
+  // default: with members on the job's own slots the soak does not pass yet, issue 44).
+  EXPECT_EQ(rep.etcd(), "own");
   // Every kind of the mix was drawn: partitions too, with machines of their own.
   EXPECT_EQ(rep.faults_by_kind_size(), netns ? 11 : 10) << log;
   if (netns) {

@@ -447,6 +447,46 @@ TEST(ControlState, TwoMemberSlotsLostForGoodStopTheJobAtOnce) {
   EXPECT_EQ(json_number_field(again.report, "steps_completed"), 60) << again.report;
 }
 
+// A member slot lost while no other slot could take its member (a job of 5 slots runs a
+// member on each), then brought back by hand (keel-launch --join, a repaired machine; it
+// rejoins as a standby): the new agent runs no member and has ports of its own, so the member
+// the record names there is dead for good. It is replaced, on that slot (event etcd_member,
+// "its slot came back without it"), and the cluster is whole again (etcd_whole). Without it
+// the dead member would count against the quorum for the job's life (the 100-fault soak with
+// in-job members lost its quorum so).
+TEST(ControlState, AMemberWhoseSlotCameBackWithoutItIsReplaced) {
+  const std::string dir = temp_dir("etcd-orphan");
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 4"}});
+  const std::string sets =
+      " --set train.steps=400 --set train.eval_every=0 --set detect.slow_round_steps=0";
+  pid_t joiner = -1;
+  JobRun r = run_launch_job(dir,
+                            "--config " + cfg + " --local 5 --standby 1" + sets +
+                                " --fault slot_loss@step=20,rank=2"
+                                " --fault slow@step=0,rank=0,delay_ms=20",
+                            [&](pid_t) {
+                              if (joiner > 0) return;
+                              const std::string job_dir = launched_job_dir(dir);
+                              if (job_dir.empty() || !find_event(job_dir, "recovered")) return;
+                              joiner = join_slot(dir, 2, "--config " + cfg + sets);
+                            });
+  if (joiner > 0) waitpid(joiner, nullptr, 0);
+  ASSERT_GT(joiner, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 400) << r.report;
+  const std::string job_dir = launched_job_dir(dir);
+  const auto replaced = find_event(job_dir, "etcd_member");
+  ASSERT_TRUE(replaced) << read_text(job_dir + "/events.jsonl");
+  EXPECT_EQ(replaced->data().fields().at("removed").string_value(), "slot2");
+  EXPECT_EQ(replaced->data().fields().at("why").string_value(), "its slot came back without it");
+  EXPECT_EQ(number(*replaced, "slot"), 2);
+  const auto whole = find_event(job_dir, "etcd_whole");
+  ASSERT_TRUE(whole) << read_text(job_dir + "/events.jsonl");
+  EXPECT_GE(whole->t(), replaced->t());
+  EXPECT_EQ(number(*whole, "members"), 5);
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+}
+
 // Two of the three slots that host etcd members lost, one after the other: each loss alone
 // leaves a quorum, and the first member lost is replaced on a live slot before the second
 // goes, so the job keeps a quorum (2 of 3) and recovers both times. Without the replacement
