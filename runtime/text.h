@@ -22,14 +22,18 @@ inline std::vector<std::string> split(const std::string& text, char sep, bool sk
   }
 }
 
-// `parts` with `sep` between them: split's inverse ("a", "b" gives "a,b").
-inline std::string join(const std::vector<std::string>& parts, char sep) {
+// `parts` with `sep` between them: split's inverse ("a", "b" gives "a,b"); for prose, a
+// longer separator ("a, b").
+inline std::string join(const std::vector<std::string>& parts, const std::string& sep) {
   std::string out;
   for (const auto& p : parts) {
     if (!out.empty()) out += sep;
     out += p;
   }
   return out;
+}
+inline std::string join(const std::vector<std::string>& parts, char sep) {
+  return join(parts, std::string(1, sep));
 }
 
 }  // namespace keel

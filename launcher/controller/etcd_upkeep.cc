@@ -161,14 +161,6 @@ void EtcdUpkeep::keep_raft_leader_home() {
     on_event_("etcd_leader_moved", EventFields().add("slot", move.to_slot).add("took_ms", ms));
 }
 
-namespace {
-std::string join_with(const std::vector<std::string>& parts, const std::string& sep) {
-  std::string out;
-  for (const auto& p : parts) out += (out.empty() ? "" : sep) + p;
-  return out;
-}
-}  // namespace
-
 void EtcdUpkeep::check_quorum() {
   const auto now = std::chrono::steady_clock::now();
   if (now - quorum_checked_at_ < kQuorumCheckEvery) return;
@@ -185,7 +177,7 @@ void EtcdUpkeep::check_quorum() {
   const int left = n - int(gone.size());
   if (left > n / 2) return;
   throw QuorumLost(detail::concat(
-      "the job's etcd lost its quorum for good: member(s) ", join_with(gone, ", "),
+      "the job's etcd lost its quorum for good: member(s) ", join(gone, ", "),
       " are gone with their machines (their agents' connections closed, their ports refuse), ",
       left, " of ", n,
       " left, and no write can be made without a majority; the job cannot go "

@@ -17,27 +17,23 @@ void write_stop_report(Store& store, const config::JobConfig& cfg, double job_st
   RunReport rep;
   rep.set_stopped(true);
   rep.set_stop_reason(why);
+  rep.set_plugin(cfg.model().plugin());
+  const Topology topo(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
+  rep.set_layout(layout_name(topo));
+  rep.set_world_size(topo.world_size());
+  rep.set_recovery_mode(config::RecoveryConfig::Mode_Name(cfg.recovery().mode()));
+  rep.set_job_start_at(job_start);
   try {
     if (store.add(keys::kReportsWritten, 0) > 0) return;
   } catch (const Error& e) {
     // The job's store out of reach for good (its etcd without a quorum): the report says why
     // the job stopped and what the controller saw, without the ranks' step records.
     LOG(ERROR) << "the stopped job's report has no step records: " << e.what();
-    const Topology topo(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
-    rep.set_plugin(cfg.model().plugin());
-    rep.set_layout(layout_name(topo));
-    rep.set_world_size(topo.world_size());
     rep.set_steps_completed(steps_seen);
     rep.set_wall_s(recovery::unix_now() - job_start);
-    rep.set_job_start_at(job_start);
     write_report_json(path, rep);
     return;
   }
-  rep.set_plugin(cfg.model().plugin());
-  const Topology topo(cfg.parallel().tp(), cfg.parallel().pp(), cfg.parallel().dp());
-  rep.set_layout(layout_name(topo));
-  rep.set_world_size(topo.world_size());
-  rep.set_recovery_mode(config::RecoveryConfig::Mode_Name(cfg.recovery().mode()));
   // The steps rank 0 completed; their records run from the job's start step (a resumed job
   // starts past 0), which rank 0 claims before its first step.
   const auto done = try_get_message<store::Step>(store, keys::kProgress);
@@ -53,7 +49,6 @@ void write_stop_report(Store& store, const config::JobConfig& cfg, double job_st
   if (rep.losses_size() > 0) rep.set_final_loss(rep.losses(rep.losses_size() - 1));
   rep.set_tokens_per_s(h.timed_s > 0 ? h.timed_tokens / h.timed_s : 0);
   rep.set_wall_s(recovery::unix_now() - job_start);
-  rep.set_job_start_at(job_start);
   rep.set_ettr(rep.wall_s() > 0 ? h.kept_s / rep.wall_s() : 0);
   rep.set_productive_s(h.kept_s);
   write_report_json(path, rep);
