@@ -78,6 +78,7 @@ void AgentHost::attach(JobMembership* membership, Inbox inbox) {
 }
 
 void AgentHost::poll_plane() {
+  note_closed();
   if (!inbox_) {
     if (pump_) pump_();
     return;

@@ -141,6 +141,10 @@ class AgentHost : public RankHost {
   // live on, its connections stay open), when it was last heard from; nullopt for a slot that
   // is not lost or whose connection closed (its processes died).
   std::optional<std::chrono::steady_clock::time_point> lost_silent_since(int slot) const;
+  // Whether `slot`'s agent is known dead: its connection closed and its liveness port refused
+  // (its host up, its process gone), whether or not the slot was declared lost yet. Never
+  // for a slot merely silent (cut off, it may come back).
+  bool agent_gone(int slot) const;
   bool slot_up(int slot) const { return up(slot); }
   int slot_count() const { return int(agents_.size()); }
   // Each slot's failure domain as its agent registered it ("": not known).
@@ -176,6 +180,8 @@ class AgentHost : public RankHost {
   // Why a Register from `identity` cannot be taken ("" if it can).
   std::string refusal(const std::string& identity, const control::Register& reg) const;
   void check_heartbeats();
+  // Takes the plane's closed connections: each agent's closed_at, process_gone, close_grace.
+  void note_closed();
   void start_standby(int slot, bool initial);
   // Takes up what arrived on the control plane (see on_message).
   void poll_plane();

@@ -83,14 +83,21 @@ int AgentHost::await_rejoin(std::chrono::milliseconds timeout) {
   return lost;
 }
 
-void AgentHost::check_heartbeats() {
-  const auto now = Clock::now();
+void AgentHost::note_closed() {
   // A dead agent's kernel closed its connection: the slot is lost at once (after a grace
-  // to reconnect), not at the heartbeat timeout, which stays for slots gone silent.
+  // to reconnect), not at the heartbeat timeout, which stays for slots gone silent. Noted
+  // whenever the plane is polled (keep_alive too: a controller waiting on etcd learns that a
+  // member's machine died), judged by check_heartbeats.
+  const auto now = Clock::now();
   for (const std::string& id : server_->take_closed())
     for (Agent& a : agents_) {
-      if (a.identity != id || now - a.last_heartbeat >= kSilentBeforeClose) continue;
+      if (a.identity != id) continue;
       const detail::PortProbe p = probe(a.host, a.liveness_port);
+      // A close after a silence is the ZMTP heartbeat timeout's (a cut-off machine), left to
+      // the slot timeout; but a refused port says the process is gone however long this
+      // controller was away (blocked on etcd, its heartbeats unread).
+      if (p != detail::PortProbe::kRefused && now - a.last_heartbeat >= kSilentBeforeClose)
+        continue;
       if (p == detail::PortProbe::kListening)
         LOG(INFO) << "the connection of " << a.identity << " closed, but its liveness port "
                   << a.liveness_port << " answers: a reset link, the slot kept if it reconnects";
@@ -100,6 +107,16 @@ void AgentHost::check_heartbeats() {
                       : p == detail::PortProbe::kListening ? kAnsweredGrace
                                                            : kReopenGrace;
     }
+}
+
+bool AgentHost::agent_gone(int slot) const {
+  const Agent& a = agents_.at(size_t(slot));
+  return (slot_lost(slot) && !a.lost_silent) || (a.closed_at && a.process_gone);
+}
+
+void AgentHost::check_heartbeats() {
+  const auto now = Clock::now();
+  note_closed();
   for (int k = 0; k < int(agents_.size()); ++k) {
     Agent& a = agents_[size_t(k)];
     if (a.closed_at && a.close_grace == kAnsweredGrace && now - *a.closed_at < kReprobeFor &&

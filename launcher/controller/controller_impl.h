@@ -149,15 +149,23 @@ struct Controller::Impl {
   std::optional<policy::Plan> decide(Detected* d, const std::map<int, policy::Holdings>& have,
                                      const policy::Options& po);
   // Carries out `plan` (a kRecover) as epoch `next`; `plugin` (path and hash in a Rebuild)
-  // is the epoch's plugin when it changes with it. `t` gets the epoch and the times.
-  void carry_out(const policy::Plan& plan, int next, Transition* t,
-                 const membership::Rebuild* plugin = nullptr);
+  // is the epoch's plugin when it changes with it. `t` gets the epoch and the times. `d`,
+  // the failure recovered from (none for growing back or a cleared replay), is recorded as
+  // an incident with the epoch, before any rank is told of it; returns that record.
+  std::optional<report::Incident> carry_out(const policy::Plan& plan, int next, Transition* t,
+                                            const membership::Rebuild* plugin = nullptr,
+                                            const Detected* d = nullptr);
   // The membership's changes of `plan`, with the host carrying each out.
   void apply_membership(const policy::Plan& plan, Transition* t);
-  // Writes rebuild/<E> for the membership's epoch.
-  // `before`: the layout of the epoch before (a reshape's copies are in it).
-  void write_rebuild(const policy::Plan& plan, const membership::Rebuild* plugin,
-                     const Topology* before = nullptr);
+  // Writes rebuild/<E> for the membership's epoch, after etcd's record of it and `inc`, the
+  // epoch's incident (one fenced transaction), and the incident's copy in the ranks' store:
+  // a leader that dies anywhere in between leaves either no trace of the epoch (the next
+  // completes the transition) or the epoch with its incident, never ranks told of an epoch
+  // whose incident nobody recorded. `before`: the layout of the epoch before (a reshape's
+  // copies are in it).
+  // Returns the incident's index (-1: none).
+  int64_t write_rebuild(const policy::Plan& plan, const membership::Rebuild* plugin,
+                        const Topology* before = nullptr, const report::Incident* inc = nullptr);
   // After a shrink: once standby slots for a whole replica are ready, the job moves to an
   // epoch with one replica more.
   void maybe_grow();

@@ -230,20 +230,21 @@ bool Controller::Impl::recover(Detected d) {
     t.steps_completed = std::max(t.steps_completed, a.steps_completed());
   }
   if (restart_all) t.step_in_flight = t.steps_completed = std::max<int64_t>(progress, 0);
-  carry_out(*plan, next, &t, epoch_plugin.plugin_hash().empty() ? nullptr : &epoch_plugin);
+  const std::optional<report::Incident> recorded =
+      carry_out(*plan, next, &t, epoch_plugin.plugin_hash().empty() ? nullptr : &epoch_plugin,
+                d.failure.replay_cleared ? nullptr : &d);
   if (lazy_update) updates.applied(std::max<int64_t>(plan->restore.step, 0));
-  if (d.failure.replay_cleared) {
+  if (!recorded) {
     LOG(WARNING) << "replay: no machine computes wrong; the job goes on from step "
                  << plan->restore.step << " (epoch " << members.epoch() << ")";
     ctx.event("replay_cleared",
               EventFields().add("epoch", members.epoch()).add("step", plan->restore.step));
     return true;
   }
-  const report::Incident inc = incident_of(d, *plan, t);
-  const int64_t n = store_incident(ctx, inc);
-  LOG(WARNING) << "incident " << n + 1 << ": " << inc.detail() << " at step " << inc.step() + 1
-               << "; " << inc.action() << " (epoch " << members.epoch() << ", restored step "
-               << inc.restored_step() << ")";
+  const report::Incident& inc = *recorded;
+  LOG(WARNING) << "incident " << t.incident + 1 << ": " << inc.detail() << " at step "
+               << inc.step() + 1 << "; " << inc.action() << " (epoch " << members.epoch()
+               << ", restored step " << inc.restored_step() << ")";
   if (!plan->restore.why.empty())
     LOG(INFO) << "restored from " << inc.restored_from() << ": " << plan->restore.why;
   ctx.event("recovered", EventFields()
@@ -307,8 +308,8 @@ void Controller::Impl::apply_membership(const policy::Plan& plan, Transition* t)
     host->adopt(p.rank, p.index);
 }
 
-void Controller::Impl::write_rebuild(const policy::Plan& plan, const membership::Rebuild* plugin,
-                                     const Topology* before) {
+int64_t Controller::Impl::write_rebuild(const policy::Plan& plan, const membership::Rebuild* plugin,
+                                        const Topology* before, const report::Incident* inc) {
   membership::Rebuild rb;
   *rb.mutable_membership() = members.to_proto();
   rb.set_restore_step(members.epoch() == 0 ? kStartState : plan.restore.step);
@@ -327,13 +328,24 @@ void Controller::Impl::write_rebuild(const policy::Plan& plan, const membership:
   }
   transition = rb;
   // etcd first, the whole record in one fenced write: the epoch a next leader finds is never
-  // behind the one the ranks were told, and it comes with the decisions' memory that chose it.
+  // behind the one the ranks were told, and it comes with the decisions' memory that chose it
+  // and its incident. Only the leader writes incidents during a transition (the ranks are
+  // aborted), so the count read here is the index the record takes.
+  const int64_t n = inc ? store->add(keys::kIncidentCount, 0) : -1;
   if (o.state) {
     const state::JobState js = job_state();
-    o.state->job_state(js);
+    std::vector<std::pair<std::string, std::string>> with;
+    if (inc) with.push_back(o.state->incident_entry(n, *inc));
+    o.state->job_state(js, with);
     recorded_state = job_state_key(js);
   }
+  // The ranks' copy, record then count (repair_incidents counts a record past the count).
+  if (inc) {
+    set_message(*store, keys::incident_key(n), *inc);
+    store->add(keys::kIncidentCount, 1);
+  }
   set_message(*store, keys::rebuild_key(members.epoch()), rb);
+  return n;
 }
 
 state::JobState Controller::Impl::job_state() const {
@@ -358,23 +370,28 @@ void Controller::Impl::record_job_state() {
   recorded_state = std::move(key);
 }
 
-void Controller::Impl::carry_out(const policy::Plan& plan, int next, Transition* t,
-                                 const membership::Rebuild* plugin) {
+std::optional<report::Incident> Controller::Impl::carry_out(const policy::Plan& plan, int next,
+                                                            Transition* t,
+                                                            const membership::Rebuild* plugin,
+                                                            const Detected* d) {
   const Topology before = members.topo();
   apply_membership(plan, t);
   members.next_epoch(next);
   for (int r : plan.restart) spawn(r, /*restarted=*/true);
-  write_rebuild(plan, plugin, &before);
+  t->epoch = next;
+  t->rebuilt_at = recovery::unix_now();
+  std::optional<report::Incident> inc;
+  if (d) inc = incident_of(*d, plan, *t);
+  t->incident = write_rebuild(plan, plugin, &before, inc ? &*inc : nullptr);
   // Three epochs back: a rank restarted for epoch next-1 may still be starting and read its
   // rebuild; none is left in next-3, whose ranks all acked a later epoch.
   forget_epoch(next - 3);
-  t->epoch = next;
-  t->rebuilt_at = recovery::unix_now();
   ctx.event("rebuild",
             EventFields().add("epoch", next).add("restore_step", double(plan.restore.step)));
   detector.new_epoch(plan.restore.step);
   slow.reset();
   state = RunState::kTraining;
+  return inc;
 }
 
 void Controller::Impl::maybe_grow() {

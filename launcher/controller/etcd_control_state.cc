@@ -183,7 +183,13 @@ std::optional<state::EtcdMembers> EtcdControlState::etcd_members() {
 }
 
 void EtcdControlState::incident(int64_t n, const report::Incident& inc) {
-  write(keys::state::incident(job_, n), inc.SerializeAsString());
+  const auto [key, value] = incident_entry(n, inc);
+  write(key, value);
+}
+
+std::pair<std::string, std::string> EtcdControlState::incident_entry(
+    int64_t n, const report::Incident& inc) const {
+  return {keys::state::incident(job_, n), inc.SerializeAsString()};
 }
 
 std::optional<report::Incident> EtcdControlState::incident_record(int64_t n) {

@@ -66,6 +66,8 @@ class EtcdControlState {
   void etcd_members(const state::EtcdMembers& m);
   std::optional<state::EtcdMembers> etcd_members();
   void incident(int64_t n, const report::Incident& inc);
+  // Incident n as a key and value for job_state's `with`.
+  std::pair<std::string, std::string> incident_entry(int64_t n, const report::Incident& inc) const;
   // Incident n as written here, if it was.
   std::optional<report::Incident> incident_record(int64_t n);
   void update(const report::Update& u);

@@ -168,8 +168,7 @@ void EtcdUpkeep::check_quorum() {
   std::vector<std::string> gone;
   for (const auto& m : members_.members()) {
     const int k = m.slot();
-    const bool dead = k < agents_->slot_count() &&
-                      ((agents_->slot_lost(k) && !agents_->lost_silent_since(k)) || orphaned(m)) &&
+    const bool dead = k < agents_->slot_count() && (agents_->agent_gone(k) || orphaned(m)) &&
                       member_process_gone(m.peer_url());
     if (dead) gone.push_back(m.name() + " (slot " + std::to_string(k) + ")");
   }

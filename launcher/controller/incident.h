@@ -21,6 +21,7 @@ struct Transition {
   int64_t steps_completed = 0;  // the most steps a rank had completed
   double evicted_at = 0;        // 0: no slot was evicted
   double rebuilt_at = 0;
+  int64_t incident = -1;  // the index its incident took in the job's incidents (-1: none)
 };
 
 // An incident's restored_from for a restore source: "memory" (a survivor, an own snapshot, a

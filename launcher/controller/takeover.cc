@@ -43,12 +43,10 @@ void Controller::Impl::repair_incidents() {
     n = store->add(keys::kIncidentCount, 1);
     LOG(WARNING) << "incident " << n << " was recorded but not counted: counted now";
   }
-  int newest_epoch = 0;
+  // Counted but missing from the ranks' store: etcd has it (written in the epoch's own
+  // transaction, see write_rebuild), or it is lost with the controller that handled it.
   for (int64_t i = 0; i < n; ++i) {
-    if (auto have = try_get_message<report::Incident>(*store, keys::incident_key(i))) {
-      newest_epoch = std::max(newest_epoch, have->epoch());
-      continue;
-    }
+    if (try_get_message<report::Incident>(*store, keys::incident_key(i))) continue;
     std::optional<report::Incident> inc = o.state ? o.state->incident_record(i) : std::nullopt;
     if (!inc) {
       inc.emplace();
@@ -61,34 +59,11 @@ void Controller::Impl::repair_incidents() {
       if (o.state) o.state->incident(i, *inc);
     }
     set_message(*store, keys::incident_key(i), *inc);
-    newest_epoch = std::max(newest_epoch, inc->epoch());
     LOG(WARNING) << "incident " << i + 1 << " had no record in the ranks' store: "
                  << (inc->kind() == "unrecorded" ? "recorded as lost" : "copied from etcd");
   }
-  // The epoch in force was entered without its incident: the controller that decided it died
-  // before recording it (or before telling the ranks: interrupted_transition then does).
-  const int epoch = members.epoch();
-  const auto abort = try_get_message<store::Abort>(*store, keys::abort_key(epoch));
-  if (epoch == 0 || newest_epoch >= epoch || !abort) return;
-  const std::optional<membership::Rebuild> rb =
-      transition.has_membership() ? std::optional(transition) : std::nullopt;
-  report::Incident inc;
-  inc.set_kind("comm_error");
-  inc.set_rank(-1);
-  inc.set_slot(-1);
-  inc.set_epoch(epoch);
-  inc.set_detected_at(recovery::unix_now());
-  // What the Rebuild says: the restore point and its source. The step in flight went with
-  // the acks the controller before this one read: the restore point is its lower bound.
-  inc.set_restored_step(rb ? int(std::max<int64_t>(rb->restore_step(), 0)) : 0);
-  inc.set_step(inc.restored_step());
-  if (rb) inc.set_restored_from(restored_from_name(rb->source()));
-  inc.set_rule("interrupted_transition");
-  inc.set_detail(detail::concat(abort->reason(), " (the transition to epoch ", epoch,
-                                ", decided by the controller before this one, which died)"));
-  inc.set_action(detail::concat("epoch ", epoch, " as the controller before this one decided it"));
-  store_incident(ctx, inc);
-  LOG(WARNING) << "epoch " << epoch << " was entered without its incident: recorded now";
+  // An epoch in force without an incident had none (growing back, a replay that cleared every
+  // machine): etcd records an epoch and its incident in one transaction.
 }
 
 std::optional<Detected> Controller::Impl::interrupted_transition() {

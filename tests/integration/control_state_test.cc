@@ -94,12 +94,12 @@ TEST(ControlState, AJobOfThreeSlotsKeepsItsStateInEtcd) {
   std::string endpoint;
   std::getline(controller, endpoint);
   EXPECT_EQ(leader.endpoint(), endpoint);
-  // Writes: the recovery's Membership and incident; none for the 60 steps after it (the job's
-  // total is its start's few and the recovery's).
+  // Writes: the recovery's Membership with its incident, one fenced transaction; none for the
+  // 60 steps after it (the job's total is its start's few and the recovery's).
   const auto recovered = find_event(job_dir, "recovered");
   const auto end = find_event(job_dir, "end");
   ASSERT_TRUE(recovered && end);
-  EXPECT_EQ(number(*recovered, "etcd_writes"), 2);
+  EXPECT_EQ(number(*recovered, "etcd_writes"), 1);
   EXPECT_LE(number(*end, "etcd_writes"), 8) << "steps write to etcd";
   // Nothing of etcd outlives the job: its processes (counted with the job's) and data.
   EXPECT_EQ(r.leftover_processes, 0) << r.output;

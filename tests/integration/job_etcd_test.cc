@@ -93,10 +93,10 @@ TEST(ControlState, EtcdLosingAMemberOrItsQuorumNeverStopsTraining) {
   const std::string job_dir = launched_job_dir(dir);
   const auto recovered = find_event(job_dir, "recovered");
   ASSERT_TRUE(recovered) << r.output;
-  // The Membership and the incident, the leadership won again if its lease lapsed while etcd
-  // had no quorum to refresh it (an outage longer than the 5 s lease), and the tries etcd did
-  // not take: a handful, not one per step.
-  EXPECT_GE(number(*recovered, "etcd_writes"), 2);
+  // The Membership with its incident (one transaction), the leadership won again if its lease
+  // lapsed while etcd had no quorum to refresh it (an outage longer than the 5 s lease), and
+  // the tries etcd did not take: a handful, not one per step.
+  EXPECT_GE(number(*recovered, "etcd_writes"), 1);
   EXPECT_LE(number(*recovered, "etcd_writes"), 8);
   EXPECT_GE(recovered->t(), cont_at) << "recovered without quorum";
   EXPECT_EQ(json_number_field(r.report, "steps_completed"), 300) << r.report;
