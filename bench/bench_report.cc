@@ -5,8 +5,11 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <stdexcept>
+
+#include "proto/json_gaps.h"
 
 namespace keel::bench {
 namespace {
@@ -69,7 +72,8 @@ BenchRun make_run(const std::string& name, const std::string& policy, int exit_c
   for (int i = 0; i < n; ++i) {
     const int j = n > 1 ? std::max(i, 1) : 0;
     const double dt = n > 1 ? r.step_end_s(j) - r.step_end_s(j - 1) : r.wall_s();
-    const double tps = dt > 0 ? tokens_per_step / dt : 0;
+    // A step without record, or after one, has no rate that keel measured: NaN (null).
+    const double tps = std::isnan(dt) ? dt : dt > 0 ? tokens_per_step / dt : 0;
     b.add_step_tokens_per_s(tps);
     b.add_step_mfu(tps * mfu_per_token_s);
   }
@@ -84,13 +88,15 @@ std::string report_json(const BenchReport& rep) {
   std::string out;
   if (!google::protobuf::util::MessageToJsonString(rep, &out, o).ok())
     throw std::runtime_error("keel-bench: the report cannot be printed as JSON");
-  return out;
+  return nan_as_null(out);
 }
 
 void write_run_events(const std::string& dir, const BenchRun& r, double step_s,
                       const ScalarSink& also) {
   EventWriter w(dir);
   auto scalar = [&](const std::string& tag, int64_t step, double t, double v) {
+    // A value not measured is left out: TensorBoard draws the curve around the gap.
+    if (std::isnan(v) || std::isnan(t)) return;
     w.scalar(tag, step, t, v);
     if (also) also(tag, step, t, v);
   };

@@ -17,6 +17,7 @@
 
 #include "model/token_shards.h"
 #include "proto/events.pb.h"
+#include "proto/json_gaps.h"
 #include "proto/report.pb.h"
 #include "runtime/logging.h"
 
@@ -45,9 +46,7 @@ inline std::string read_text(const std::string& path) {
 
 // Reads a --report JSON file into `r`; false if it is missing or not a report.
 inline bool read_report(const std::string& path, report::RunReport* r) {
-  google::protobuf::util::JsonParseOptions o;
-  o.ignore_unknown_fields = true;
-  return google::protobuf::util::JsonStringToMessage(read_text(path), r, o).ok();
+  return message_from_json(read_text(path), r).empty();
 }
 
 // The run directory keel-launch made under `runs` (runs/<job>/), or "" before it has.

@@ -73,7 +73,7 @@ void steps_after(const report::RunReport& r, double t, Trial* out) {
   double prev = r.job_start_at();
   for (double s : r.step_end_s()) {
     const double end = r.job_start_at() + s;
-    if (s <= 0) continue;
+    if (!(s > 0)) continue;  // a step without record (NaN) says nothing of the stall
     if (end > t && out->first_step < 0) out->first_step = end - t;
     if (end > t && prev < t + 30) out->stall = std::max(out->stall, end - prev);
     prev = end;

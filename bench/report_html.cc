@@ -134,7 +134,7 @@ std::string time_chart(const BenchReport& rep, const std::string& id, const std:
     a.x1 = std::max(a.x1, r.wall_s());
     const auto& v = y(r);
     for (int i = 0; i < int(v.size()) && i < r.step_end_s_size(); ++i) {
-      if (!std::isfinite(v[i])) continue;
+      if (!std::isfinite(v[i]) || !std::isfinite(r.step_end_s(i))) continue;
       lo = std::min(lo, v[i]);
       hi = std::max(hi, v[i]);
       a.x1 = std::max(a.x1, r.step_end_s(i));
@@ -159,19 +159,28 @@ std::string time_chart(const BenchReport& rep, const std::string& id, const std:
                 " font-size=\"9\" fill=\"" + std::string(colour(k)) + "\"");
     }
     const auto& v = y(r);
+    // A value not measured (a step without record) is a gap: the curve breaks there, one
+    // polyline per stretch of known values, never a line drawn across it.
     std::string pts;
     auto point = [&](double x, double v) {
       pts += fixed(a.px(x), 1) + "," + fixed(a.py(v), 1) + " ";
     };
+    auto end_stretch = [&] {
+      if (!pts.empty())
+        s += "<polyline class=\"run-curve\" data-run=\"" + esc(r.name()) +
+             "\" fill=\"none\" stroke-width=\"1.5\" stroke=\"" + std::string(colour(k)) +
+             "\" points=\"" + pts + "\"/>\n";
+      pts.clear();
+    };
     for (int i = 0; i < int(v.size()) && i < r.step_end_s_size(); ++i) {
-      if (!std::isfinite(v[i])) continue;
-      if (steps && i > 0) point(r.step_end_s(i - 1), v[i]);
+      if (!std::isfinite(v[i]) || !std::isfinite(r.step_end_s(i))) {
+        end_stretch();
+        continue;
+      }
+      if (steps && i > 0 && std::isfinite(r.step_end_s(i - 1))) point(r.step_end_s(i - 1), v[i]);
       point(r.step_end_s(i), v[i]);
     }
-    if (!pts.empty())
-      s += "<polyline class=\"run-curve\" data-run=\"" + esc(r.name()) +
-           "\" fill=\"none\" stroke-width=\"1.5\" stroke=\"" + std::string(colour(k)) +
-           "\" points=\"" + pts + "\"/>\n";
+    end_stretch();
   }
   return s + "</svg>\n";
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -481,6 +482,24 @@ int soak_main(const SoakOptions& given) {
   if (!rep.bitwise_equal())
     rep.add_failures("parameters: " + r.param_checksum() + " vs the reference's " +
                      ref.report.param_checksum());
+  // Every step's record reached the report, and each loss is the one the fault-free run
+  // computed at that step (the runs are bitwise equal): nothing lost, nothing invented.
+  rep.set_steps_without_record(r.steps_without_record_size());
+  if (r.steps_without_record_size() > 0)
+    rep.add_failures(
+        std::to_string(r.steps_without_record_size()) + " step(s) without record, the first " +
+        std::to_string(r.steps_without_record(0) + 1) + ": " + r.steps_without_record_why());
+  int first_wrong = -1;
+  for (int i = 0; i < r.losses_size(); ++i) {
+    const bool same = i < ref.report.losses_size() && r.losses(i) == ref.report.losses(i);
+    if (same || std::isnan(r.losses(i))) continue;  // a gap is counted above
+    rep.set_losses_not_the_references(rep.losses_not_the_references() + 1);
+    if (first_wrong < 0) first_wrong = i;
+  }
+  if (first_wrong >= 0)
+    rep.add_failures(std::to_string(rep.losses_not_the_references()) +
+                     " loss(es) differ from the fault-free run's, the first at step " +
+                     std::to_string(r.first_step() + first_wrong + 1));
   if (rep.takeovers() < rep.controller_kills())
     rep.add_failures("the leader controller was killed " + std::to_string(rep.controller_kills()) +
                      " times and taken over " + std::to_string(rep.takeovers()) + " times");

@@ -1,6 +1,7 @@
 #include "launcher/job_history.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -23,36 +24,37 @@ JobHistory read_steps(Store& store, const config::JobConfig& cfg, bool has_val,
   JobHistory h;
   const int64_t first = get_message<store::Step>(store, keys::kStartStep, kRecordWait).step();
   rep->set_first_step(int(first));
-  report::StepRecord r;
   bool missed = false;
   for (int64_t s = first; s < steps; ++s) {
-    // Rank 0 writes its records in batches, a second apart (launcher/worker/job_record.h); a
-    // rank 0 that died before its batch went out is restored past those steps, and their
-    // records are lost for good: the curve keeps the step before's values there, and the
-    // report says which. One wait for a missing record is enough: the writer flushed before
-    // the report is read, so the next missing ones are looked up without waiting.
-    try {
-      if (missed && s != first) {
-        auto got = try_get_message<report::StepRecord>(store, keys::step_key(s));
-        if (!got) throw CommTimeout("step record " + std::to_string(s) + " lost");
-        r = *got;
-      } else {
-        r = get_message<report::StepRecord>(store, keys::step_key(s),
-                                            s == first ? kRecordWait : kStepRecordWait);
+    // Rank 0 writes its records in batches, a second apart (launcher/worker/job_record.h);
+    // where a rank 0 died before its batch went out, its witness on another machine wrote
+    // the same records (step_copy/<S>, launcher/worker/step_witness.h). One wait for a
+    // missing record is enough: the writers flushed before the report is read, so the next
+    // missing ones are looked up without waiting.
+    std::optional<report::StepRecord> got =
+        try_get_message<report::StepRecord>(store, keys::step_key(s));
+    if (!got) got = try_get_message<report::StepRecord>(store, keys::step_copy_key(s));
+    if (!got && !missed) {
+      try {
+        got = get_message<report::StepRecord>(store, keys::step_key(s),
+                                              s == first ? kRecordWait : kStepRecordWait);
+      } catch (const CommTimeout&) {
+        got = try_get_message<report::StepRecord>(store, keys::step_copy_key(s));
+        if (!got && s == first) throw;
+        missed = true;
       }
-    } catch (const CommTimeout&) {
-      if (s == first) throw;
-      missed = true;
+    }
+    report::StepRecord r;
+    if (got) {
+      r = *got;
+    } else {
+      // Not measured: NaN (null in the JSON), never a neighbour's value.
       rep->add_steps_without_record(int(s));
-      r.set_wall_s(0);
-      r.set_tokens(0);
-      r.set_compute_s(0);
-      r.set_comm_s(0);
-      r.set_bubble_s(0);
-      r.set_bytes_tp(0);
-      r.set_bytes_pp(0);
-      r.set_bytes_dp(0);
-      r.set_bytes_emb(0);
+      r.set_step(s);
+      r.set_loss(kNotMeasured);
+      r.set_grad_norm(kNotMeasured);
+      r.set_lr(kNotMeasured);
+      r.set_end_at(kNotMeasured);
     }
     rep->add_losses(r.loss());
     rep->add_step_end_s(r.end_at());  // unix seconds; the caller makes them job-relative
@@ -81,6 +83,11 @@ JobHistory read_steps(Store& store, const config::JobConfig& cfg, bool has_val,
       }
     }
   }
+  if (rep->steps_without_record_size() > 0)
+    rep->set_steps_without_record_why(
+        "neither rank 0's record nor its witness's copy reached the job's store: both "
+        "processes ended before writing them (their machines lost together, or every rank "
+        "restarted); the steps were trained, their numbers are not known");
   return h;
 }
 
@@ -155,8 +162,14 @@ void read_incidents(Store& store, int world, report::RunReport* rep) {
 }  // namespace
 
 JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int world, bool has_val,
-                            report::RunReport* rep) {
+                            double job_start, report::RunReport* rep) {
   const JobHistory h = read_steps(store, cfg, has_val, rep);
+  for (double& t : *rep->mutable_step_end_s()) t -= job_start;  // NaN stays NaN
+  for (int i = rep->losses_size() - 1; i >= 0; --i)
+    if (!std::isnan(rep->losses(i))) {
+      rep->set_final_loss(rep->losses(i));
+      break;
+    }
   read_ranks(store, world, rep);
   read_incidents(store, world, rep);
   return h;

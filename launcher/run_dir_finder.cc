@@ -11,6 +11,7 @@
 
 #include "launcher/control_plane.h"
 #include "proto/events.pb.h"
+#include "proto/json_gaps.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -121,9 +122,7 @@ std::optional<report::RunReport> read_run_report(const std::string& dir) {
   std::stringstream text;
   text << in.rdbuf();
   report::RunReport r;
-  google::protobuf::util::JsonParseOptions opts;
-  opts.ignore_unknown_fields = true;
-  if (!google::protobuf::util::JsonStringToMessage(text.str(), &r, opts).ok()) return std::nullopt;
+  if (!message_from_json(text.str(), &r).empty()) return std::nullopt;
   return r;
 }
 

@@ -13,6 +13,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include "proto/json_gaps.h"
 #include "runtime/check.h"
 
 namespace keel {
@@ -64,7 +65,7 @@ void write_report_json(const std::string& path, const RunReport& r) {
   std::string json;
   auto status = google::protobuf::util::MessageToJsonString(r, &json, opts);
   KEEL_CHECK(status.ok(), "report to JSON: ", status.ToString());
-  write_file(path, json);
+  write_file(path, nan_as_null(json));
 }
 
 void write_loss_svg(const std::string& path, const RunReport& r) {
@@ -81,9 +82,12 @@ void write_loss_svg(const std::string& path, const RunReport& r) {
     o << ", " << r.checkpoint_write_failures() << " persistent checkpoint write(s) FAILED";
   o << ")</text>\n";
   if (r.losses_size() > 0) {
-    double lo = *std::min_element(r.losses().begin(), r.losses().end());
-    double hi = *std::max_element(r.losses().begin(), r.losses().end());
+    // Steps without record (NaN) are gaps: out of the scale, a break in each curve.
+    double lo = INFINITY, hi = -INFINITY;
+    for (double v : r.losses())
+      if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
     for (double v : r.val_losses()) lo = std::min(lo, v), hi = std::max(hi, v);
+    if (!(lo <= hi)) lo = 0, hi = 1;
     if (hi - lo < 1e-9) hi = lo + 1;
     const double n = std::max<double>(1, double(r.losses_size() - 1));
     auto x = [&](double i) { return L + (W - L - R) * i / n; };
@@ -103,15 +107,23 @@ void write_loss_svg(const std::string& path, const RunReport& r) {
     // The raw losses, light, and an exponential moving average over ~10 steps on top: the
     // per-step loss of a small batch is noisy and the trend is what a reader looks for.
     auto polyline = [&](const std::vector<double>& v, const char* colour, double width) {
-      o << "<polyline fill='none' stroke='" << colour << "' stroke-width='" << width
-        << "' points='";
-      for (size_t i = 0; i < v.size(); ++i) o << x(double(i)) << "," << y(v[i]) << " ";
-      o << "'/>\n";
+      size_t i = 0;
+      while (i < v.size()) {
+        if (!std::isfinite(v[i])) {
+          ++i;
+          continue;
+        }
+        o << "<polyline fill='none' stroke='" << colour << "' stroke-width='" << width
+          << "' points='";
+        for (; i < v.size() && std::isfinite(v[i]); ++i) o << x(double(i)) << "," << y(v[i]) << " ";
+        o << "'/>\n";
+      }
     };
     std::vector<double> losses(r.losses().begin(), r.losses().end());
+    // The average starts again after a gap: it never carries a value across steps not measured.
     std::vector<double> ema(losses.size());
     for (size_t i = 0; i < losses.size(); ++i)
-      ema[i] = i == 0 ? losses[0] : 0.9 * ema[i - 1] + 0.1 * losses[i];
+      ema[i] = i == 0 || std::isnan(ema[i - 1]) ? losses[i] : 0.9 * ema[i - 1] + 0.1 * losses[i];
     polyline(losses, "#aec7e8", 1);
     polyline(ema, "#1f3f8f", 2);
     // Incidents as red rules at the step they hit, labelled with their kind.

@@ -1,13 +1,13 @@
 // The ETTR projection (robust/ettr_projection.h): the model is documented there.
 #include "robust/ettr_projection.h"
 
-#include <google/protobuf/util/json_util.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <stdexcept>
+
+#include "proto/json_gaps.h"
 
 namespace keel {
 namespace {
@@ -91,10 +91,8 @@ MeasuredCosts measured_costs(const report::RunReport& r) {
 
 MeasuredCosts measured_costs_from_json(const std::string& json) {
   report::RunReport r;
-  google::protobuf::util::JsonParseOptions o;
-  o.ignore_unknown_fields = true;
-  const auto st = google::protobuf::util::JsonStringToMessage(json, &r, o);
-  if (!st.ok()) throw std::invalid_argument("not a RunReport JSON: " + std::string(st.message()));
+  const std::string why = message_from_json(json, &r);
+  if (!why.empty()) throw std::invalid_argument("not a RunReport JSON: " + why);
   return measured_costs(r);
 }
 

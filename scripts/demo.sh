@@ -42,4 +42,14 @@ else
   echo "parameters differ: fault-free $a, faulted $b" >&2
   exit 1
 fi
+# Every step's record survived the faults (a step without one would be null), and each loss
+# is the one the fault-free run computed at that step.
+losses() { sed -n '/"losses": \[/,/\]/p' "$1"; }
+if losses out/demo/3d.json | cmp -s - <(losses out/demo/3d-faults.json); then
+  echo "losses: every step's record kept, each equal to the fault-free run's"
+else
+  echo "losses differ from the fault-free run's, or steps lost their records:" \
+    "$(grep -o '"steps_without_record_why": "[^"]*"' out/demo/3d-faults.json)" >&2
+  exit 1
+fi
 echo "reports: out/demo/*.json; loss curves (incidents marked): out/demo/*-loss.svg; logs: runs/"

@@ -42,11 +42,10 @@ void write_stop_report(Store& store, const config::JobConfig& cfg, double job_st
   ran.mutable_train()->set_steps(int(done && first ? std::max(done->step(), first->step()) : 0));
   JobHistory h;
   if (first) {
-    h = read_job_history(store, ran, topo.world_size(), cfg.train().eval_every() > 0, &rep);
-    for (double& t : *rep.mutable_step_end_s()) t = t > 0 ? t - job_start : 0;
+    h = read_job_history(store, ran, topo.world_size(), cfg.train().eval_every() > 0, job_start,
+                         &rep);
   }
   rep.set_steps_completed(std::max<int64_t>(ran.train().steps(), steps_seen));
-  if (rep.losses_size() > 0) rep.set_final_loss(rep.losses(rep.losses_size() - 1));
   rep.set_tokens_per_s(h.timed_s > 0 ? h.timed_tokens / h.timed_s : 0);
   rep.set_wall_s(recovery::unix_now() - job_start);
   rep.set_ettr(rep.wall_s() > 0 ? h.kept_s / rep.wall_s() : 0);

@@ -37,8 +37,7 @@ void JobRecord::new_epoch(int epoch) {
   first_step_in_epoch_ = true;
 }
 
-void JobRecord::step(Store& store, const StepStats& st, double model_flops_per_token,
-                     const Peak& peak) {
+report::StepRecord JobRecord::record_of(const StepStats& st) {
   report::StepRecord r;
   r.set_step(st.step);
   r.set_loss(st.loss);
@@ -54,7 +53,12 @@ void JobRecord::step(Store& store, const StepStats& st, double model_flops_per_t
   r.set_bytes_emb(double(st.bytes_emb));
   r.set_tokens(double(st.tokens));
   r.set_end_at(unix_now());
-  batch_.emplace_back(keys::step_key(st.step), r.SerializeAsString());
+  return r;
+}
+
+void JobRecord::step(Store& store, const StepStats& st, double model_flops_per_token,
+                     const Peak& peak) {
+  batch_.emplace_back(keys::step_key(st.step), record_of(st).SerializeAsString());
   live_step_s_ += st.wall_s;
   progress_.set_step(st.step + 1);
   if (supervised_) {

@@ -39,6 +39,10 @@ class JobRecord {
   // The validation loss after `steps` steps.
   static void eval(Store& store, int64_t steps, double loss);
 
+  // The record of step `st` as this rank saw it, ended now (every rank sees the same loss,
+  // gradient norm and learning rate; the times are its own).
+  static report::StepRecord record_of(const StepStats& st);
+
   // The rank is in `epoch` now: its next step is the epoch's first.
   void new_epoch(int epoch);
   // Rank 0's step `st` is done: its record, the progress, the live figures (MFU from

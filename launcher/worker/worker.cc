@@ -314,6 +314,7 @@ void Worker::attach_supervision(const FaultPlan& plan) {
 
 void Worker::apply_membership(const membership::Membership& m) {
   members_.apply(m, &cfg_);
+  witness_rank_ = record_witness(m);
 }
 
 SdcRank Worker::sdc_rank() {
@@ -360,6 +361,8 @@ bool Worker::on_error(int64_t s, const std::exception& e) {
     if (snapshots_->snapshotter()) snapshots_->snapshotter()->wait_idle();
     // The steps' records so far, before the controller decides (a stop reports them).
     if (leader_) record_->flush(*step_store_);
+    // Rank 0 may be what failed: the witness writes what its batches did not bring.
+    if (o_.rank == witness_rank_) witness_.write_missing(*step_store_);
     if (!o_.quiet)
       LOG(WARNING) << "rank " << o_.rank << ": step " << s + 1 << ": " << e.what()
                    << "; waiting for the supervisor";
@@ -387,6 +390,7 @@ void Worker::after_step(const StepStats& step_stats) {
   if (snapshots_->checkpointer() && (s + 1) % every == 0)
     snapshots_->checkpointer()->save_async(*state_);
   if (leader_) record_->step(*step_store_, st, trainer_->model_flops_per_token(), mfu_.peak());
+  if (o_.rank == witness_rank_) witness_.step(*step_store_, JobRecord::record_of(st));
   if (leader_ && !o_.quiet &&
       ((s + 1) % std::max(1, cfg_.train().log_every()) == 0 || s + 1 == steps))
     print_step(st, double(st.tokens) / st.wall_s);

@@ -36,6 +36,7 @@
 #include "launcher/worker/sdc_checker.h"
 #include "launcher/worker/snapshot_set.h"
 #include "launcher/worker/step_loop.h"
+#include "launcher/worker/step_witness.h"
 #include "launcher/worker/update_watcher.h"
 #include "model/data_loader.h"
 #include "model/plugin_loader.h"
@@ -212,6 +213,9 @@ class Worker {
   std::unique_ptr<UpdateWatcher> updates_;
   std::unique_ptr<Probation> probation_;
   std::unique_ptr<JobRecord> record_;
+  // Rank 0's records kept on another machine (used on the rank record_witness names).
+  StepWitness witness_;
+  int witness_rank_ = -1;  // record_witness of the layout in force
   // A rank started alone owns its job: it holds the checkpoint directory as keel-launch and
   // keel-worker --nproc do for theirs, so that no other job writes its steps there meanwhile.
   std::optional<CheckpointDirLock> ckpt_lock_;

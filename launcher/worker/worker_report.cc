@@ -114,11 +114,10 @@ void Worker::fill_report(RunReport* rep) {
   rep->set_recovery_mode(config::RecoveryConfig::Mode_Name(cfg_.recovery().mode()));
   const int64_t steps = cfg_.train().steps();
   record_->flush(*store_);  // the last second's steps
-  const JobHistory h = read_job_history(*store_, cfg_, topo.world_size(), val_ != nullptr, rep);
-  for (double& t : *rep->mutable_step_end_s()) t = t > 0 ? t - env_.job_start : 0;
+  const JobHistory h =
+      read_job_history(*store_, cfg_, topo.world_size(), val_ != nullptr, env_.job_start, rep);
   const double kept_s = h.kept_s, timed_s = h.timed_s, timed_tokens = h.timed_tokens;
   rep->set_steps_completed(int(steps));
-  if (rep->losses_size() > 0) rep->set_final_loss(rep->losses(rep->losses_size() - 1));
   rep->set_tokens_per_s(timed_s > 0 ? timed_tokens / timed_s : 0);
   const Mfu m = mfu(rep->tokens_per_s());
   rep->set_mfu(m.value);

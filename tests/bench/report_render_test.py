@@ -173,13 +173,24 @@ def main():
         runs = rep.get("runs", [])
         incidents = sum(len(r.get("incidents", [])) for r in runs)
         with_losses = sum(1 for r in runs if r.get("losses") and r.get("step_end_s"))
+        # A step without record (null) breaks a run's curve: one polyline per stretch of
+        # known values (the fixture's restart_all run has such a gap).
+        def stretches(r, field):
+            known = [v is not None and t is not None
+                     for v, t in zip(r.get(field, []), r.get("step_end_s", []))]
+            return sum(1 for i, k in enumerate(known) if k and (i == 0 or not known[i - 1]))
+        loss_stretches = sum(stretches(r, "losses") for r in runs)
+        mfu_stretches = sum(stretches(r, "step_mfu") for r in runs)
+        if loss_stretches <= with_losses:
+            failures.append("the fixture has no gap in its losses: the break is not checked")
         marked = sum(1 for r in runs for i in r.get("incidents", [])
                      if i.get("detected_at", 0) > 0 and r.get("started_at", 0) > 0)
         timed = sum(1 for r in runs for i in r.get("incidents", [])
                     if i.get("injected_at", 0) > 0 or i.get("detected_at", 0) > 0)
         expect = [
-            ("loss chart curves", dom.count("polyline", "run-curve", "loss-chart"), with_losses),
-            ("MFU chart curves", dom.count("polyline", "run-curve", "mfu-chart"), with_losses),
+            ("loss chart curves", dom.count("polyline", "run-curve", "loss-chart"),
+             loss_stretches),
+            ("MFU chart curves", dom.count("polyline", "run-curve", "mfu-chart"), mfu_stretches),
             ("loss chart incident markers", dom.count("line", "incident-mark", "loss-chart"),
              marked),
             ("MFU chart incident markers", dom.count("line", "incident-mark", "mfu-chart"), marked),

@@ -115,6 +115,9 @@ TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
     EXPECT_FALSE(rep.no_partitions_why().empty());
   }
   EXPECT_EQ(rep.steps_completed(), rep.steps());
+  // Every step's record in the report, each loss the fault-free run's (issue 45).
+  EXPECT_EQ(rep.steps_without_record(), 0) << log;
+  EXPECT_EQ(rep.losses_not_the_references(), 0) << log;
   EXPECT_GE(rep.incidents(), 100);
   EXPECT_TRUE(rep.bitwise_equal());
   EXPECT_FALSE(rep.reference_checksum().empty());

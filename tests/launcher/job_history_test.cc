@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "launcher/recovery_protocol.h"
 #include "parallel/comm_error.h"
 #include "parallel/hash_store.h"
@@ -54,7 +56,7 @@ TEST(JobHistory, AnEvaluationLostToAFailureIsLeftOutOfTheCurve) {
   eval.set_loss(0.5);
   set_message(store, keys::eval_key(10), eval);  // the one after step 5 never ran
   report::RunReport rep;
-  read_job_history(store, cfg, /*world=*/1, /*has_val=*/true, &rep);
+  read_job_history(store, cfg, /*world=*/1, /*has_val=*/true, /*job_start=*/0, &rep);
   using Missed = decltype(store.missed);
   EXPECT_EQ(store.missed, (Missed{{keys::eval_key(5), kEvalWait}}));
   ASSERT_EQ(rep.val_steps_size(), 1);
@@ -63,29 +65,68 @@ TEST(JobHistory, AnEvaluationLostToAFailureIsLeftOutOfTheCurve) {
   EXPECT_EQ(rep.losses_size(), 10);
 }
 
-// A rank 0 that died between its update and the step's record (found hung there) is restored
-// past the step: that record never comes. The report is still written, and says which.
-TEST(JobHistory, AStepRecordLostWithRankZeroIsNamedNotWaitedFor) {
+// Steps whose record neither rank 0 nor its witness wrote (both died before): the report is
+// still written, says which and why, and holds NaN there (null in its JSON), never the step
+// before's value; their time is not counted, and the final loss is the last one measured.
+TEST(JobHistory, AStepRecordLostWithRankZeroAndItsWitnessIsAGap) {
   WaitLog store;
   config::JobConfig cfg;
   cfg.mutable_train()->set_steps(6);
   set_start_step(store, 0);
-  for (int s : {0, 1, 2, 4, 5}) {
+  for (int s : {0, 1, 2, 4}) {
     report::StepRecord r;
     r.set_step(s);
     r.set_loss(10.0 - s);
     r.set_wall_s(0.5);
+    r.set_end_at(100 + s);
     store.set(keys::step_key(s), r.SerializeAsString());
   }
   report::RunReport rep;
-  const JobHistory h = read_job_history(store, cfg, /*world=*/1, /*has_val=*/false, &rep);
+  const JobHistory h =
+      read_job_history(store, cfg, /*world=*/1, /*has_val=*/false, /*job_start=*/100, &rep);
   using Missed = decltype(store.missed);
+  // One wait, for the first missing record: the writers flushed before the report is read.
   EXPECT_EQ(store.missed, (Missed{{keys::step_key(3), kStepRecordWait}}));
   ASSERT_EQ(rep.losses_size(), 6);
-  EXPECT_EQ(rep.losses(3), rep.losses(2));  // the step before's value, said so below
-  EXPECT_EQ(rep.steps_without_record_size(), 1);
-  EXPECT_EQ(rep.steps_without_record(0), 3);
-  EXPECT_DOUBLE_EQ(h.kept_s, 2.5);  // its time is not counted
+  EXPECT_TRUE(std::isnan(rep.losses(3)));
+  EXPECT_TRUE(std::isnan(rep.grad_norms(3)));
+  EXPECT_TRUE(std::isnan(rep.lrs(3)));
+  EXPECT_TRUE(std::isnan(rep.step_end_s(3)));
+  EXPECT_TRUE(std::isnan(rep.losses(5)));
+  EXPECT_EQ(rep.losses(4), 6.0);
+  EXPECT_EQ(rep.step_end_s(4), 4.0);  // seconds since the job's start
+  EXPECT_EQ(std::vector<int>(rep.steps_without_record().begin(), rep.steps_without_record().end()),
+            (std::vector<int>{3, 5}));
+  EXPECT_NE(rep.steps_without_record_why().find("witness"), std::string::npos);
+  EXPECT_EQ(rep.final_loss(), 6.0);
+  EXPECT_DOUBLE_EQ(h.kept_s, 2.0);
+}
+
+// Rank 0 died before its batch went out; its witness on another machine wrote the same
+// records (step_copy/<S>): the report has every step, the copies where rank 0's are missing,
+// rank 0's own where both exist.
+TEST(JobHistory, TheWitnesssCopiesFillWhatRankZeroDidNotWrite) {
+  WaitLog store;
+  config::JobConfig cfg;
+  cfg.mutable_train()->set_steps(5);
+  set_start_step(store, 0);
+  for (int s = 0; s < 5; ++s) {
+    report::StepRecord r;
+    r.set_step(s);
+    r.set_loss(10.0 - s);
+    r.set_wall_s(0.5);
+    if (s < 2) store.set(keys::step_key(s), r.SerializeAsString());
+    r.set_wall_s(0.25);  // the witness's own time: its copy is told apart by it
+    if (s >= 1) store.set(keys::step_copy_key(s), r.SerializeAsString());
+  }
+  report::RunReport rep;
+  const JobHistory h =
+      read_job_history(store, cfg, /*world=*/1, /*has_val=*/false, /*job_start=*/0, &rep);
+  EXPECT_TRUE(store.missed.empty());
+  EXPECT_EQ(rep.steps_without_record_size(), 0);
+  ASSERT_EQ(rep.losses_size(), 5);
+  for (int s = 0; s < 5; ++s) EXPECT_EQ(rep.losses(s), 10.0 - s);
+  EXPECT_DOUBLE_EQ(h.kept_s, 2 * 0.5 + 3 * 0.25);
 }
 
 // An incident's timeline and each rank's source come from the ranks' typed values: the
@@ -119,7 +160,7 @@ TEST(JobHistory, AnIncidentIsCompletedWithTheRanksRestoreTimesAndSources) {
   first.set_at(30);
   set_message(store, keys::first_step_key(4), first);
   report::RunReport rep;
-  read_job_history(store, cfg, /*world=*/3, /*has_val=*/false, &rep);
+  read_job_history(store, cfg, /*world=*/3, /*has_val=*/false, /*job_start=*/0, &rep);
   ASSERT_EQ(rep.incidents_size(), 1);
   const report::Incident& got = rep.incidents(0);
   EXPECT_EQ(got.restored_at(), 22);

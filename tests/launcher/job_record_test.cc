@@ -118,7 +118,7 @@ TEST(JobRecord, PidsAndEvalsReadBackIntoTheReport) {
   cfg.mutable_train()->set_steps(1);
   cfg.mutable_train()->set_eval_every(1);
   report::RunReport rep;
-  read_job_history(store, cfg, /*world=*/2, /*has_val=*/true, &rep);
+  read_job_history(store, cfg, /*world=*/2, /*has_val=*/true, /*job_start=*/0, &rep);
   ASSERT_EQ(rep.ranks_size(), 2);
   EXPECT_EQ(rep.ranks(0).pids_size(), 1);
   ASSERT_EQ(rep.ranks(1).pids_size(), 2);

@@ -1,0 +1,51 @@
+#include "launcher/worker/step_witness.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallel/comm_error.h"
+#include "proto/store_keys.h"
+#include "proto/store_values.pb.h"
+#include "runtime/logging.h"
+
+namespace keel {
+
+int record_witness(const membership::Membership& m) {
+  const int world = m.rank_slot_size();
+  if (world == 0) return m.tp() * m.pp() * m.dp() > 1 ? 1 : -1;
+  for (int r = 1; r < world; ++r)
+    if (m.rank_slot(r) != m.rank_slot(0)) return r;
+  return -1;
+}
+
+void StepWitness::step(Store& store, const report::StepRecord& r) {
+  // A step run again (after a rollback) replaces its record and every later one.
+  while (!kept_.empty() && kept_.back().step() >= r.step()) kept_.pop_back();
+  kept_.push_back(r);
+  if (kept_.size() > kKept) kept_.pop_front();
+  if (owed_ && std::chrono::steady_clock::now() - tried_at_ >= std::chrono::seconds(1))
+    write_missing(store);
+}
+
+bool StepWitness::write_missing(Store& store) {
+  owed_ = true;
+  tried_at_ = std::chrono::steady_clock::now();
+  try {
+    const auto progress = try_get_message<store::Step>(store, keys::kProgress);
+    const int64_t from = progress ? progress->step() : 0;
+    while (!kept_.empty() && kept_.front().step() < from) kept_.pop_front();
+    std::vector<std::pair<std::string, std::string>> kvs;
+    for (const report::StepRecord& r : kept_)
+      kvs.emplace_back(keys::step_copy_key(r.step()), r.SerializeAsString());
+    if (!kvs.empty()) store.set_all(kvs);
+  } catch (const CommError& e) {
+    LOG(WARNING) << "the witness's copies of the steps' records wait: " << e.what();
+    return false;
+  }
+  owed_ = false;
+  return true;
+}
+
+}  // namespace keel
