@@ -57,7 +57,7 @@ struct Options {
   int soak = 0;  // faults of a soak (bench/soak.h); 0: the policy comparison
   std::string soak_machines = "auto";
   double soak_kill_controller_every_s = 30;
-  std::string soak_etcd = "own";
+  std::string soak_etcd = "job";
 };
 
 // The longest checkpoint interval (the config's int32 field, with room to spare).
@@ -290,9 +290,10 @@ void add_flags(CLI::App& app, Options* o) {
       ->option_text("S")
       ->transform(cli::number(0, 3600, "seconds"));
   app.add_option("--soak-etcd", o->soak_etcd,
-                 "where the soak's job keeps its control state: own, a cluster of 3 on the host "
-                 "beside the machines (--etcd; default); job, the etcd members keel-launch "
-                 "starts on the job's own slots, lost and replaced with the machines")
+                 "where the soak's job keeps its control state: job, the etcd members "
+                 "keel-launch starts on the job's own slots, lost and replaced with the "
+                 "machines (default); own, a cluster of 3 on the host beside the machines "
+                 "(--etcd, as a site runs etcd on service nodes)")
       ->option_text("job|own")
       ->check(CLI::IsMember({"job", "own"}));
 }

@@ -45,10 +45,10 @@ struct SoakOptions {
   // The leader controller killed -9 from outside this often (the PID the election names),
   // each time once the previous kill was taken over; 0: never.
   double kill_controller_every_s = 0;
-  // A cluster of its own on the host for the job's etcd (--etcd), or, without, the members
-  // keel-launch starts on the job's own slots, lost and replaced with the machines (the soak
-  // does not pass with them yet: the closing note of issue 44 says where it stands).
-  bool own_etcd = true;
+  // A cluster of its own on the host for the job's etcd (--etcd), or, without (the default),
+  // the members keel-launch starts on the job's own slots, lost and replaced with the
+  // machines.
+  bool own_etcd = false;
 };
 
 // The soak's faults: `faults` of them, one every `gap` steps from `first_step`, kinds in a

@@ -28,6 +28,9 @@ inline constexpr const char* kController = "KEEL_CONTROLLER";       // control-p
 // The job's etcd ("host:port,..."), when it has one: the leader controller is found there
 // (a new one takes over when it dies), and the job's store lives there.
 inline constexpr const char* kEtcd = "KEEL_ETCD";
+// The rendezvous store the ranks meet through: "host:port" (a TcpStore) or an etcd store's
+// address (launcher/etcd/etcd_store.h).
+inline constexpr const char* kStoreAddr = "KEEL_STORE_ADDR";
 inline constexpr const char* kSlot = "KEEL_SLOT";                        // the slot it runs on
 inline constexpr const char* kLocalWorldSize = "KEEL_LOCAL_WORLD_SIZE";  // workers per slot
 inline constexpr const char* kIfname = "KEEL_IFNAME";  // the slot's own network interface

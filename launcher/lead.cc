@@ -128,7 +128,7 @@ std::map<std::string, std::string> worker_env(const state::JobSpec& spec,
                                               const std::string& etcd) {
   std::map<std::string, std::string> env(spec.standby_env().begin(), spec.standby_env().end());
   env[env::kController] = controller;
-  if (!spec.store_addr().empty()) env["KEEL_STORE_ADDR"] = spec.store_addr();
+  if (!spec.store_addr().empty()) env[env::kStoreAddr] = spec.store_addr();
   if (!etcd.empty()) env[env::kEtcd] = etcd;
   return env;
 }
@@ -223,7 +223,10 @@ int lead_first(const FirstLead& f) {
   }
   agents.set_store(store, worker_env(spec, control.endpoint(), etcd_list));
   if (f.on_etcd) f.on_etcd(etcd_endpoints);
-  if (etcd.client) agents.follow(etcd_endpoints, etcd.candidates);
+  if (etcd.client) {
+    agents.follow(etcd_endpoints, etcd.candidates);
+    agents.follow_etcd_members([c = etcd.client.get()] { return c->endpoints(); });
+  }
   ControllerOptions co = options_of(spec, f.cfg);
   co.controller_endpoint = control.endpoint();
   co.etcd_endpoints = etcd_list;
@@ -302,6 +305,9 @@ int lead_as_candidate(const LaunchOptions& o, const volatile sig_atomic_t* stop)
   std::ofstream(dir / "controller") << control.endpoint() << "\n" << job << "\n";
   const std::vector<std::string> argv(spec.worker_argv().begin(), spec.worker_argv().end());
   AgentHost* host = nullptr;  // the store's idle answers the agents once they exist
+  // The store's address as the first leader wrote it, on the members etcd has now (a cluster
+  // keel started is followed by the client as its members are replaced).
+  spec.set_store_addr(with_etcd_endpoints(spec.store_addr(), client.endpoints()));
   std::shared_ptr<Store> store = leaders_store(
       spec.store_addr(), std::chrono::milliseconds(cfg.detect().quorum_timeout_ms()),
       [&host] {
@@ -317,6 +323,7 @@ int lead_as_candidate(const LaunchOptions& o, const volatile sig_atomic_t* stop)
   // Welcomes name the etcd; this leader keeps as many candidates as the first did, on the
   // first live slots (those whose candidate runs already keep it).
   agents.follow(endpoints, std::min(spec.slots(), std::max(3, int(endpoints.size()))));
+  agents.follow_etcd_members([&client] { return client.endpoints(); });
   ControllerOptions co = options_of(spec, cfg);
   co.controller_endpoint = control.endpoint();
   co.etcd_endpoints = o.etcd;

@@ -51,7 +51,7 @@ void add_worker_flags(WorkerCli* c, WorkerOptions* o) {
   app.add_option("--store", o->store_addr,
                  "the TCP store the ranks meet through (or KEEL_STORE_ADDR)")
       ->type_name("HOST:PORT")
-      ->envname("KEEL_STORE_ADDR");
+      ->envname(env::kStoreAddr);
   cli::add_fault_flags(app, &c->faults);
   app.add_option("--resume", o->resume_dir,
                  "continue from the newest complete persistent checkpoint in DIR")

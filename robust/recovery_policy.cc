@@ -343,7 +343,11 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
   std::set<int> evict;
   const bool swap = mode == config::RecoveryConfig::hot_swap && v.has_slots();
   if (swap) {
-    evict = lost_slots;
+    // A lost slot whose machine came back while the recovery waited (repaired, joined again
+    // with --join) holds its ranks again: they start there anew, as in_place would, and the
+    // waiting ends; only slots still lost are evicted.
+    for (int s : lost_slots)
+      if (lost(v, s)) evict.insert(s);
     // A hung machine is not trusted again until it has checked itself; the controller's own
     // slot (mpirun's slot 0) is never evicted.
     if ((f.kind == FailureKind::kHang || f.kind == FailureKind::kSdc ||

@@ -186,8 +186,11 @@ void Agent::start_candidate() {
   // A process of its own beside the agent: a controller that crashes takes no worker with it,
   // and one that loses its slot goes with it (it dies with the agent).
   const std::vector<std::string> argv = {
-      self_exe_path(),         "--candidate", "--job", o_.job,   "--slot",
-      std::to_string(o_.slot), "--host",      o_.host, "--etcd", join(etcd_endpoints_, ',')};
+      self_exe_path(), "--candidate", "--job", o_.job, "--slot", std::to_string(o_.slot), "--host",
+      o_.host, "--etcd",
+      // The members as etcd lists them now: a cluster whose members were replaced since this
+      // agent was welcomed is no longer at the endpoints of its welcome.
+      join(leader_link_ ? leader_link_->etcd_endpoints() : etcd_endpoints_, ',')};
   candidate_ = spawn_child(
       argv, {}, o_.log_dir + "/slot" + std::to_string(o_.slot) + "-controller.log", SIGKILL);
   candidate_started_ = Clock::now();

@@ -8,11 +8,13 @@
 #include <thread>
 
 #include "launcher/control_plane.h"
+#include "launcher/etcd/etcd_store.h"
 #include "launcher/job_env.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
 #include "runtime/check.h"
 #include "runtime/logging.h"
+#include "runtime/text.h"
 
 namespace keel {
 namespace {
@@ -131,7 +133,7 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
     a.lost_silent = false;
     control::Envelope w = make_envelope(0);
     w.mutable_command()->set_kind(control::Command::welcome);
-    for (const auto& e : etcd_endpoints_) w.mutable_command()->add_etcd_endpoints(e);
+    for (const auto& e : etcd_endpoints()) w.mutable_command()->add_etcd_endpoints(e);
     const bool candidate = !etcd_endpoints_.empty() && wants_candidate(k);
     w.mutable_command()->set_candidate(candidate);
     if (candidate) candidate_at_.insert(k);
@@ -157,6 +159,25 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
         exits_.push_back(x);
         LOG(INFO) << "slot " << k << ": rank " << r
                   << "'s worker ended while the job had no leader (" << x.describe() << ")";
+      }
+      // Ranks placed here that the agent neither runs nor saw end: it was started anew (the
+      // machine lost and joined again while the job had no leader) and never ran them. They
+      // are gone, not hung: exits, so that the transition restarts them instead of waiting
+      // for an ack (a hang would evict the slot and wait for a standby).
+      for (const int r : here) {
+        if (reg.running().count(r) ||
+            std::any_of(reg.exited().begin(), reg.exited().end(),
+                        [r](const control::Event& e) { return e.rank() == r; }))
+          continue;
+        alive_[size_t(r)] = false;
+        RankExit x;
+        x.rank = r;
+        x.slot = k;
+        x.status = W_EXITCODE(0, SIGKILL);
+        x.detail = detail::concat("no worker of rank ", r, " runs on slot ", k,
+                                  ": its agent was started anew while the job had no leader");
+        exits_.push_back(x);
+        LOG(INFO) << "slot " << k << ": rank " << r << " has no worker there (" << x.detail << ")";
       }
       if (members_->state(k) == membership::SlotInfo::standby)
         a.self_check.assign(size_t(layout_.workers_per_slot), std::nullopt);
@@ -278,6 +299,7 @@ void AgentHost::start_standby(int slot, bool initial) {
     c->set_world(members_->world());
     for (const auto& a : worker_argv_) c->add_args(a);
     for (const auto& [k, v] : worker_env_) (*c->mutable_env())[k] = v;
+    with_current_etcd(c->mutable_env());
     auto& env = *c->mutable_env();
     env[env::kStandby] = "1";
     env[env::kSlot] = std::to_string(slot);
@@ -370,6 +392,7 @@ void AgentHost::spawn(int rank, const std::map<std::string, std::string>& env) {
   } else {
     for (const auto& a : worker_argv_) c->add_args(a);
     for (const auto& [k, v] : env) (*c->mutable_env())[k] = v;
+    with_current_etcd(c->mutable_env());
     (*c->mutable_env())[env::kLocalWorldSize] = std::to_string(layout_.workers_per_slot);
     (*c->mutable_env())[env::kSlot] = std::to_string(slot);
   }
@@ -385,6 +408,7 @@ bool AgentHost::spawn_extra(int slot, int id, const std::map<std::string, std::s
   c->set_world(members_->world());
   for (const auto& a : worker_argv_) c->add_args(a);
   for (const auto& [k, v] : env) (*c->mutable_env())[k] = v;
+  with_current_etcd(c->mutable_env());
   (*c->mutable_env())[env::kLocalWorldSize] = std::to_string(layout_.workers_per_slot);
   (*c->mutable_env())[env::kSlot] = std::to_string(slot);
   send(slot, m);
@@ -426,13 +450,27 @@ void AgentHost::set_store(std::shared_ptr<Store> store,
   deferred_standby_.clear();
 }
 
+std::vector<std::string> AgentHost::etcd_endpoints() const {
+  if (etcd_endpoints_.empty() || !etcd_now_) return etcd_endpoints_;
+  std::vector<std::string> now = etcd_now_();
+  return now.empty() ? etcd_endpoints_ : now;
+}
+
+void AgentHost::with_current_etcd(google::protobuf::Map<std::string, std::string>* env) const {
+  if (!etcd_now_ || !env->contains(env::kEtcd)) return;
+  const std::vector<std::string> now = etcd_endpoints();
+  (*env)[env::kEtcd] = join(now, ",");
+  const auto store = env->find(env::kStoreAddr);
+  if (store != env->end()) store->second = with_etcd_endpoints(store->second, now);
+}
+
 void AgentHost::follow(const std::vector<std::string>& etcd_endpoints, int candidates) {
   etcd_endpoints_ = etcd_endpoints;
   candidates_ = candidates;
   for (int k = 0; k < int(agents_.size()); ++k) {
     if (!up(k)) continue;  // told with its welcome
     control::Envelope m = command(control::Command::follow);
-    for (const auto& e : etcd_endpoints_) m.mutable_command()->add_etcd_endpoints(e);
+    for (const auto& e : this->etcd_endpoints()) m.mutable_command()->add_etcd_endpoints(e);
     const bool candidate = wants_candidate(k);
     m.mutable_command()->set_candidate(candidate);
     if (candidate) candidate_at_.insert(k);
@@ -457,7 +495,7 @@ void AgentHost::keep_candidates() {
     }
     if (live++ >= candidates_ || candidate_at_.count(k)) continue;
     control::Envelope m = command(control::Command::follow);
-    for (const auto& e : etcd_endpoints_) m.mutable_command()->add_etcd_endpoints(e);
+    for (const auto& e : etcd_endpoints()) m.mutable_command()->add_etcd_endpoints(e);
     m.mutable_command()->set_candidate(true);
     send(k, m);
     candidate_at_.insert(k);

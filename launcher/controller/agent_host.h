@@ -149,6 +149,13 @@ class AgentHost : public RankHost {
   int slot_count() const { return int(agents_.size()); }
   // Each slot's failure domain as its agent registered it ("": not known).
   std::vector<std::string> failure_domains() const;
+  // Where the job's etcd is now (the controller's client, which follows a cluster keel started
+  // as its members are replaced): what a process started from now on is given (a worker's
+  // KEEL_ETCD and KEEL_STORE_ADDR, an agent's welcome), instead of the endpoints follow() was
+  // given, which the replacements leave behind.
+  void follow_etcd_members(std::function<std::vector<std::string>()> now) {
+    etcd_now_ = std::move(now);
+  }
 
  private:
   // What the transport knows of a slot's agent.
@@ -180,6 +187,10 @@ class AgentHost : public RankHost {
   // Why a Register from `identity` cannot be taken ("" if it can).
   std::string refusal(const std::string& identity, const control::Register& reg) const;
   void check_heartbeats();
+  // The job's etcd endpoints now (follow_etcd_members), or as follow() gave them.
+  std::vector<std::string> etcd_endpoints() const;
+  // A spawn's environment with the job's etcd as it is now (KEEL_ETCD, KEEL_STORE_ADDR).
+  void with_current_etcd(google::protobuf::Map<std::string, std::string>* env) const;
   // Takes the plane's closed connections: each agent's closed_at, process_gone, close_grace.
   void note_closed();
   void start_standby(int slot, bool initial);
@@ -210,7 +221,8 @@ class AgentHost : public RankHost {
   std::unique_ptr<JobMembership> unattached_;
   std::vector<Agent> agents_;
   std::vector<std::string> worker_argv_;
-  std::map<std::string, std::string> worker_env_;  // for standby workers (no rank yet)
+  std::map<std::string, std::string> worker_env_;       // for standby workers (no rank yet)
+  std::function<std::vector<std::string>()> etcd_now_;  // follow_etcd_members
   std::chrono::milliseconds slot_timeout_;
   std::function<void()> pump_;
   Inbox inbox_;               // the controller's (attach)

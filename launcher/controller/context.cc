@@ -26,7 +26,7 @@ std::map<std::string, std::string> ControllerContext::rank_env(int rank, bool re
   std::map<std::string, std::string> env = {
       {"KEEL_RANK", std::to_string(rank)},
       {"KEEL_WORLD_SIZE", std::to_string(world)},
-      {"KEEL_STORE_ADDR", o->store_addr},
+      {env::kStoreAddr, o->store_addr},
       {env::kJobId, o->job},
       {env::kSupervised, "1"},
       {env::kEpoch, std::to_string(members->epoch())},

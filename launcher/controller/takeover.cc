@@ -91,8 +91,11 @@ std::optional<Detected> Controller::Impl::interrupted_transition() {
   d.found.set_detected_at(recovery::unix_now());
   d.found.set_slot(-1);
   d.found.set_kind("comm_error");
-  d.found.set_detail(detail::concat(abort->reason(), " (the transition to epoch ", next,
-                                    ", left unfinished by the controller before this one)"));
+  // Said once: a transition left by several leaders in a row keeps its first reason.
+  const std::string left = detail::concat(" (the transition to epoch ", next,
+                                          ", left unfinished by the controller before this one)");
+  d.found.set_detail(abort->reason().find(left) == std::string::npos ? abort->reason() + left
+                                                                     : abort->reason());
   // The ranks aborted already: what is left is the decision, taken again from the acks (a
   // rank that does not ack in time is hung, as in any transition).
   d.failure.kind = policy::FailureKind::kCommError;

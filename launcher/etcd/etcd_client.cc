@@ -1,6 +1,7 @@
 #include "launcher/etcd/etcd_client.h"
 
 #include <arpa/inet.h>
+#include <glog/logging.h>
 
 #include <algorithm>
 #include <cstring>
@@ -8,12 +9,17 @@
 
 #include "launcher/etcd/detail/etcd_rpc.h"
 #include "launcher/etcd/etcd_tls.h"
+#include "launcher/processes.h"
 
 namespace keel {
 
 namespace {
 
 using std::chrono::steady_clock;
+
+// A look at the members waits this long at most: the client's owner may be ending (its
+// destructor waits for the look in flight).
+constexpr std::chrono::milliseconds kFollowCallAtMost{500};
 
 // "https://1.2.3.4:2379" (a member keel started: TLS with the job's certificates),
 // "http://1.2.3.4:2379" or "1.2.3.4:2379" (plain) -> "1.2.3.4:2379"; anything else is refused
@@ -61,10 +67,27 @@ void add_guard(etcdserverpb::TxnRequest& txn, const EtcdGuard& guard) {
 
 }  // namespace
 
+std::shared_ptr<EtcdMemberChannel> EtcdClient::Impl::open(const std::string& host_port,
+                                                          bool with_tls) const {
+  auto m = std::make_shared<EtcdMemberChannel>();
+  m->name = host_port;
+  grpc::ChannelArguments a = args;
+  // Members are reached by address; their certificates all name kEtcdServerName.
+  if (with_tls) a.SetSslTargetNameOverride(kEtcdServerName);
+  m->channel = grpc::CreateCustomChannel("ipv4:" + host_port,
+                                         with_tls ? tls : grpc::InsecureChannelCredentials(), a);
+  m->kv = etcdserverpb::KV::NewStub(m->channel);
+  m->lease = etcdserverpb::Lease::NewStub(m->channel);
+  m->watch = etcdserverpb::Watch::NewStub(m->channel);
+  m->maintenance = etcdserverpb::Maintenance::NewStub(m->channel);
+  m->cluster = etcdserverpb::Cluster::NewStub(m->channel);
+  return m;
+}
+
 void EtcdClient::Impl::fail(const std::string& what, const grpc::Status& status,
                             std::chrono::milliseconds waited) const {
   std::ostringstream os;
-  os << "etcd (" << names << "): " << what << ": ";
+  os << "etcd (" << channels_now()->names << "): " << what << ": ";
   const auto code = status.error_code();
   const std::string detail = "gRPC " + std::to_string(int(code)) + " " + status.error_message();
   if (out_of_reach(status)) {
@@ -80,20 +103,19 @@ EtcdClient::EtcdClient(const std::vector<std::string>& endpoints, std::chrono::m
     : timeout_(timeout), impl_(std::make_unique<Impl>()) {
   if (endpoints.empty()) throw InputError("etcd: no endpoints");
   KEEL_CHECK(timeout.count() > 0, "etcd: a call's timeout must be positive");
-  std::string list;
+  auto first = std::make_shared<EtcdChannels>();
   std::vector<std::pair<std::string, bool>> targets;
   for (const auto& e : endpoints) {
     bool tls = false;
     targets.emplace_back(host_port(e, &tls), tls);
-    endpoints_.push_back(tls ? kEtcdTlsScheme + targets.back().first : targets.back().first);
-    list += (list.empty() ? "" : ",") + targets.back().first;
+    first->endpoints.push_back(tls ? kEtcdTlsScheme + targets.back().first : targets.back().first);
+    first->names += (first->names.empty() ? "" : ",") + targets.back().first;
   }
-  impl_->names = list;
   // A third of the deadline, so that a call lost with a dead Raft leader or a cut-off member
   // is tried again on the next (Impl::call); not under 500 ms, which a write under load may
   // take.
   impl_->attempt = std::max(timeout / 3, std::min(timeout, std::chrono::milliseconds(500)));
-  grpc::ChannelArguments args;
+  grpc::ChannelArguments& args = impl_->args;
   // Reconnect within 100 ms to 1 s (gRPC's default starts at 1 s and grows to 2 min, far
   // too slow to come back to a member that restarted).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -109,34 +131,80 @@ EtcdClient::EtcdClient(const std::vector<std::string>& endpoints, std::chrono::m
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(-1);  // a prefix read may be large; etcd limits requests
   // A member keel started takes TLS with a client certificate of the job's CA, issued here.
-  std::shared_ptr<grpc::ChannelCredentials> tls;
+  const bool own =
+      std::all_of(targets.begin(), targets.end(), [](const auto& t) { return t.second; });
   if (std::any_of(targets.begin(), targets.end(), [](const auto& t) { return t.second; })) {
     const EtcdTlsCerts certs = issue_etcd_certs("", key);
     grpc::SslCredentialsOptions o;
     o.pem_root_certs = certs.ca_pem;
     o.pem_private_key = certs.key_pem;
     o.pem_cert_chain = certs.cert_pem;
-    tls = grpc::SslCredentials(o);
+    impl_->tls = grpc::SslCredentials(o);
   }
-  impl_->members.reserve(endpoints_.size());
-  for (const auto& [e, with_tls] : targets) {
-    EtcdMemberChannel m;
-    m.name = e;
-    grpc::ChannelArguments a = args;
-    // Members are reached by address; their certificates all name kEtcdServerName.
-    if (with_tls) a.SetSslTargetNameOverride(kEtcdServerName);
-    m.channel = grpc::CreateCustomChannel("ipv4:" + e,
-                                          with_tls ? tls : grpc::InsecureChannelCredentials(), a);
-    m.kv = etcdserverpb::KV::NewStub(m.channel);
-    m.lease = etcdserverpb::Lease::NewStub(m.channel);
-    m.watch = etcdserverpb::Watch::NewStub(m.channel);
-    m.maintenance = etcdserverpb::Maintenance::NewStub(m.channel);
-    m.cluster = etcdserverpb::Cluster::NewStub(m.channel);
-    impl_->members.push_back(std::move(m));
+  for (const auto& [e, with_tls] : targets) first->list.push_back(impl_->open(e, with_tls));
+  impl_->channels.store(std::move(first));
+  // The members of a cluster keel started are replaced as machines are lost (EtcdUpkeep), on
+  // new addresses: followed here, so that a client outlives every member it was given. A
+  // user's cluster is left as given (its advertised addresses may not be the ones that reach
+  // it from here).
+  if (own) follower_ = std::thread([this] { follow_members(); });
+}
+
+void EtcdClient::follow_members() {
+  set_process_name("keel-etcd-members");  // this thread's name
+  std::unique_lock<std::mutex> lock(follow_mu_);
+  while (!follow_cv_.wait_for(lock, kFollowMembersEvery, [this] { return stopping_; })) {
+    lock.unlock();
+    try {
+      adopt_members(member_list_within(std::chrono::steady_clock::now() +
+                                       std::min(impl_->attempt, kFollowCallAtMost)));
+    } catch (const std::exception& e) {
+      // No member answered (etcd without quorum answers a member list all the same): the set
+      // stays, and the next look is a period later.
+      VLOG(1) << "etcd members not followed: " << e.what();
+    }
+    lock.lock();
   }
 }
 
-EtcdClient::~EtcdClient() = default;
+void EtcdClient::adopt_members(const std::vector<EtcdMemberInfo>& members) {
+  const std::shared_ptr<const EtcdChannels> was = impl_->channels_now();
+  auto next = std::make_shared<EtcdChannels>();
+  for (const EtcdMemberInfo& m : members) {
+    if (m.name.empty()) continue;  // added, not started: nothing listens there yet
+    for (const std::string& url : m.client_urls) {
+      bool tls = false;
+      std::string hp;
+      try {
+        hp = host_port(url, &tls);
+      } catch (const InputError&) {
+        continue;
+      }
+      const auto same = std::find_if(was->list.begin(), was->list.end(),
+                                     [&](const auto& c) { return c->name == hp; });
+      next->list.push_back(same != was->list.end() ? *same : impl_->open(hp, tls));
+      next->endpoints.push_back(tls ? kEtcdTlsScheme + hp : hp);
+      next->names += (next->names.empty() ? "" : ",") + hp;
+    }
+  }
+  if (next->list.empty() || next->names == was->names) return;
+  LOG(INFO) << "etcd members now " << next->names << " (were " << was->names << ")";
+  impl_->channels.store(std::move(next));
+}
+
+std::vector<std::string> EtcdClient::endpoints() const {
+  return impl_->channels_now()->endpoints;
+}
+
+EtcdClient::~EtcdClient() {
+  if (!follower_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(follow_mu_);
+    stopping_ = true;
+  }
+  follow_cv_.notify_all();
+  follower_.join();
+}
 
 std::optional<EtcdKeyValue> EtcdClient::get(const std::string& key) {
   return get(key, steady_clock::now() + timeout_);
@@ -381,7 +449,7 @@ EtcdLease EtcdClient::lease_grant(std::chrono::seconds ttl) {
                 return m.lease->LeaseGrant(&c, req, &resp);
               });
   if (!resp.error().empty())
-    throw EtcdError("etcd (" + impl_->names + "): lease grant: " + resp.error(), 0);
+    throw EtcdError("etcd (" + impl_->channels_now()->names + "): lease grant: " + resp.error(), 0);
   return EtcdLease{resp.id(), std::chrono::seconds(resp.ttl()), requested};
 }
 
@@ -443,11 +511,12 @@ std::vector<EtcdStatus> EtcdClient::member_statuses(steady_clock::time_point dea
     grpc::Status status;
   };
   grpc::CompletionQueue cq;
-  std::vector<Ask> asks(impl_->members.size());
+  const std::shared_ptr<const EtcdChannels> ch = impl_->channels_now();
+  std::vector<Ask> asks(ch->list.size());
   const etcdserverpb::StatusRequest req;
   for (size_t i = 0; i < asks.size(); ++i) {
     Impl::set_deadline(asks[i].context, deadline);
-    asks[i].reader = impl_->members[i].maintenance->AsyncStatus(&asks[i].context, req, &cq);
+    asks[i].reader = ch->list[i]->maintenance->AsyncStatus(&asks[i].context, req, &cq);
     asks[i].reader->Finish(&asks[i].resp, &asks[i].status, reinterpret_cast<void*>(i));
   }
   void* tag = nullptr;
@@ -459,19 +528,19 @@ std::vector<EtcdStatus> EtcdClient::member_statuses(steady_clock::time_point dea
   }
   std::vector<EtcdStatus> out;
   for (size_t i = 0; i < asks.size(); ++i)
-    if (asks[i].status.ok()) out.push_back(status_of(asks[i].resp, impl_->members[i].name));
+    if (asks[i].status.ok()) out.push_back(status_of(asks[i].resp, ch->list[i]->name));
   return out;
 }
 
 void EtcdClient::move_leader(const EtcdStatus& leader, uint64_t to,
                              steady_clock::time_point deadline) {
-  const auto at =
-      std::find_if(impl_->members.begin(), impl_->members.end(),
-                   [&](const EtcdMemberChannel& m) { return m.name == leader.endpoint; });
-  if (at == impl_->members.end())
-    throw EtcdError(
-        "etcd (" + impl_->names + "): move leader: no endpoint '" + leader.endpoint + "'",
-        int(grpc::StatusCode::INVALID_ARGUMENT));
+  const std::shared_ptr<const EtcdChannels> ch = impl_->channels_now();
+  const auto found = std::find_if(ch->list.begin(), ch->list.end(),
+                                  [&](const auto& m) { return m->name == leader.endpoint; });
+  if (found == ch->list.end())
+    throw EtcdError("etcd (" + ch->names + "): move leader: no endpoint '" + leader.endpoint + "'",
+                    int(grpc::StatusCode::INVALID_ARGUMENT));
+  EtcdMemberChannel* at = found->get();
   etcdserverpb::MoveLeaderRequest req;
   req.set_targetid(to);
   etcdserverpb::MoveLeaderResponse resp;
@@ -500,12 +569,15 @@ std::vector<EtcdMemberInfo> members_of(
 }  // namespace
 
 std::vector<EtcdMemberInfo> EtcdClient::member_list() {
+  return member_list_within(steady_clock::now() + timeout_);
+}
+
+std::vector<EtcdMemberInfo> EtcdClient::member_list_within(steady_clock::time_point deadline) {
   etcdserverpb::MemberListRequest req;
   etcdserverpb::MemberListResponse resp;
-  impl_->call("member list", steady_clock::now() + timeout_,
-              [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
-                return m.cluster->MemberList(&c, req, &resp);
-              });
+  impl_->call("member list", deadline, [&](grpc::ClientContext& c, EtcdMemberChannel& m) {
+    return m.cluster->MemberList(&c, req, &resp);
+  });
   return members_of(resp.members());
 }
 
@@ -517,10 +589,11 @@ std::vector<EtcdMemberInfo> EtcdClient::member_add(const std::string& peer_url, 
   Impl::set_deadline(c, steady_clock::now() + timeout_);
   // Not retried (a second add of the same member is refused): the next call goes elsewhere.
   size_t index = 0;
-  const grpc::Status s = impl_->member(&index, steady_clock::now() + impl_->attempt)
+  const std::shared_ptr<const EtcdChannels> ch = impl_->channels_now();
+  const grpc::Status s = impl_->member(*ch, &index, steady_clock::now() + impl_->attempt)
                              .cluster->MemberAdd(&c, req, &resp);
   if (!s.ok()) {
-    if (Impl::out_of_reach(s)) impl_->pass_over(index);
+    if (Impl::out_of_reach(s)) impl_->pass_over(*ch, index);
     impl_->fail("member add " + peer_url, s, timeout_);
   }
   ++writes_;
@@ -536,10 +609,11 @@ void EtcdClient::member_remove(uint64_t id) {
   Impl::set_deadline(c, steady_clock::now() + timeout_);
   // Not retried (a second add of the same member is refused): the next call goes elsewhere.
   size_t index = 0;
-  const grpc::Status s = impl_->member(&index, steady_clock::now() + impl_->attempt)
+  const std::shared_ptr<const EtcdChannels> ch = impl_->channels_now();
+  const grpc::Status s = impl_->member(*ch, &index, steady_clock::now() + impl_->attempt)
                              .cluster->MemberRemove(&c, req, &resp);
   if (!s.ok()) {
-    if (Impl::out_of_reach(s)) impl_->pass_over(index);
+    if (Impl::out_of_reach(s)) impl_->pass_over(*ch, index);
     impl_->fail("member remove", s, timeout_);
   }
   ++writes_;

@@ -13,10 +13,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -190,17 +193,30 @@ class EtcdClient {
   uint64_t writes() const { return writes_.load(); }
   uint64_t bytes_written() const { return bytes_written_.load(); }
 
-  const std::vector<std::string>& endpoints() const { return endpoints_; }
+  // The members calls go to now: the endpoints given, or, for a cluster keel started (every
+  // endpoint https://), its members as etcd listed them last (looked at every
+  // kFollowMembersEvery): a member replaced on another machine is reached on its new address,
+  // and a client outlives every member it was given.
+  std::vector<std::string> endpoints() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
+  static constexpr std::chrono::seconds kFollowMembersEvery{2};
 
  private:
   friend class EtcdWatch;  // opens Watch streams on the same channel
   struct Impl;
-  std::vector<std::string> endpoints_;
+  std::vector<EtcdMemberInfo> member_list_within(std::chrono::steady_clock::time_point deadline);
+  // The follower thread's loop, and its adoption of a member list as the channels' set.
+  void follow_members();
+  void adopt_members(const std::vector<EtcdMemberInfo>& members);
+
   std::chrono::milliseconds timeout_;
   std::unique_ptr<Impl> impl_;
   std::atomic<uint64_t> writes_{0};
   std::atomic<uint64_t> bytes_written_{0};
+  std::thread follower_;  // follow_members, for a cluster keel started
+  std::mutex follow_mu_;
+  std::condition_variable follow_cv_;
+  bool stopping_ = false;  // under follow_mu_: the destructor ends the follower
 };
 
 }  // namespace keel

@@ -393,6 +393,16 @@ std::string etcd_store_address(const std::vector<std::string>& endpoints,
   return std::string(tls ? kTlsScheme : kScheme) + join(hosts, ",") + prefix;
 }
 
+std::string with_etcd_endpoints(const std::string& address,
+                                const std::vector<std::string>& endpoints) {
+  if (!is_etcd_store_address(address) || endpoints.empty()) return address;
+  const bool tls = address.starts_with(kTlsScheme);
+  const std::string rest = address.substr(tls ? kTlsScheme.size() : kScheme.size());
+  const size_t slash = rest.find('/');
+  if (slash == std::string::npos) return address;
+  return etcd_store_address(endpoints, rest.substr(slash));
+}
+
 std::shared_ptr<Store> connect_fenced_etcd_store(const std::string& address,
                                                  std::function<EtcdGuard()> leader,
                                                  std::chrono::milliseconds call_timeout) {

@@ -85,6 +85,10 @@ class EtcdStore : public Store {
 bool is_etcd_store_address(const std::string& address);
 std::string etcd_store_address(const std::vector<std::string>& endpoints,
                                const std::string& prefix);
+// `address` with its endpoints replaced by `endpoints` (its prefix kept); any other address
+// (a TcpStore's) as it is.
+std::string with_etcd_endpoints(const std::string& address,
+                                const std::vector<std::string>& endpoints);
 // An EtcdStore (default call timeout) at `address`. Throws InputError naming the address when
 // it is malformed. Sends nothing yet, like the constructor.
 // `call_timeout`: each call's deadline (EtcdStore's); a rank's step-path calls take a short

@@ -37,7 +37,7 @@ EtcdWatch::EtcdWatch(EtcdClient& client, std::string key, bool prefix, Callback 
   if (!changed_.wait_for(lock, setup, [&] { return created_; })) {
     lock.unlock();
     cancel();
-    throw EtcdUnavailable("etcd (" + client_.impl_->names + "): watch " + key_ +
+    throw EtcdUnavailable("etcd (" + client_.impl_->channels_now()->names + "): watch " + key_ +
                               ": not in place within " + std::to_string(setup.count()) + " ms",
                           int(grpc::StatusCode::DEADLINE_EXCEEDED));
   }
@@ -67,14 +67,16 @@ void EtcdWatch::run() {
       if (cancelled_) return;
     }
     size_t member = 0;
-    EtcdMemberChannel& m = rpc.member(&member, steady_clock::now() + rpc.attempt);
+    // The members as of now (a replaced one's new address too), held while the stream is open.
+    const std::shared_ptr<const EtcdChannels> ch = rpc.channels_now();
+    EtcdMemberChannel& m = rpc.member(*ch, &member, steady_clock::now() + rpc.attempt);
     // The stream waits for its channel (wait_for_ready) with no deadline: opened on a member
     // that died, whose channel never connects again, it waited for ever and the watch with it
     // (a standby promoted just after slot 0 was lost with its member died of "not in place").
     // It is opened on a connected channel only; one that does not connect within an attempt
     // is passed over.
     if (!m.channel->WaitForConnected(std::chrono::system_clock::now() + rpc.attempt)) {
-      rpc.pass_over(member);
+      rpc.pass_over(*ch, member);
       std::unique_lock<std::mutex> lock(mu_);
       changed_.wait_for(lock, backoff, [&] { return cancelled_; });
       backoff = std::min(backoff * 2, milliseconds(1000));
@@ -140,7 +142,7 @@ void EtcdWatch::run() {
     context_ = nullptr;
     if (cancelled_) return;
     // Ended by the member (it lost its leader, it died, it is cut off): the next member.
-    if (!status.ok()) rpc.pass_over(member);
+    if (!status.ok()) rpc.pass_over(*ch, member);
     LOG(INFO) << "etcd watch " << key_ << " reconnects (" << status.error_message() << ")";
     if (delivered) backoff = milliseconds(50);
     changed_.wait_for(lock, backoff, [&] { return cancelled_; });

@@ -53,4 +53,8 @@ std::optional<state::Leader> LeaderLink::leader() const {
   return leader_;
 }
 
+std::vector<std::string> LeaderLink::etcd_endpoints() const {
+  return client_->endpoints();
+}
+
 }  // namespace keel

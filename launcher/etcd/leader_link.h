@@ -38,6 +38,9 @@ class LeaderLink {
   // When etcd last showed a leader (LeaderObserver::leader_seen_at): a controller that went
   // silent while etcd still shows one is failing over, not gone.
   std::chrono::steady_clock::time_point leader_seen_at() const;
+  // The job's etcd as this link's client reaches it now (EtcdClient::endpoints: a cluster keel
+  // started is followed as its members are replaced).
+  std::vector<std::string> etcd_endpoints() const;
 
  private:
   mutable std::mutex mu_;

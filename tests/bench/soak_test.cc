@@ -104,9 +104,9 @@ TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
   std::string why;
   const bool netns = NetnsLab::available(&why);
   EXPECT_EQ(rep.machines(), netns ? "netns" : "local") << why;
-  // The job's etcd on a cluster of its own beside the machines (--soak-etcd own, the
-  // default: with members on the job's own slots the soak does not pass yet, issue 44).
-  EXPECT_EQ(rep.etcd(), "own");
+  // The job's etcd on the job's own slots (--soak-etcd job, the default): its members are
+  // lost with the machines and replaced, and the quorum holds through the 100 faults.
+  EXPECT_EQ(rep.etcd(), "job");
   // Every kind of the mix was drawn: partitions too, with machines of their own.
   EXPECT_EQ(rep.faults_by_kind_size(), netns ? 11 : 10) << log;
   if (netns) {
@@ -133,7 +133,12 @@ TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
   ASSERT_GT(rep.processes_size(), 0);
   std::set<std::string> long_lived;
   for (const auto& p : rep.processes()) {
-    EXPECT_TRUE(p.flat()) << p.name() << " " << p.pid();
+    // etcd members (in the job, --soak-etcd job) are shown, not judged: their memory holds
+    // the Raft log's newest entries and grows with the job's first thousands of writes.
+    EXPECT_EQ(p.judged(), p.name() != "etcd") << p.name();
+    if (p.judged()) {
+      EXPECT_TRUE(p.flat()) << p.name() << " " << p.pid();
+    }
     long_lived.insert(p.name());
   }
   // Some launchers (agents, or slot 0's keel-launch unless its machine was lost) lived

@@ -227,6 +227,47 @@ TEST(Standby, MpirunWithAStandbySurvivesAKilledLauncher) {
 namespace keel::test {
 namespace {
 
+// No standby and recovery.on_no_standby = wait: a slot lost, the job waits, and the lost
+// machine itself comes back (repaired, keel-launch --join): its ranks start there again from
+// the survivors' memory and the job ends bitwise equal to the same job without the fault.
+// It waited for ever before (the controller logged the slot back and went on waiting for a
+// standby).
+TEST(Standby, ALostSlotThatComesBackWhileTheJobWaitsTakesItsRanksAgain) {
+  const std::string dir = temp_dir("lost-slot-back");
+  const std::string cfg = write_config(dir, {{"parallel", "dp: 3"}});
+  const std::string sets =
+      " --set train.steps=200 --set train.eval_every=0 --set train.global_batch_size=24"
+      " --set detect.slow_round_steps=0";
+  JobRun ref =
+      run_launch_job(temp_dir("lost-slot-back-ref"), "--config " + cfg + " --local 3" + sets);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  pid_t joiner = -1;
+  JobRun r = run_launch_job(
+      dir,
+      "--config " + cfg + " --local 3" + sets +
+          " --set recovery.on_no_standby=wait --fault slot_loss@step=30,rank=2"
+          " --fault slow@step=0,rank=0,delay_ms=20",
+      [&](pid_t) {
+        if (joiner > 0) return;
+        if (!contains(read_text(dir + "/job.log"), "waiting (recovery.on_no_standby = wait)"))
+          return;
+        joiner = join_slot(dir, 2, "--config " + cfg + sets);
+      });
+  int join_status = 0;
+  if (joiner > 0) waitpid(joiner, &join_status, 0);
+  ASSERT_GT(joiner, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(WIFEXITED(join_status) && WEXITSTATUS(join_status) == 0);
+  EXPECT_EQ(json_number_field(r.report, "steps_completed"), 200);
+  EXPECT_EQ(json_string_field(r.report, "param_checksum"),
+            json_string_field(ref.report, "param_checksum"));
+  const std::vector<std::string> inc = json_object_array(r.report, "incidents");
+  ASSERT_EQ(inc.size(), 1u) << r.report;
+  EXPECT_TRUE(json_array_field(inc[0], "slots_evicted").empty()) << inc[0];
+  EXPECT_EQ(json_string_field(inc[0], "restored_from"), "memory") << inc[0];
+  EXPECT_EQ(r.leftover_processes, 0) << r.output;
+}
+
 // recovery.on_no_standby = shrink_dp: a slot is lost with no standby, the job drops that
 // data-parallel replica and goes on with more micro-batches per replica (the same samples
 // every step, in another reduction order), then grows back when the slot's launcher joins

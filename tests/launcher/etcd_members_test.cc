@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "etcd_test_cluster.h"
 #include "launcher/etcd/etcd_client.h"
 #include "launcher/etcd/etcd_watch.h"
+#include "runtime/text.h"
 #include "test_expect.h"
 
 namespace keel {
@@ -208,6 +210,79 @@ TEST(EtcdMember, OnlyTheJobsCertificatesGetIn) {
   const auto kv = mine.get("/job/state");
   ASSERT_TRUE(kv);
   EXPECT_EQ(kv->value, "ours");
+}
+
+// Every member of a cluster keel started replaced, one at a time, each on a new address (as
+// EtcdUpkeep replaces the members of lost machines): a client made before, with the first
+// members' endpoints, follows the members etcd lists and still reads and writes when none of
+// the members it was given is left. Without it, a long job's processes lost etcd for good
+// once its first members were all gone (the 100-fault soak with in-job members, issue 44).
+TEST(EtcdMember, AClientFollowsItsClusterAsEveryMemberIsReplaced) {
+  test::EtcdTestCluster cluster(3, "etcd-follow");
+  EtcdClient client(cluster.endpoints(), seconds(5));
+  client.put("/follow/k", "0");
+  const std::vector<std::string> given = client.endpoints();
+  const std::vector<int> ports = free_tcp_ports("127.0.0.1", 6);
+  std::vector<std::unique_ptr<EtcdMember>> fresh;
+  for (int i = 0; i < 3; ++i) {
+    const std::string old_name = cluster.member(i).spec().name;
+    for (const EtcdMemberInfo& m : client.member_list())
+      if (m.name == old_name) client.member_remove(m.id);
+    cluster.member(i).stop();
+    EtcdMemberSpec s = cluster.member(i).spec();
+    s.name = "n" + std::to_string(i);
+    s.client_port = ports[size_t(2 * i)];
+    s.peer_port = ports[size_t(2 * i + 1)];
+    s.data_dir = cluster.dir() + "/" + s.name + ".etcd";
+    s.log_path = cluster.dir() + "/" + s.name + ".log";
+    s.join_existing = true;
+    // Added once etcd takes the change (a member add is not retried by the client, and etcd
+    // refuses one until its leader has had a quorum for a while after the removal).
+    const std::string peer = "https://127.0.0.1:" + std::to_string(s.peer_port);
+    std::vector<EtcdMemberInfo> listed;
+    const auto add_by = steady_clock::now() + seconds(30);
+    while (listed.empty()) {
+      try {
+        uint64_t id = 0;
+        listed = client.member_add(peer, &id);
+      } catch (const EtcdError& e) {
+        ASSERT_LT(steady_clock::now(), add_by) << e.what();
+        std::this_thread::sleep_for(milliseconds(200));
+        // A try whose answer was lost may have been applied.
+        const std::vector<EtcdMemberInfo> now = client.member_list();
+        for (const EtcdMemberInfo& m : now)
+          if (std::find(m.peer_urls.begin(), m.peer_urls.end(), peer) != m.peer_urls.end())
+            listed = now;
+      }
+    }
+    s.cluster.clear();
+    for (const EtcdMemberInfo& m : listed)
+      for (const std::string& url : m.peer_urls)
+        s.cluster +=
+            (s.cluster.empty() ? "" : ",") + (m.name.empty() ? s.name : m.name) + "=" + url;
+    fresh.push_back(std::make_unique<EtcdMember>(s));
+    fresh.back()->wait_healthy(seconds(30));
+    // The client's set takes the new member within a look or two (kFollowMembersEvery); the
+    // next replacement comes after it, as EtcdUpkeep's do (one at a time, each once etcd
+    // lists every member started: seconds apart, against a client that needs one member of
+    // its set alive).
+    const std::string endpoint = fresh.back()->endpoint();
+    auto followed = [&] {
+      const std::vector<std::string> now = client.endpoints();
+      return std::find(now.begin(), now.end(), endpoint) != now.end();
+    };
+    const auto deadline = steady_clock::now() + 5 * EtcdClient::kFollowMembersEvery;
+    while (!followed() && steady_clock::now() < deadline)
+      std::this_thread::sleep_for(milliseconds(50));
+    ASSERT_TRUE(followed()) << "the client calls " << join(client.endpoints(), ",") << ", not "
+                            << endpoint;
+    client.put("/follow/k", std::to_string(i + 1));
+  }
+  for (const std::string& e : client.endpoints())
+    EXPECT_EQ(std::find(given.begin(), given.end(), e), given.end()) << e << " is gone";
+  EXPECT_EQ(client.get("/follow/k")->value, "3");
+  client.put("/follow/k", "4");
+  EXPECT_EQ(client.get("/follow/k")->value, "4");
 }
 
 // etcd's Raft leader handed from member to member (EtcdClient::move_leader, as EtcdUpkeep

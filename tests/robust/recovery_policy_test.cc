@@ -95,6 +95,7 @@ TEST(RecoveryPolicy, SlotLossSwapsInAStandbyAndRestoresFromBackups) {
 
 TEST(RecoveryPolicy, PartitionIsEvictedLikeALoss) {
   ClusterView v = view_3d(1);
+  v.slots[2] = SlotInfo::lost;  // cut off: its link lost, as the membership shows it
   Failure f = slot_loss(v, {2});
   f.kind = FailureKind::kPartition;
   Plan p = decide(f, v, holdings(8, 10, {4, 5}), opts());
@@ -249,6 +250,24 @@ TEST(RecoveryPolicy, NoStandbyWaitWaits) {
   Options o = opts();
   o.recovery.set_on_no_standby(config::RecoveryConfig::wait);
   EXPECT_EQ(decide(slot_loss(v, {1}), v, holdings(8, 30, {2, 3}), o).kind, Kind::kWait);
+}
+
+// Waiting for a standby (on_no_standby = wait), the lost slot's own machine comes back (joined
+// again, no workers): its ranks start there anew and the wait ends. It waited for ever before
+// (the 100-fault soak with in-job etcd: a leader killed as slot 0 was lost).
+TEST(RecoveryPolicy, ALostSlotThatCameBackWhileWaitingTakesItsRanksAgain) {
+  ClusterView v = view_3d(0);
+  v.slots[1] = SlotInfo::lost;
+  Options o = opts();
+  o.recovery.set_on_no_standby(config::RecoveryConfig::wait);
+  const Failure f = slot_loss(v, {1});
+  ASSERT_EQ(decide(f, v, holdings(8, 30, {2, 3}), o).kind, Kind::kWait);
+  v.slots[1] = SlotInfo::active;  // it came back
+  Plan back = decide(f, v, holdings(8, 30, {2, 3}), o);
+  ASSERT_EQ(back.kind, Kind::kRecover) << back.why;
+  EXPECT_EQ(back.restart, (std::set<int>{2, 3}));
+  EXPECT_TRUE(back.evict.empty());
+  EXPECT_TRUE(back.promote.empty());
 }
 
 TEST(RecoveryPolicy, AStandbyStillCheckingItselfIsWaitedFor) {

@@ -46,53 +46,74 @@ struct EtcdMemberChannel {
   std::unique_ptr<etcdserverpb::Cluster::Stub> cluster;
 };
 
+// The members calls go to, as one immutable set: the endpoints the client was given, or the
+// members etcd listed last (EtcdClient::Impl::follow). A call, or a watch's stream, holds the
+// set it started with; a newer one replaces it whole.
+struct EtcdChannels {
+  std::vector<std::shared_ptr<EtcdMemberChannel>> list;
+  std::vector<std::string> endpoints;  // as endpoints() gives them ("https://h:p" or "h:p")
+  std::string names;                   // "h1:p1,h2:p2,..." for messages
+};
+
 struct EtcdClient::Impl {
-  std::string names;                  // "h1:p1,h2:p2,..." for messages
   std::chrono::milliseconds attempt;  // one try of a call (call())
-  std::vector<EtcdMemberChannel> members;
+  std::atomic<std::shared_ptr<const EtcdChannels>> channels;
   std::atomic<size_t> current{0};  // the member calls go to until one fails
+  // What a member's channel is made with (a new member's too).
+  grpc::ChannelArguments args;
+  std::shared_ptr<grpc::ChannelCredentials> tls;
+
+  std::shared_ptr<const EtcdChannels> channels_now() const { return channels.load(); }
+
+  // A channel to the member at "h:p".
+  std::shared_ptr<EtcdMemberChannel> open(const std::string& host_port, bool with_tls) const;
 
   // Throws the typed error for a failed call `what`.
   [[noreturn]] void fail(const std::string& what, const grpc::Status& status,
                          std::chrono::milliseconds waited) const;
 
-  // The member calls go to now, and its index (for pass_over): the current one while its
-  // connection is up; else the next one whose is (a member that died refuses connections,
-  // and is passed over at once). When none is up yet (a new client, members restarting), it
-  // waits until `until` for the first that connects, so that a new client does not spend
-  // its first call on a dead member; then the next one still trying, else the current one.
-  EtcdMemberChannel& member(size_t* index, std::chrono::steady_clock::time_point until) {
+  // The member calls go to now, and its index in `ch` (for pass_over): the current one while
+  // its connection is up; else the next one whose is (a member that died refuses
+  // connections, and is passed over at once). When none is up yet (a new client, members
+  // restarting), it waits until `until` for the first that connects, so that a new client
+  // does not spend its first call on a dead member; then the next one still trying, else the
+  // current one.
+  EtcdMemberChannel& member(const EtcdChannels& ch, size_t* index,
+                            std::chrono::steady_clock::time_point until) {
+    const auto& members = ch.list;
     const size_t n = members.size();
     for (;;) {
       size_t start = current.load() % n, trying = n;
       for (size_t k = 0; k < n; ++k) {
         const size_t i = (start + k) % n;
-        const grpc_connectivity_state s = members[i].channel->GetState(/*try_to_connect=*/true);
+        const grpc_connectivity_state s = members[i]->channel->GetState(/*try_to_connect=*/true);
         if (s == GRPC_CHANNEL_READY) {
           if (k > 0) current.compare_exchange_strong(start, i);
           *index = i;
-          return members[i];
+          return *members[i];
         }
         if (trying == n && s != GRPC_CHANNEL_TRANSIENT_FAILURE && s != GRPC_CHANNEL_SHUTDOWN)
           trying = i;
       }
       if (trying == n || std::chrono::steady_clock::now() >= until) {
         *index = trying == n ? start : trying;
-        return members[*index];
+        return *members[*index];
       }
       // Waiting on a channel polls the connections (gRPC's synchronous API makes progress
       // on the calling thread): a sleep would leave them where they are.
       const auto step =
           std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(5));
-      members[trying].channel->WaitForStateChange(
-          members[trying].channel->GetState(false),
+      members[trying]->channel->WaitForStateChange(
+          members[trying]->channel->GetState(false),
           std::chrono::system_clock::now() + (step - std::chrono::steady_clock::now()));
     }
   }
-  // Member `index` failed a call: the next one is tried (once, if several calls failed on it
-  // at the same time).
-  void pass_over(size_t index) {
-    current.compare_exchange_strong(index, (index + 1) % members.size());
+  // Member `index` of `ch` failed a call: the next one is tried (once, if several calls
+  // failed on it at the same time).
+  void pass_over(const EtcdChannels& ch, size_t index) {
+    const size_t n = ch.list.size();
+    size_t seen = current.load();
+    if (seen % n == index) current.compare_exchange_strong(seen, (index + 1) % n);
   }
 
   // Runs rpc(context, member) -> grpc::Status until it succeeds or `deadline` passes. Tried
@@ -112,20 +133,21 @@ struct EtcdClient::Impl {
     using std::chrono::milliseconds;
     const auto start = std::chrono::steady_clock::now();
     auto backoff = milliseconds(20);
+    const std::shared_ptr<const EtcdChannels> ch = channels_now();
     for (size_t tried = 1;; ++tried) {
       grpc::ClientContext context;
       set_deadline(context, std::min(deadline, std::chrono::steady_clock::now() + attempt));
       context.set_wait_for_ready(true);
       size_t index = 0;
       EtcdMemberChannel& m =
-          member(&index, std::min(deadline, std::chrono::steady_clock::now() + attempt));
+          member(*ch, &index, std::min(deadline, std::chrono::steady_clock::now() + attempt));
       const grpc::Status status = rpc(context, m);
       if (status.ok()) return;
       const auto now = std::chrono::steady_clock::now();
       if (!out_of_reach(status))
         fail(what, status, std::chrono::duration_cast<milliseconds>(now - start));
-      pass_over(index);
-      const bool round_done = tried % members.size() == 0;
+      pass_over(*ch, index);
+      const bool round_done = tried % ch->list.size() == 0;
       if (now + (round_done ? backoff : milliseconds(0)) >= deadline)
         fail(what, status, std::chrono::duration_cast<milliseconds>(now - start));
       if (round_done) {
