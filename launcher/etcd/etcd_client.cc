@@ -20,6 +20,8 @@ using std::chrono::steady_clock;
 // A look at the members waits this long at most: the client's owner may be ending (its
 // destructor waits for the look in flight).
 constexpr std::chrono::milliseconds kFollowCallAtMost{500};
+// Looks come no closer together than this, however often calls fail over.
+constexpr std::chrono::seconds kFollowAtMostEvery{1};
 
 // "https://1.2.3.4:2379" (a member keel started: TLS with the job's certificates),
 // "http://1.2.3.4:2379" or "1.2.3.4:2379" (plain) -> "1.2.3.4:2379"; anything else is refused
@@ -143,6 +145,13 @@ EtcdClient::EtcdClient(const std::vector<std::string>& endpoints, std::chrono::m
   }
   for (const auto& [e, with_tls] : targets) first->list.push_back(impl_->open(e, with_tls));
   impl_->channels.store(std::move(first));
+  impl_->on_pass_over = [this] {
+    {
+      std::lock_guard<std::mutex> lock(follow_mu_);
+      member_failed_ = true;
+    }
+    follow_cv_.notify_all();
+  };
   // The members of a cluster keel started are replaced as machines are lost (EtcdUpkeep), on
   // new addresses: followed here, so that a client outlives every member it was given. A
   // user's cluster is left as given (its advertised addresses may not be the ones that reach
@@ -153,17 +162,25 @@ EtcdClient::EtcdClient(const std::vector<std::string>& endpoints, std::chrono::m
 void EtcdClient::follow_members() {
   set_process_name("keel-etcd-members");  // this thread's name
   std::unique_lock<std::mutex> lock(follow_mu_);
-  while (!follow_cv_.wait_for(lock, kFollowMembersEvery, [this] { return stopping_; })) {
+  for (;;) {
+    // A look every kFollowMembersEvery, and at once when a call found a member out of reach
+    // (the one that died may have been replaced): a job's processes hold hundreds of clients,
+    // and a look each from every one every second or two kept etcd's members too busy to
+    // answer on a loaded machine.
+    follow_cv_.wait_for(lock, kFollowMembersEvery, [this] { return stopping_ || member_failed_; });
+    if (stopping_) return;
+    member_failed_ = false;
     lock.unlock();
     try {
       adopt_members(member_list_within(std::chrono::steady_clock::now() +
                                        std::min(impl_->attempt, kFollowCallAtMost)));
     } catch (const std::exception& e) {
-      // No member answered (etcd without quorum answers a member list all the same): the set
-      // stays, and the next look is a period later.
+      // No member answered: the set stays, and the next look comes after the next failure or
+      // period.
       VLOG(1) << "etcd members not followed: " << e.what();
     }
     lock.lock();
+    if (follow_cv_.wait_for(lock, kFollowAtMostEvery, [this] { return stopping_; })) return;
   }
 }
 
@@ -187,7 +204,13 @@ void EtcdClient::adopt_members(const std::vector<EtcdMemberInfo>& members) {
       next->names += (next->names.empty() ? "" : ",") + hp;
     }
   }
-  if (next->list.empty() || next->names == was->names) return;
+  // The same members in another order (etcd lists them by id) change nothing: a client keeps
+  // the member it calls.
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  if (next->list.empty() || sorted(next->endpoints) == sorted(was->endpoints)) return;
   LOG(INFO) << "etcd members now " << next->names << " (were " << was->names << ")";
   impl_->channels.store(std::move(next));
 }

@@ -195,11 +195,12 @@ class EtcdClient {
 
   // The members calls go to now: the endpoints given, or, for a cluster keel started (every
   // endpoint https://), its members as etcd listed them last (looked at every
-  // kFollowMembersEvery): a member replaced on another machine is reached on its new address,
-  // and a client outlives every member it was given.
+  // kFollowMembersEvery, and within a second of a call finding a member out of reach): a
+  // member replaced on another machine is reached on its new address, and a client outlives
+  // every member it was given.
   std::vector<std::string> endpoints() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
-  static constexpr std::chrono::seconds kFollowMembersEvery{2};
+  static constexpr std::chrono::seconds kFollowMembersEvery{10};
 
  private:
   friend class EtcdWatch;  // opens Watch streams on the same channel
@@ -216,7 +217,8 @@ class EtcdClient {
   std::thread follower_;  // follow_members, for a cluster keel started
   std::mutex follow_mu_;
   std::condition_variable follow_cv_;
-  bool stopping_ = false;  // under follow_mu_: the destructor ends the follower
+  bool stopping_ = false;       // under follow_mu_: the destructor ends the follower
+  bool member_failed_ = false;  // under follow_mu_: a call passed a member over since a look
 };
 
 }  // namespace keel

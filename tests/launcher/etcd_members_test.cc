@@ -262,16 +262,17 @@ TEST(EtcdMember, AClientFollowsItsClusterAsEveryMemberIsReplaced) {
             (s.cluster.empty() ? "" : ",") + (m.name.empty() ? s.name : m.name) + "=" + url;
     fresh.push_back(std::make_unique<EtcdMember>(s));
     fresh.back()->wait_healthy(seconds(30));
-    // The client's set takes the new member within a look or two (kFollowMembersEvery); the
-    // next replacement comes after it, as EtcdUpkeep's do (one at a time, each once etcd
-    // lists every member started: seconds apart, against a client that needs one member of
-    // its set alive).
+    // The client's set takes the new member at its next look: within a second of a call that
+    // found a member gone (the write below passes the stopped one over, when it was the one
+    // called), else within kFollowMembersEvery. The next replacement comes after it, as
+    // EtcdUpkeep's do (one at a time, each once etcd lists every member started: seconds
+    // apart, against a client that needs one member of its set alive).
     const std::string endpoint = fresh.back()->endpoint();
     auto followed = [&] {
       const std::vector<std::string> now = client.endpoints();
       return std::find(now.begin(), now.end(), endpoint) != now.end();
     };
-    const auto deadline = steady_clock::now() + 5 * EtcdClient::kFollowMembersEvery;
+    const auto deadline = steady_clock::now() + 3 * EtcdClient::kFollowMembersEvery;
     while (!followed() && steady_clock::now() < deadline)
       std::this_thread::sleep_for(milliseconds(50));
     ASSERT_TRUE(followed()) << "the client calls " << join(client.endpoints(), ",") << ", not "

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -59,6 +60,8 @@ struct EtcdClient::Impl {
   std::chrono::milliseconds attempt;  // one try of a call (call())
   std::atomic<std::shared_ptr<const EtcdChannels>> channels;
   std::atomic<size_t> current{0};  // the member calls go to until one fails
+  // Runs when a call passes a member over (the client looks at etcd's members again).
+  std::function<void()> on_pass_over;
   // What a member's channel is made with (a new member's too).
   grpc::ChannelArguments args;
   std::shared_ptr<grpc::ChannelCredentials> tls;
@@ -111,6 +114,7 @@ struct EtcdClient::Impl {
   // Member `index` of `ch` failed a call: the next one is tried (once, if several calls
   // failed on it at the same time).
   void pass_over(const EtcdChannels& ch, size_t index) {
+    if (on_pass_over) on_pass_over();
     const size_t n = ch.list.size();
     size_t seen = current.load();
     if (seen % n == index) current.compare_exchange_strong(seen, (index + 1) % n);
