@@ -214,6 +214,8 @@ void EtcdUpkeep::follow_start() {
   const double ms = std::chrono::duration<double, std::milli>(now - starting_->changed_at).count();
   LOG(WARNING) << "etcd is whole again: member " << starting_->name << " on slot "
                << starting_->slot << " runs, " << std::lround(ms) << " ms after the change";
+  // This controller's client (whose members the processes it starts are given) follows now.
+  client_->look_at_members();
   if (on_event_)
     on_event_("etcd_whole", EventFields()
                                 .add("added", starting_->name)

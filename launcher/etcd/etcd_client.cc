@@ -145,13 +145,7 @@ EtcdClient::EtcdClient(const std::vector<std::string>& endpoints, std::chrono::m
   }
   for (const auto& [e, with_tls] : targets) first->list.push_back(impl_->open(e, with_tls));
   impl_->channels.store(std::move(first));
-  impl_->on_pass_over = [this] {
-    {
-      std::lock_guard<std::mutex> lock(follow_mu_);
-      member_failed_ = true;
-    }
-    follow_cv_.notify_all();
-  };
+  impl_->on_pass_over = [this] { look_at_members(); };
   // The members of a cluster keel started are replaced as machines are lost (EtcdUpkeep), on
   // new addresses: followed here, so that a client outlives every member it was given. A
   // user's cluster is left as given (its advertised addresses may not be the ones that reach
@@ -167,9 +161,9 @@ void EtcdClient::follow_members() {
     // (the one that died may have been replaced): a job's processes hold hundreds of clients,
     // and a look each from every one every second or two kept etcd's members too busy to
     // answer on a loaded machine.
-    follow_cv_.wait_for(lock, kFollowMembersEvery, [this] { return stopping_ || member_failed_; });
+    follow_cv_.wait_for(lock, kFollowMembersEvery, [this] { return stopping_ || look_now_; });
     if (stopping_) return;
-    member_failed_ = false;
+    look_now_ = false;
     lock.unlock();
     try {
       adopt_members(member_list_within(std::chrono::steady_clock::now() +
@@ -213,6 +207,14 @@ void EtcdClient::adopt_members(const std::vector<EtcdMemberInfo>& members) {
   if (next->list.empty() || sorted(next->endpoints) == sorted(was->endpoints)) return;
   LOG(INFO) << "etcd members now " << next->names << " (were " << was->names << ")";
   impl_->channels.store(std::move(next));
+}
+
+void EtcdClient::look_at_members() {
+  {
+    std::lock_guard<std::mutex> lock(follow_mu_);
+    look_now_ = true;
+  }
+  follow_cv_.notify_all();
 }
 
 std::vector<std::string> EtcdClient::endpoints() const {

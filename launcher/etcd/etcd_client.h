@@ -199,8 +199,11 @@ class EtcdClient {
   // member replaced on another machine is reached on its new address, and a client outlives
   // every member it was given.
   std::vector<std::string> endpoints() const;
+  // Looks at etcd's members within a second (the caller changed them: EtcdUpkeep, whose
+  // client then gives the processes started next the members as they are).
+  void look_at_members();
   std::chrono::milliseconds timeout() const { return timeout_; }
-  static constexpr std::chrono::seconds kFollowMembersEvery{10};
+  static constexpr std::chrono::seconds kFollowMembersEvery{30};
 
  private:
   friend class EtcdWatch;  // opens Watch streams on the same channel
@@ -217,8 +220,8 @@ class EtcdClient {
   std::thread follower_;  // follow_members, for a cluster keel started
   std::mutex follow_mu_;
   std::condition_variable follow_cv_;
-  bool stopping_ = false;       // under follow_mu_: the destructor ends the follower
-  bool member_failed_ = false;  // under follow_mu_: a call passed a member over since a look
+  bool stopping_ = false;  // under follow_mu_: the destructor ends the follower
+  bool look_now_ = false;  // under follow_mu_: a call passed a member over, or look_at_members
 };
 
 }  // namespace keel

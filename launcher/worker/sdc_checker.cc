@@ -118,12 +118,20 @@ void SdcChecker::before_update(int64_t s, const SdcRank& r) {
   if (r.reporter) r.reporter->sdc_passed(s + 1);
   if (r.leader) {
     set_verified(*r.store, s);
+    ++uncounted_;
     try {
-      r.store->add(keys::kSdcChecks, 1);
+      r.store->add(keys::kSdcChecks, uncounted_);
+      uncounted_ = 0;
     } catch (const CommError& e) {
-      LOG(WARNING) << "sdc: check of step " << s << " not counted: " << e.what();
+      LOG(WARNING) << "sdc: check of step " << s << " counted later: " << e.what();
     }
   }
+}
+
+void SdcChecker::count_the_rest(Store& store) {
+  if (uncounted_ == 0) return;
+  store.add(keys::kSdcChecks, uncounted_);
+  uncounted_ = 0;
 }
 
 void SdcChecker::found(int64_t s, const sdc::Verdict& v, const SdcRank& r) {

@@ -77,6 +77,9 @@ class SdcChecker {
   // The step of the newest check this rank saw pass (-1: none).
   int64_t last_passed() const { return last_passed_; }
   double seconds() const { return seconds_; }
+  // Rank 0: adds to the job's count the checks a store out of reach (etcd slow or without
+  // quorum on the step path's short deadline) left uncounted; before the report reads it.
+  void count_the_rest(Store& store);
   // The checks' time as a share of the steps' (0 before any step).
   double share() const { return steps_wall_s_ > 0 ? seconds_ / steps_wall_s_ : 0; }
   // One line: what the checks compare on layout `topo` and what they cannot see; `at_rest`:
@@ -98,6 +101,7 @@ class SdcChecker {
   int64_t last_passed_ = -1;
   double seconds_ = 0;        // this rank's time in checks
   double steps_wall_s_ = 0;   // this rank's time in steps
+  int64_t uncounted_ = 0;     // rank 0: passed checks kSdcChecks does not have yet
   double before_step_s_ = 0;  // this step's recomputation, before the Trainer's clock
 };
 

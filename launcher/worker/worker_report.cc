@@ -146,6 +146,7 @@ void Worker::fill_report(RunReport* rep) {
     }
   }
   rep->set_sdc_check_every_steps(sdc_->every());
+  sdc_->count_the_rest(*store_);
   rep->set_sdc_checks(int(store_->add(keys::kSdcChecks, 0)));
   rep->set_sdc_check_seconds(sdc_->seconds());
   rep->set_sdc_check_share(sdc_->share());

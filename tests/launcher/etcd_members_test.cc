@@ -263,16 +263,17 @@ TEST(EtcdMember, AClientFollowsItsClusterAsEveryMemberIsReplaced) {
     fresh.push_back(std::make_unique<EtcdMember>(s));
     fresh.back()->wait_healthy(seconds(30));
     // The client's set takes the new member at its next look: within a second of a call that
-    // found a member gone (the write below passes the stopped one over, when it was the one
-    // called), else within kFollowMembersEvery. The next replacement comes after it, as
-    // EtcdUpkeep's do (one at a time, each once etcd lists every member started: seconds
-    // apart, against a client that needs one member of its set alive).
+    // found a member gone, or of look_at_members (EtcdUpkeep's client, once etcd is whole),
+    // else within kFollowMembersEvery. The next replacement comes after it, as EtcdUpkeep's
+    // do (one at a time, each once etcd lists every member started: seconds apart, against a
+    // client that needs one member of its set alive).
+    client.look_at_members();
     const std::string endpoint = fresh.back()->endpoint();
     auto followed = [&] {
       const std::vector<std::string> now = client.endpoints();
       return std::find(now.begin(), now.end(), endpoint) != now.end();
     };
-    const auto deadline = steady_clock::now() + 3 * EtcdClient::kFollowMembersEvery;
+    const auto deadline = steady_clock::now() + seconds(10);
     while (!followed() && steady_clock::now() < deadline)
       std::this_thread::sleep_for(milliseconds(50));
     ASSERT_TRUE(followed()) << "the client calls " << join(client.endpoints(), ",") << ", not "

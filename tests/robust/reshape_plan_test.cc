@@ -26,7 +26,9 @@ ClusterView view_of(const Topology& topo, int wps) {
   return v;
 }
 
-Failure lose_slot(const ClusterView& v, int slot) {
+// Slot `slot` lost: its link lost in `v`, as the membership shows it, and its ranks dead.
+Failure lose_slot(ClusterView& v, int slot) {
+  v.slots[slot] = SlotInfo::lost;
   Failure f;
   f.kind = FailureKind::kSlotLoss;
   f.lost_slots = {slot};
@@ -53,7 +55,7 @@ Options reshape_opts(int global_batch, bool zero1 = false) {
 
 TEST(ReshapePlan, TwoSlotsLoseOneAndTheSurvivorsTakeTheLargestLayout) {
   // The acceptance job: TP2xPP2xDP1 on 2 slots of 2 workers, slot 1 lost.
-  const ClusterView v = view_of(Topology(2, 2, 1), 2);
+  ClusterView v = view_of(Topology(2, 2, 1), 2);
   const Failure f = lose_slot(v, 1);
   const Plan p = decide(f, v, holdings(4, 50, f.dead), reshape_opts(8));
   ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
@@ -79,7 +81,7 @@ TEST(ReshapePlan, TwoSlotsLoseOneAndTheSurvivorsTakeTheLargestLayout) {
 
 TEST(ReshapePlan, AWorkerOfAKeptSlotThatDiedTooIsStartedAgain) {
   // Slot 1 lost and, in the same failure, rank 1 on slot 0 crashed.
-  const ClusterView v = view_of(Topology(2, 2, 1), 2);
+  ClusterView v = view_of(Topology(2, 2, 1), 2);
   Failure f = lose_slot(v, 1);
   f.dead.insert(1);
   Options o = reshape_opts(8);
@@ -96,7 +98,7 @@ TEST(ReshapePlan, AWorkerOfAKeptSlotThatDiedTooIsStartedAgain) {
 }
 
 TEST(ReshapePlan, ShrinkingDataParallelismComesFirstWhereItApplies) {
-  const ClusterView v = view_of(Topology(2, 2, 2), 2);
+  ClusterView v = view_of(Topology(2, 2, 2), 2);
   const Failure f = lose_slot(v, 3);
   const Plan p = decide(f, v, holdings(8, 20, f.dead), reshape_opts(8));
   ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
@@ -105,7 +107,7 @@ TEST(ReshapePlan, ShrinkingDataParallelismComesFirstWhereItApplies) {
 }
 
 TEST(ReshapePlan, ZeroOneReshapesInsteadOfShrinking) {
-  const ClusterView v = view_of(Topology(2, 2, 2), 2);
+  ClusterView v = view_of(Topology(2, 2, 2), 2);
   const Failure f = lose_slot(v, 3);
   const Plan p = decide(f, v, holdings(8, 20, f.dead), reshape_opts(8, /*zero1=*/true));
   ASSERT_EQ(p.kind, Kind::kRecover) << p.why;
@@ -126,7 +128,7 @@ TEST(ReshapePlan, ARetiredRanksCopiesGoWithIt) {
   // 2: at most DP 2, so slot 2 retires and its rank is stopped before the new ranks read.
   // Rank 2's backup lives with rank 3, which is lost: memory cannot give rank 2's shard, the
   // newest persistent checkpoint does; without one the job stops naming what was lost.
-  const ClusterView v = view_of(Topology(1, 1, 4), 1);
+  ClusterView v = view_of(Topology(1, 1, 4), 1);
   const Failure f = lose_slot(v, 3);
   ASSERT_EQ(backup_holder(v.topo, 2, false).holder, 3) << "placement changed; adjust the test";
   Options o = reshape_opts(2, /*zero1=*/true);
@@ -147,7 +149,7 @@ TEST(ReshapePlan, ARetiredRanksCopiesGoWithIt) {
 }
 
 TEST(ReshapePlan, NoLayoutFitsAndTheStopSaysWhy) {
-  const ClusterView v = view_of(Topology(2, 2, 1), 2);
+  ClusterView v = view_of(Topology(2, 2, 1), 2);
   const Failure f = lose_slot(v, 1);
   Options o = reshape_opts(8);
   o.layout_invalid = [](const Topology& t) -> std::string {
