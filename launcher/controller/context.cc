@@ -113,14 +113,23 @@ control::StacksReply ControllerContext::capture_stacks(const std::string& name) 
   return collect_stacks(*host, root + "/" + name, kStacksCaptureTimeout);
 }
 
-int64_t store_incident(const ControllerContext& ctx, const report::Incident& inc) {
+int64_t next_incident(const ControllerContext& ctx) {
+  // Only the leader writes incidents while the ranks are stopped, so the index is its own.
+  return ctx.store->add(keys::kIncidentCount, 0);
+}
+
+void count_incident(const ControllerContext& ctx, int64_t n, const report::Incident& inc) {
   // The record first, then the count: a controller killed between the two leaves a record
   // past the count, which the next leader counts (repair_incidents), never a counted
-  // incident without its record. Only the leader writes incidents, so the index is its own.
-  const int64_t n = ctx.store->add(keys::kIncidentCount, 0);
-  if (ctx.o->state) ctx.o->state->incident(n, inc);
+  // incident without its record.
   set_message(*ctx.store, keys::incident_key(n), inc);
   ctx.store->add(keys::kIncidentCount, 1);
+}
+
+int64_t store_incident(const ControllerContext& ctx, const report::Incident& inc) {
+  const int64_t n = next_incident(ctx);
+  if (ctx.o->state) ctx.o->state->incident(n, inc);
+  count_incident(ctx, n, inc);
   return n;
 }
 

@@ -69,5 +69,10 @@ struct Detected {
 // Stores `inc` as the job's next incident (incident/<n>, and in etcd's control state when the
 // job has one); returns n.
 int64_t store_incident(const ControllerContext& ctx, const report::Incident& inc);
+// Its two halves in the ranks' store, for a caller that writes etcd's copy itself (an epoch
+// transition, in its own transaction): the index the next incident takes, and `inc`
+// recorded there and counted.
+int64_t next_incident(const ControllerContext& ctx);
+void count_incident(const ControllerContext& ctx, int64_t n, const report::Incident& inc);
 
 }  // namespace keel

@@ -331,7 +331,7 @@ int64_t Controller::Impl::write_rebuild(const policy::Plan& plan, const membersh
   // behind the one the ranks were told, and it comes with the decisions' memory that chose it
   // and its incident. Only the leader writes incidents during a transition (the ranks are
   // aborted), so the count read here is the index the record takes.
-  const int64_t n = inc ? store->add(keys::kIncidentCount, 0) : -1;
+  const int64_t n = inc ? next_incident(ctx) : -1;
   if (o.state) {
     const state::JobState js = job_state();
     std::vector<std::pair<std::string, std::string>> with;
@@ -339,11 +339,7 @@ int64_t Controller::Impl::write_rebuild(const policy::Plan& plan, const membersh
     o.state->job_state(js, with);
     recorded_state = job_state_key(js);
   }
-  // The ranks' copy, record then count (repair_incidents counts a record past the count).
-  if (inc) {
-    set_message(*store, keys::incident_key(n), *inc);
-    store->add(keys::kIncidentCount, 1);
-  }
+  if (inc) count_incident(ctx, n, *inc);
   set_message(*store, keys::rebuild_key(members.epoch()), rb);
   return n;
 }

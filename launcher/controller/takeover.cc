@@ -2,7 +2,6 @@
 // or lost its lease; the job's ranks train on meanwhile. What this leader knows of the job
 // came from etcd (the spec, the Membership it restored, the store the ranks share); what only
 // the agents know (which workers run, their PIDs) comes back as each registers again.
-#include <algorithm>
 #include <chrono>
 
 #include "launcher/controller/controller_impl.h"
