@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,14 +19,58 @@ std::string source_name(membership::Source s) {
   return membership::Source_Name(s);
 }
 
-// The steps' records from the start step on, and the validation losses.
+// The witness's copies (step_copy/<S>) by step: one read where the store lists its keys,
+// else nullopt and the caller reads them one by one.
+std::optional<std::map<int64_t, report::StepRecord>> read_copies(Store& store) {
+  std::optional<Store::KeyValues> kvs = store.try_get_prefix(keys::kStepCopyPrefix);
+  if (!kvs) return std::nullopt;
+  std::map<int64_t, report::StepRecord> copies;
+  for (const auto& [key, value] : *kvs) {
+    report::StepRecord r;
+    KEEL_CHECK(r.ParseFromString(value), "the job's store: ", key, " is not a StepRecord");
+    copies[r.step()] = r;
+  }
+  return copies;
+}
+
+// Whether a later epoch restored at or before `r`'s step: `r` is then a rolled-back attempt's
+// record, and the rerun's (if any reached the store) is the step's. An incident restored when
+// its ranks said so (restored_at, read_incidents) at the step its plan named (restored_from is
+// set with it); a stop, an update or an incident lost with its leader restored nothing known.
+bool rolled_back(const report::StepRecord& r,
+                 const google::protobuf::RepeatedPtrField<report::Incident>& incidents) {
+  for (const report::Incident& inc : incidents)
+    if (inc.restored_at() > 0 && !inc.restored_from().empty() && inc.epoch() > r.epoch() &&
+        inc.restored_step() <= r.step())
+      return true;
+  return false;
+}
+
+// The newer epoch's of rank 0's record and its witness's copy (rank 0's when both are of one
+// epoch): a step run again after a rollback has a record of each attempt, and the one from
+// the attempt the job kept is what the report shows.
+std::optional<report::StepRecord> newer(std::optional<report::StepRecord> own,
+                                        std::optional<report::StepRecord> copy) {
+  if (!own || (copy && copy->epoch() > own->epoch())) return copy;
+  return own;
+}
+
+// The steps' records from the start step on, and the validation losses. `incidents` (read
+// first) tell a rolled-back attempt's record from the step's.
 JobHistory read_steps(Store& store, const config::JobConfig& cfg, bool has_val,
                       report::RunReport* rep) {
   const int64_t steps = cfg.train().steps();
   JobHistory h;
   const int64_t first = get_message<store::Step>(store, keys::kStartStep, kRecordWait).step();
   rep->set_first_step(int(first));
+  const std::optional<std::map<int64_t, report::StepRecord>> copies = read_copies(store);
+  auto copy_of = [&](int64_t s) -> std::optional<report::StepRecord> {
+    if (!copies) return try_get_message<report::StepRecord>(store, keys::step_copy_key(s));
+    const auto it = copies->find(s);
+    return it == copies->end() ? std::nullopt : std::optional(it->second);
+  };
   bool missed = false;
+  int lost = 0, superseded = 0;
   for (int64_t s = first; s < steps; ++s) {
     // Rank 0 writes its records in batches, a second apart (launcher/worker/job_record.h);
     // where a rank 0 died before its batch went out, its witness on another machine wrote
@@ -32,17 +78,22 @@ JobHistory read_steps(Store& store, const config::JobConfig& cfg, bool has_val,
     // missing record is enough: the writers flushed before the report is read, so the next
     // missing ones are looked up without waiting.
     std::optional<report::StepRecord> got =
-        try_get_message<report::StepRecord>(store, keys::step_key(s));
-    if (!got) got = try_get_message<report::StepRecord>(store, keys::step_copy_key(s));
+        newer(try_get_message<report::StepRecord>(store, keys::step_key(s)), copy_of(s));
     if (!got && !missed) {
       try {
         got = get_message<report::StepRecord>(store, keys::step_key(s),
                                               s == first ? kRecordWait : kStepRecordWait);
       } catch (const CommTimeout&) {
-        got = try_get_message<report::StepRecord>(store, keys::step_copy_key(s));
+        got = copy_of(s);
         if (!got && s == first) throw;
         missed = true;
       }
+    }
+    if (got && rolled_back(*got, rep->incidents())) {
+      got.reset();
+      superseded += 1;
+    } else if (!got) {
+      lost += 1;
     }
     report::StepRecord r;
     if (got) {
@@ -83,11 +134,19 @@ JobHistory read_steps(Store& store, const config::JobConfig& cfg, bool has_val,
       }
     }
   }
-  if (rep->steps_without_record_size() > 0)
-    rep->set_steps_without_record_why(
-        "neither rank 0's record nor its witness's copy reached the job's store: both "
-        "processes ended before writing them (their machines lost together, or every rank "
-        "restarted); the steps were trained, their numbers are not known");
+  std::string why;
+  if (lost > 0)
+    why = detail::concat(lost,
+                         " step(s): neither rank 0's record nor its witness's copy reached the "
+                         "job's store: both processes ended before writing them (their machines "
+                         "lost together, or every rank restarted); the steps were trained, their "
+                         "numbers are not known");
+  if (superseded > 0)
+    why += detail::concat(why.empty() ? "" : "; ", superseded,
+                          " step(s): only the record of an attempt a later recovery rolled back "
+                          "reached the job's store, not the rerun's (rank 0 and its witness "
+                          "ended before writing it)");
+  rep->set_steps_without_record_why(why);
   return h;
 }
 
@@ -163,6 +222,7 @@ void read_incidents(Store& store, int world, report::RunReport* rep) {
 
 JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int world, bool has_val,
                             double job_start, report::RunReport* rep) {
+  read_incidents(store, world, rep);  // first: they tell which attempt's records count
   const JobHistory h = read_steps(store, cfg, has_val, rep);
   for (double& t : *rep->mutable_step_end_s()) t -= job_start;  // NaN stays NaN
   for (int i = rep->losses_size() - 1; i >= 0; --i)
@@ -171,7 +231,6 @@ JobHistory read_job_history(Store& store, const config::JobConfig& cfg, int worl
       break;
     }
   read_ranks(store, world, rep);
-  read_incidents(store, world, rep);
   return h;
 }
 

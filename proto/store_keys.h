@@ -93,9 +93,10 @@ inline std::string step_key(int64_t step) {
   return detail::join("step/", step);
 }
 // The same record as kept by the record's witness (launcher/worker/step_witness.h), written
-// when a failure finds it missing from step/<S>: the report reads it where step/<S> is absent.
+// when a failure finds it missing from step/<S>: the report reads the newer epoch's of the two.
+inline constexpr const char* kStepCopyPrefix = "step_copy/";
 inline std::string step_copy_key(int64_t step) {
-  return detail::join("step_copy/", step);
+  return detail::join(kStepCopyPrefix, step);
 }
 // A rank's fail-slow figures at the job's end (report::RankPerf), for rank 0's report.
 inline std::string rank_perf_key(int rank) {

@@ -37,9 +37,10 @@ void JobRecord::new_epoch(int epoch) {
   first_step_in_epoch_ = true;
 }
 
-report::StepRecord JobRecord::record_of(const StepStats& st) {
+report::StepRecord JobRecord::record_of(const StepStats& st, int epoch) {
   report::StepRecord r;
   r.set_step(st.step);
+  r.set_epoch(epoch);
   r.set_loss(st.loss);
   r.set_grad_norm(st.grad_norm);
   r.set_lr(st.lr);
@@ -58,9 +59,11 @@ report::StepRecord JobRecord::record_of(const StepStats& st) {
 
 void JobRecord::step(Store& store, const StepStats& st, double model_flops_per_token,
                      const Peak& peak) {
-  batch_.emplace_back(keys::step_key(st.step), record_of(st).SerializeAsString());
+  steps_.erase(steps_.lower_bound(st.step), steps_.end());
+  steps_[st.step] = record_of(st, epoch_).SerializeAsString();
   live_step_s_ += st.wall_s;
   progress_.set_step(st.step + 1);
+  progress_.set_epoch(epoch_);
   if (supervised_) {
     const double tok_s = double(st.tokens) / st.wall_s;
     live_.set_tokens_per_s(tok_s);
@@ -73,7 +76,7 @@ void JobRecord::step(Store& store, const StepStats& st, double model_flops_per_t
     first_step_in_epoch_ = false;
     store::Time t;
     t.set_at(unix_now());
-    batch_.emplace_back(keys::first_step_key(epoch_), t.SerializeAsString());
+    others_.emplace_back(keys::first_step_key(epoch_), t.SerializeAsString());
     now = true;
   }
   if (now) flush(store);
@@ -86,8 +89,9 @@ void JobRecord::step(Store& store, const StepStats& st, double model_flops_per_t
 }
 
 void JobRecord::flush(Store& store) {
-  if (batch_.empty()) return;
-  std::vector<std::pair<std::string, std::string>> all = batch_;
+  if (steps_.empty() && others_.empty()) return;
+  std::vector<std::pair<std::string, std::string>> all = others_;
+  for (const auto& [step, record] : steps_) all.emplace_back(keys::step_key(step), record);
   all.emplace_back(keys::kProgress, progress_.SerializeAsString());
   if (supervised_) all.emplace_back(keys::kLive, live_.SerializeAsString());
   flushed_at_ = unix_now();  // a store out of reach is tried again a second later, not each step
@@ -98,7 +102,8 @@ void JobRecord::flush(Store& store) {
     LOG(WARNING) << "the steps' records wait: " << e.what();
     return;
   }
-  batch_.clear();
+  steps_.clear();
+  others_.clear();
 }
 
 bool JobRecord::retry_nonfinite(int64_t s, bool leader, const std::string& what) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,9 +40,9 @@ class JobRecord {
   // The validation loss after `steps` steps.
   static void eval(Store& store, int64_t steps, double loss);
 
-  // The record of step `st` as this rank saw it, ended now (every rank sees the same loss,
-  // gradient norm and learning rate; the times are its own).
-  static report::StepRecord record_of(const StepStats& st);
+  // The record of step `st` as this rank saw it in `epoch`, ended now (every rank sees the
+  // same loss, gradient norm and learning rate; the times are its own).
+  static report::StepRecord record_of(const StepStats& st, int epoch);
 
   // The rank is in `epoch` now: its next step is the epoch's first.
   void new_epoch(int epoch);
@@ -64,7 +65,11 @@ class JobRecord {
   bool first_step_in_epoch_ = true;
   double live_step_s_ = 0;  // time in steps so far
   double flushed_at_ = 0;   // when the batch last went to the store (unix seconds)
-  std::vector<std::pair<std::string, std::string>> batch_;  // step records, in step order
+  // The batch: step records by step (a step run again after a rollback replaces its record
+  // and drops the later ones: etcd refuses a write that names a key twice, and a rolled-back
+  // attempt's record must not land after the rerun's), and the other keys.
+  std::map<int64_t, std::string> steps_;
+  std::vector<std::pair<std::string, std::string>> others_;
   store::Step progress_;  // steps done, and the live figures, as of the newest step
   store::Live live_;
   int64_t nonfinite_retried_ = -1;

@@ -33,17 +33,22 @@ bool StepWitness::write_missing(Store& store) {
   owed_ = true;
   tried_at_ = std::chrono::steady_clock::now();
   try {
+    // Rank 0's progress covers its records of its own epoch only: a rolled-back epoch's
+    // progress (further on than the rerun, or written by a rank 0 that has died since) says
+    // nothing of the rerun's steps.
     const auto progress = try_get_message<store::Step>(store, keys::kProgress);
-    const int64_t from = progress ? progress->step() : 0;
-    while (!kept_.empty() && kept_.front().step() < from) kept_.pop_front();
     std::vector<std::pair<std::string, std::string>> kvs;
     for (const report::StepRecord& r : kept_)
-      kvs.emplace_back(keys::step_copy_key(r.step()), r.SerializeAsString());
+      if (!progress || r.epoch() != progress->epoch() || r.step() >= progress->step())
+        kvs.emplace_back(keys::step_copy_key(r.step()), r.SerializeAsString());
     if (!kvs.empty()) store.set_all(kvs);
   } catch (const CommError& e) {
     LOG(WARNING) << "the witness's copies of the steps' records wait: " << e.what();
     return false;
   }
+  // Each kept record is now in the store, rank 0's or its copy: the next failure writes the
+  // steps after this one.
+  kept_.clear();
   owed_ = false;
   return true;
 }

@@ -4,8 +4,8 @@
 // longer stretches when etcd was out of reach. Every rank computes the same loss and gradient
 // norm (one world all-reduce), so one rank on another machine keeps the same records in
 // memory; when a failure ends an epoch it writes those that rank 0's batches did not bring to
-// the store (step_copy/<S>, after the progress rank 0 recorded), and the report reads them
-// where step/<S> is missing. Nothing is written while the job trains: no etcd write per step.
+// the store (step_copy/<S>), and the report reads the newer epoch's of a step's record and
+// copy. Nothing is written while the job trains: no etcd write per step.
 #pragma once
 
 #include <chrono>
@@ -32,9 +32,10 @@ class StepWitness {
   // Step `r.step()` is done on this rank: its record is kept, and a write owed since a
   // failure is tried again (at most once a second).
   void step(Store& store, const report::StepRecord& r);
-  // An epoch ended by a failure: writes the kept records from the progress rank 0 recorded
-  // on (step_copy/<S>), one batch. Returns false when the store did not take it (etcd without
-  // quorum): the records stay kept, and the next call tries again.
+  // An epoch ended by a failure: writes the kept records that rank 0's progress does not
+  // cover (step_copy/<S>, one batch): those of another epoch than its progress's, and its
+  // epoch's from that progress on; then forgets them. Returns false when the store did not
+  // take it (etcd without quorum): the records stay kept, and the next call tries again.
   bool write_missing(Store& store);
   // Whether a write is owed since a failure (the last write_missing did not get through).
   bool owed() const { return owed_; }

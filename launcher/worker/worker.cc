@@ -390,7 +390,7 @@ void Worker::after_step(const StepStats& step_stats) {
   if (snapshots_->checkpointer() && (s + 1) % every == 0)
     snapshots_->checkpointer()->save_async(*state_);
   if (leader_) record_->step(*step_store_, st, trainer_->model_flops_per_token(), mfu_.peak());
-  if (o_.rank == witness_rank_) witness_.step(*step_store_, JobRecord::record_of(st));
+  if (o_.rank == witness_rank_) witness_.step(*step_store_, JobRecord::record_of(st, epoch()));
   if (leader_ && !o_.quiet &&
       ((s + 1) % std::max(1, cfg_.train().log_every()) == 0 || s + 1 == steps))
     print_step(st, double(st.tokens) / st.wall_s);

@@ -129,6 +129,58 @@ TEST(JobHistory, TheWitnesssCopiesFillWhatRankZeroDidNotWrite) {
   EXPECT_DOUBLE_EQ(h.kept_s, 2 * 0.5 + 3 * 0.25);
 }
 
+// Epoch 1 ran steps 0-4 and rank 0 recorded them; epoch 2 restored at step 2 (a corrupt
+// state, say: its attempt computed other numbers) and reran steps 2-3 before rank 0 died with
+// its batch: its witness's copies (epoch 2) are the steps', not rank 0's older records, and
+// step 4, which only the rolled-back attempt recorded, is a gap that says why.
+TEST(JobHistory, ARolledBackAttemptsRecordsGiveWayToTheRerunsAndAreNeverShownAlone) {
+  WaitLog store;
+  config::JobConfig cfg;
+  cfg.mutable_train()->set_steps(5);
+  set_start_step(store, 0);
+  report::StepRecord r;
+  r.set_wall_s(1);
+  r.set_epoch(1);
+  for (int s = 0; s < 5; ++s) {
+    r.set_step(s);
+    r.set_loss(100 + s);
+    store.set(keys::step_key(s), r.SerializeAsString());
+  }
+  report::Incident inc;
+  inc.set_kind("crash");
+  inc.set_epoch(2);
+  inc.set_restored_step(2);
+  inc.set_restored_from("memory");
+  set_message(store, keys::incident_key(store.add(keys::kIncidentCount, 1) - 1), inc);
+  store::Time restored;  // the ranks of epoch 2 restored
+  restored.set_at(50);
+  set_message(store, keys::restored_key(2, 0), restored);
+  report::Incident stop = inc;  // a stop's epoch: planned, no rank restored in it
+  stop.set_kind("exit");
+  stop.set_epoch(3);
+  stop.set_restored_step(-1);
+  set_message(store, keys::incident_key(store.add(keys::kIncidentCount, 1) - 1), stop);
+  r.set_epoch(2);
+  for (int s = 2; s < 4; ++s) {
+    r.set_step(s);
+    r.set_loss(s);
+    store.set(keys::step_copy_key(s), r.SerializeAsString());
+  }
+  report::RunReport rep;
+  read_job_history(store, cfg, /*world=*/1, /*has_val=*/false, /*job_start=*/0, &rep);
+  ASSERT_EQ(rep.losses_size(), 5);
+  EXPECT_EQ(rep.losses(0), 100);
+  EXPECT_EQ(rep.losses(1), 101);
+  EXPECT_EQ(rep.losses(2), 2);
+  EXPECT_EQ(rep.losses(3), 3);
+  EXPECT_TRUE(std::isnan(rep.losses(4)));
+  ASSERT_EQ(rep.steps_without_record_size(), 1);
+  EXPECT_EQ(rep.steps_without_record(0), 4);
+  EXPECT_NE(rep.steps_without_record_why().find("rolled back"), std::string::npos)
+      << rep.steps_without_record_why();
+  EXPECT_EQ(rep.final_loss(), 3);
+}
+
 // An incident's timeline and each rank's source come from the ranks' typed values: the
 // latest restore time, the first step after it, and where each rank's state came from, named
 // as the membership's Source enum names it.

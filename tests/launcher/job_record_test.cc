@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "launcher/job_history.h"
+#include "parallel/comm_error.h"
 #include "parallel/hash_store.h"
 #include "proto/store_keys.h"
 #include "proto/store_values.pb.h"
@@ -68,6 +71,47 @@ TEST(JobRecord, TheStepsOfASecondAreOneWrite) {
   EXPECT_EQ(store.batches, 2);
   for (int s = 0; s < 50; ++s) EXPECT_TRUE(store.try_get(keys::step_key(s)).has_value()) << s;
   EXPECT_EQ(try_get_message<store::Step>(store, keys::kProgress)->step(), 50);
+}
+
+// A batch that etcd would not take kept the rolled-back attempt's records; the rerun's replace
+// them and the later ones, so the next batch names each key once (etcd refuses a write that
+// names a key twice) and no rolled-back record lands after the rerun's.
+TEST(JobRecord, AStepRunAgainReplacesItsBatchedRecordAndTheLaterOnes) {
+  struct Refusing : HashStore {
+    bool refuse = true;
+    void set_all(const std::vector<std::pair<std::string, std::string>>& kvs) override {
+      if (refuse) throw CommError("no quorum");
+      std::set<std::string> seen;
+      for (const auto& [k, v] : kvs) {
+        EXPECT_TRUE(seen.insert(k).second) << k << " twice in one write";
+        HashStore::set(k, v);
+      }
+    }
+  } store;
+  JobRecord rec(/*supervised=*/true, /*job_start=*/1.0);
+  rec.new_epoch(1);
+  for (int s = 0; s < 6; ++s) rec.step(store, stats(s, 9.0), 1e6, Peak{});
+  rec.flush(store);  // refused: the records wait
+  rec.new_epoch(2);  // restored at step 3 and run again
+  for (int s = 3; s < 5; ++s) rec.step(store, stats(s, 1.0), 1e6, Peak{});
+  store.refuse = false;
+  rec.flush(store);
+  for (int s = 0; s < 3; ++s) {
+    const auto r = try_get_message<report::StepRecord>(store, keys::step_key(s));
+    ASSERT_TRUE(r) << s;
+    EXPECT_EQ(r->loss(), 9.0);
+    EXPECT_EQ(r->epoch(), 1);
+  }
+  for (int s = 3; s < 5; ++s) {
+    const auto r = try_get_message<report::StepRecord>(store, keys::step_key(s));
+    ASSERT_TRUE(r) << s;
+    EXPECT_EQ(r->loss(), 1.0);
+    EXPECT_EQ(r->epoch(), 2);
+  }
+  EXPECT_FALSE(store.try_get(keys::step_key(5)));  // the rolled-back attempt's, never written
+  const auto progress = try_get_message<store::Step>(store, keys::kProgress);
+  EXPECT_EQ(progress->step(), 5);
+  EXPECT_EQ(progress->epoch(), 2);
 }
 
 TEST(JobRecord, WithoutAControllerNoLiveFigures) {

@@ -25,11 +25,19 @@ membership::Membership placed(std::vector<int> rank_slot) {
   return m;
 }
 
-report::StepRecord record(int64_t step, double loss) {
+report::StepRecord record(int64_t step, double loss, int epoch = 0) {
   report::StepRecord r;
   r.set_step(step);
   r.set_loss(loss);
+  r.set_epoch(epoch);
   return r;
+}
+
+void set_progress(Store& store, int64_t step, int epoch) {
+  store::Step progress;
+  progress.set_step(step);
+  progress.set_epoch(epoch);
+  set_message(store, keys::kProgress, progress);
 }
 
 TEST(StepWitness, TheWitnessIsTheFirstRankOnAnotherMachine) {
@@ -49,9 +57,7 @@ TEST(StepWitness, AFailureWritesTheRecordsAfterRankZerosLastBatch) {
   StepWitness w;
   for (int s = 0; s < 10; ++s) w.step(store, record(s, 10 - s));
   EXPECT_FALSE(store.try_get(keys::step_copy_key(0)));  // nothing while the job trains
-  store::Step progress;                                 // rank 0's batches brought steps 0-6
-  progress.set_step(7);
-  set_message(store, keys::kProgress, progress);
+  set_progress(store, 7, 0);                            // rank 0's batches brought steps 0-6
   ASSERT_TRUE(w.write_missing(store));
   EXPECT_FALSE(w.owed());
   for (int s = 0; s < 7; ++s) EXPECT_FALSE(store.try_get(keys::step_copy_key(s))) << s;
@@ -70,6 +76,29 @@ TEST(StepWitness, AStepRunAgainReplacesItsRecordAndTheLaterOnes) {
   ASSERT_TRUE(w.write_missing(store));
   EXPECT_EQ(try_get_message<report::StepRecord>(store, keys::step_copy_key(3))->loss(), 2);
   EXPECT_FALSE(store.try_get(keys::step_copy_key(4)));
+  EXPECT_FALSE(store.try_get(keys::step_copy_key(5)));
+}
+
+// Epoch 1 ran to step 10 and rank 0 recorded it; epoch 2 restored at step 5 and failed at
+// step 8 before rank 0's first batch: the progress (epoch 1's) covers none of the rerun, so
+// the witness writes all of it, and what it wrote once it does not write again.
+TEST(StepWitness, ARolledBackEpochsProgressDoesNotCoverTheRerun) {
+  HashStore store;
+  StepWitness w;
+  for (int s = 0; s < 10; ++s) w.step(store, record(s, 1, /*epoch=*/1));
+  set_progress(store, 10, 1);
+  ASSERT_TRUE(w.write_missing(store));  // epoch 1 ends: rank 0 had brought all of it
+  for (int s = 0; s < 10; ++s) EXPECT_FALSE(store.try_get(keys::step_copy_key(s))) << s;
+  for (int s = 5; s < 8; ++s) w.step(store, record(s, 2, /*epoch=*/2));
+  ASSERT_TRUE(w.write_missing(store));
+  for (int s = 5; s < 8; ++s) {
+    const auto got = try_get_message<report::StepRecord>(store, keys::step_copy_key(s));
+    ASSERT_TRUE(got) << s;
+    EXPECT_EQ(got->epoch(), 2);
+    EXPECT_EQ(got->loss(), 2);
+  }
+  store.erase({keys::step_copy_key(5)}, {});
+  ASSERT_TRUE(w.write_missing(store));  // nothing kept since: nothing written
   EXPECT_FALSE(store.try_get(keys::step_copy_key(5)));
 }
 
