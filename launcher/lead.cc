@@ -69,6 +69,7 @@ int run_and_end(ControllerOptions co, AgentHost& agents, ControlServer& control,
                 std::unique_ptr<EtcdControlState>* state, EtcdUpkeep* upkeep,
                 const EtcdClient* client) {
   co.on_event = [&events](const std::string& k, const EventFields& f) { events.write(k, f); };
+  agents.set_event_sink(co.on_event);
   // It lives until the agents are shut down: the host borrows its membership.
   Controller controller(co, &agents, std::move(store), &control);
   controller.set_agent_handler(

@@ -524,6 +524,9 @@ void validate_config(const config::JobConfig& cfg, const ConfigOrigin& origin) {
   require_ms("recovery.diagnostics_timeout_ms", rc.diagnostics_timeout_ms(), 4000,
              "three group tests of at least a second each run in three quarters of it",
              /*zero_is_off=*/true);
+  require_ms("recovery.standby_wait_ms", rc.standby_wait_ms(), 10000,
+             "a standby's self-check (GEMM, golden mini-GPT, all-reduce) takes seconds: a "
+             "shorter wait gives up on a standby that was about to be ready");
   require_ms("sdc.replay_timeout_ms", cfg.sdc().replay_timeout_ms(), 5000,
              "each phase starts a worker per machine, loads the plugin and data and runs a "
              "step");

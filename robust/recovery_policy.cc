@@ -41,6 +41,13 @@ Plan wait(std::string why) {
   return p;
 }
 
+// Why a job that waited for a standby for slot `s`'s ranks stops.
+std::string no_standby_within(int s, const Options& o) {
+  return detail::concat("slot ", s, " is out and no standby was ready within ",
+                        "recovery.standby_wait_ms = ", o.recovery.standby_wait_ms(),
+                        " ms (recovery.on_no_standby = wait)");
+}
+
 // What each rank can really restore from once the plan is carried out: a restarted rank has
 // no live state, a rank moved to another slot cannot read its old slot's snapshot, and a
 // backup is gone with its holder's lost or evicted slot.
@@ -307,9 +314,11 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
           return wait(detail::concat("slot ", s, " is lost; standby slot ",
                                      *v.pending_standbys.begin(), " is checking itself"));
         if (o.recovery.on_no_standby() == config::RecoveryConfig::wait)
-          return wait(detail::concat("slot ", s,
-                                     " is lost and no standby is ready; waiting "
-                                     "(recovery.on_no_standby = wait)"));
+          return v.standby_wait_over
+                     ? stop(no_standby_within(s, o))
+                     : wait(detail::concat("slot ", s,
+                                           " is lost and no standby is ready; waiting "
+                                           "(recovery.on_no_standby = wait)"));
         return stop(detail::concat("slot ", s,
                                    " is lost and no standby is ready to take its "
                                    "ranks (recovery.mode = restart_all)"));
@@ -451,6 +460,7 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
         return rp;
       }
       case config::RecoveryConfig::wait:
+        if (v.standby_wait_over) return stop(no_standby_within(s, o));
         return wait(detail::concat("slot ", s,
                                    " is out and no standby is ready; waiting "
                                    "(recovery.on_no_standby = wait)"));

@@ -61,6 +61,9 @@ struct ClusterView {
   int controller_slot = 0;
   std::set<int> ready_standbys;    // standby slots whose self-check passed
   std::set<int> pending_standbys;  // standby slots still checking themselves
+  // The recovery has waited recovery.standby_wait_ms: it decides without a standby (pending
+  // ones are left out by the caller, and on_no_standby = wait stops with the reason).
+  bool standby_wait_over = false;
 
   bool has_slots() const { return !rank_slot.empty(); }
   int slot_of(int rank) const { return has_slots() ? rank_slot[size_t(rank)] : -1; }

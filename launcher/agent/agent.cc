@@ -461,10 +461,14 @@ void Agent::reap_workers() {
       ++it;
       continue;
     }
+    // The controller checks the slot again (or says why it cannot be made ready).
     control::Event ev;
-    ev.set_kind(control::Event::slot_error);
-    ev.set_message("standby worker " + std::to_string(it->first) +
-                   " ended: " + tail(standby_log_of(it->first), 3));
+    ev.set_kind(control::Event::standby_exit);
+    ev.set_rank(-1 - it->first);
+    ev.set_pid(it->second);
+    if (WIFEXITED(st)) ev.set_exit_code(WEXITSTATUS(st));
+    if (WIFSIGNALED(st)) ev.set_signal(WTERMSIG(st));
+    ev.set_last_lines(tail(standby_log_of(it->first), 3));
     send_event(0, ev);
     it = parked_.erase(it);
   }

@@ -186,16 +186,15 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
                 << reg.running_size() << " worker(s) running";
       return;
     }
-    const bool first_standby_check = members_->initial_standby(k) && members_->standby_gen(k) == 0;
     const JobMembership::Registered r = members_->register_slot(k);
     server_->send(identity, w);
     if (r.rejoined)
       LOG(INFO) << "slot " << k << " (" << reg.host() << ") rejoined"
                 << (r.start_check ? " as a standby" : "");
     if (r.start_check && !store_)
-      deferred_standby_.emplace_back(k, first_standby_check);
+      deferred_standby_.push_back(k);
     else if (r.start_check)
-      start_standby(k, first_standby_check);
+      start_standby(k);
     return;
   }
   if (m.has_heartbeat()) {
@@ -249,6 +248,10 @@ void AgentHost::on_message(const std::string& identity, const control::Envelope&
       x.status = wait_status(e.exit_code(), e.signal());
       x.detail = e.last_lines();
       exits_.push_back(x);
+    } else if (e.kind() == control::Event::standby_exit) {
+      const int k = e.slot();
+      if (k >= 0 && k < int(agents_.size()) && identity == agents_[size_t(k)].identity)
+        on_standby_exit(k, e);
     } else if (e.kind() == control::Event::slot_error) {
       LOG(WARNING) << "slot " << e.slot() << ": " << e.message();
     }
@@ -279,60 +282,6 @@ std::string AgentHost::refusal(const std::string& identity, const control::Regis
         " ms ago); a slot can be joined once it is taken as lost (no heartbeat for ",
         slot_timeout_.count(), " ms)");
   return "";
-}
-
-void AgentHost::start_standby(int slot, bool initial) {
-  const int gen = members_->begin_standby_check(slot);
-  const int per_slot = layout_.workers_per_slot;
-  agents_[size_t(slot)].self_check.assign(size_t(per_slot), std::nullopt);
-  // The standbys of the job's start check one all-reduce among all of them; a slot that
-  // becomes a standby later checks among its own workers.
-  const int standbys = members_->initial_standbys();
-  const int first = members_->slot_count() - standbys;
-  const int group_size = initial ? standbys * per_slot : per_slot;
-  const std::string group = initial ? detail::concat(keys::kStandbyCheckGroup, "/start")
-                                    : detail::concat(keys::kStandbyCheckGroup, "/", slot, "/", gen);
-  for (int i = 0; i < per_slot; ++i) {
-    control::Envelope m = command(control::Command::spawn);
-    control::Command* c = m.mutable_command();
-    c->set_rank(-1 - i);  // a parked worker: no rank yet
-    c->set_world(members_->world());
-    for (const auto& a : worker_argv_) c->add_args(a);
-    for (const auto& [k, v] : worker_env_) (*c->mutable_env())[k] = v;
-    with_current_etcd(c->mutable_env());
-    auto& env = *c->mutable_env();
-    env[env::kStandby] = "1";
-    env[env::kSlot] = std::to_string(slot);
-    env[env::kStandbyIndex] = std::to_string(i);
-    env[env::kStandbyGen] = std::to_string(gen);
-    env[env::kLocalWorldSize] = std::to_string(per_slot);
-    env[env::kStandbyGroup] = group;
-    env[env::kStandbyGroupSize] = std::to_string(group_size);
-    env[env::kStandbyGroupRank] = std::to_string(initial ? (slot - first) * per_slot + i : i);
-    send(slot, m);
-  }
-}
-
-void AgentHost::refresh() {
-  if (!store_) return;  // no standby has started yet (set_store)
-  for (int k = 0; k < members_->slot_count(); ++k) {
-    if (members_->state(k) != membership::SlotInfo::standby || members_->ready(k) ||
-        members_->check_failed(k))
-      continue;
-    Agent& a = agents_[size_t(k)];
-    const int gen = members_->standby_gen(k);
-    bool all_ok = !a.self_check.empty(), failed = false;
-    for (size_t i = 0; i < a.self_check.size(); ++i) {
-      if (!a.self_check[i]) {
-        if (auto c = try_get_message<store::StandbyCheck>(*store_,
-                                                          keys::standby_ready_key(k, int(i), gen)))
-          a.self_check[i] = c->ok();
-      }
-      all_ok = all_ok && a.self_check[i].value_or(false);
-      failed = failed || (a.self_check[i] && !*a.self_check[i]);
-    }
-    if (failed || all_ok) members_->standby_checked(k, gen, all_ok);
-  }
 }
 
 void AgentHost::evict(int slot) {
@@ -445,8 +394,8 @@ void AgentHost::set_store(std::shared_ptr<Store> store,
                           const std::map<std::string, std::string>& env) {
   store_ = std::move(store);
   for (const auto& [k, v] : env) worker_env_[k] = v;
-  for (const auto& [slot, initial] : deferred_standby_)
-    if (up(slot)) start_standby(slot, initial);
+  for (const int slot : deferred_standby_)
+    if (up(slot)) start_standby(slot);
   deferred_standby_.clear();
 }
 

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/controller/event_fields.h"
 #include "launcher/controller/membership.h"
 #include "launcher/controller/rank_host.h"
 #include "parallel/store.h"
@@ -71,6 +72,11 @@ class AgentHost : public RankHost {
   // with its workers running.
   void on_message(const std::string& identity, const control::Envelope& msg);
   void set_pump(std::function<void()> pump) { pump_ = std::move(pump); }
+  // Where the host records what the job's event log shows of the standbys (a slot checked
+  // again, one that cannot be made ready): the controller's ControllerOptions::on_event.
+  void set_event_sink(std::function<void(const std::string&, const EventFields&)> sink) {
+    on_event_ = std::move(sink);
+  }
 
   // Waits until every slot has registered (or `timeout` passes: false).
   bool wait_for_slots(std::chrono::milliseconds timeout, const volatile int* stop);
@@ -177,6 +183,10 @@ class AgentHost : public RankHost {
     // Per parked worker of the standby generation in force: its self-check (absent: not
     // known yet), read from the store by refresh().
     std::vector<std::optional<bool>> self_check;
+    // Standby upkeep (agent_host_standby.cc): times in a row it was checked again after a
+    // parked worker ended, and whether that reset is under way.
+    int standby_restarts = 0;
+    bool standby_restarting = false;
   };
   bool up(int slot) const { return members_->link(slot) == JobMembership::Link::kUp; }
   // Whether `slot` is among the first `candidates_` live slots (it is up).
@@ -193,7 +203,11 @@ class AgentHost : public RankHost {
   void with_current_etcd(google::protobuf::Map<std::string, std::string>* env) const;
   // Takes the plane's closed connections: each agent's closed_at, process_gone, close_grace.
   void note_closed();
-  void start_standby(int slot, bool initial);
+  // Starts `slot`'s parked workers for its next standby check generation.
+  void start_standby(int slot);
+  // A parked worker of standby `slot` ended (`e`): the slot is checked again, or said
+  // unusable (its own checks failed, or its workers keep ending).
+  void on_standby_exit(int slot, const control::Event& e);
   // Takes up what arrived on the control plane (see on_message).
   void poll_plane();
   // The command that starts etcd member `name` (data and log under the given folders; existing:
@@ -233,8 +247,9 @@ class AgentHost : public RankHost {
   std::map<int, control::Event> survey_replies_;  // slot -> snapshots event
   std::map<int, control::Event> stacks_replies_;  // slot -> stacks event
   std::map<int, control::Event> etcd_replies_;    // slot -> etcd_started event
-  // Standby slots that registered before the store was known (set_store): slot, initial.
-  std::vector<std::pair<int, bool>> deferred_standby_;
+  // Standby slots that registered before the store was known (set_store).
+  std::vector<int> deferred_standby_;
+  std::function<void(const std::string&, const EventFields&)> on_event_;  // set_event_sink
 };
 
 }  // namespace keel

@@ -20,9 +20,6 @@
 namespace keel {
 namespace {
 
-// A standby still checking itself is worth this long a wait before the policy is asked
-// again as if it were not there.
-constexpr std::chrono::seconds kStandbyCheckWait{30};
 // Between looks at the acks, and between the policy's "wait"s.
 constexpr std::chrono::milliseconds kAckPause{2};
 constexpr std::chrono::milliseconds kWaitPause{10};
@@ -146,12 +143,34 @@ std::optional<policy::Plan> Controller::Impl::decide(Detected* d,
         d->failure.lost_slots.insert(k);
         for (int r : v.ranks_on(k)) d->failure.dead.insert(r);
       }
-    if (Clock::now() - wait_start > kStandbyCheckWait) v.pending_standbys.clear();
+    // Every wait for a standby is bounded: past recovery.standby_wait_ms the policy decides
+    // without one (a standby still checking itself is left out, and on_no_standby = wait
+    // stops), and says so.
+    const auto bound = std::chrono::milliseconds(o.cfg.recovery().standby_wait_ms());
+    if (state == RunState::kWaiting && Clock::now() - wait_start > bound) {
+      v.pending_standbys.clear();
+      v.standby_wait_over = true;
+    }
     plan = policy::decide(d->failure, v, have, po);
-    if (plan.kind != policy::Plan::Kind::kWait) break;
+    if (plan.kind != policy::Plan::Kind::kWait) {
+      if (v.standby_wait_over) {
+        const std::string why = detail::concat(
+            "waited recovery.standby_wait_ms = ", bound.count(), " ms for a standby: ",
+            plan.kind == policy::Plan::Kind::kStop ? "stopping: " + plan.why : plan.action);
+        LOG(WARNING) << why;
+        ctx.event("wait_over", EventFields().add("why", why));
+      }
+      break;
+    }
     if (state != RunState::kWaiting) {
-      LOG(WARNING) << plan.why;
-      ctx.event("wait", EventFields().add("why", plan.why));
+      const bool for_standby = plan.why.find("standby") != std::string::npos;
+      const std::string why =
+          for_standby
+              ? detail::concat(plan.why, " (at most recovery.standby_wait_ms = ", bound.count(),
+                               " ms)")
+              : plan.why;
+      LOG(WARNING) << why;
+      ctx.event("wait", EventFields().add("why", why));
     }
     state = RunState::kWaiting;
     if (stopping()) return std::nullopt;

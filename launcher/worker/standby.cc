@@ -45,6 +45,7 @@ StandbyAssignment park_as_standby(Backend& backend, Precision precision,
       id.slot >= 0 && FaultInjector::machine_link_defective(*store, id.slot));
   store::StandbyCheck check;
   check.set_ok(gemm.ok && golden.ok && coll.ok);
+  check.set_machine_ok(gemm.ok && golden.ok);
   if (check.ok() && warm_up) warm_up();
   check.set_checks(gemm.message + "; " + golden.message + "; " + coll.message);
   set_message(*store, keys::standby_ready_key(id.slot, id.index, id.gen), check);

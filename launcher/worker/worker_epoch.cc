@@ -92,11 +92,14 @@ void Worker::load_epoch(const membership::Rebuild* rb) {
   snapshots_->use_holder(*store_, epoch(), comm_timeout());
   if (!rb) {
     load_start_state();
-    if (leader_) JobRecord::claim_start_step(*store_, state_->step());
     sdc_->start(sdc_rank());
   } else if (!grow) {
     restore(*rb);
   }
+  // Where the report starts, claimed once: by the first epoch's rank 0, or, when a failure
+  // ended that epoch before its rank 0 claimed it (no step was run), by the next one's at the
+  // state it restored (the start state).
+  if (leader_) JobRecord::claim_start_step(*store_, state_->step());
   if (leader_) record_->flush(*store_);  // the steps before the failure, whatever restores
   record_->new_epoch(epoch());
 }

@@ -252,6 +252,40 @@ TEST(RecoveryPolicy, NoStandbyWaitWaits) {
   EXPECT_EQ(decide(slot_loss(v, {1}), v, holdings(8, 30, {2, 3}), o).kind, Kind::kWait);
 }
 
+// Every wait for a standby is bounded: once the controller has waited
+// recovery.standby_wait_ms (standby_wait_over, pending standbys left out), on_no_standby =
+// wait stops with the bound in its reason, and a standby still checking itself gives way to
+// the configured fallback (shrink_dp here).
+TEST(RecoveryPolicy, AWaitForAStandbyEndsWithTheBoundAndTheNextChoice) {
+  ClusterView v = view_3d(0);
+  v.slots[1] = SlotInfo::lost;
+  Options o = opts();
+  o.recovery.set_on_no_standby(config::RecoveryConfig::wait);
+  o.recovery.set_standby_wait_ms(15000);
+  v.standby_wait_over = true;
+  Plan p = decide(slot_loss(v, {1}), v, holdings(8, 30, {2, 3}), o);
+  EXPECT_EQ(p.kind, Kind::kStop);
+  EXPECT_NE(p.why.find("no standby was ready within recovery.standby_wait_ms = 15000 ms"),
+            std::string::npos)
+      << p.why;
+  o.recovery.set_mode(config::RecoveryConfig::restart_all);
+  p = decide(slot_loss(v, {1}), v, holdings(8, 30, {2, 3}), o);
+  EXPECT_EQ(p.kind, Kind::kStop);
+  EXPECT_NE(p.why.find("recovery.standby_wait_ms = 15000 ms"), std::string::npos) << p.why;
+
+  ClusterView checking = view_3d(0, 1);  // one standby, still checking itself
+  checking.slots[1] = SlotInfo::lost;
+  Options shrink = opts();
+  shrink.recovery.set_on_no_standby(config::RecoveryConfig::shrink_dp);
+  ASSERT_EQ(decide(slot_loss(checking, {1}), checking, holdings(8, 30, {2, 3}), shrink).kind,
+            Kind::kWait);
+  checking.pending_standbys.clear();  // what the controller does past the bound
+  checking.standby_wait_over = true;
+  p = decide(slot_loss(checking, {1}), checking, holdings(8, 30, {2, 3}), shrink);
+  EXPECT_EQ(p.kind, Kind::kRecover) << p.why;
+  EXPECT_EQ(p.rung, PlanRung::kShrink) << p.why;
+}
+
 // Waiting for a standby (on_no_standby = wait), the lost slot's own machine comes back (joined
 // again, no workers): its ranks start there anew and the wait ends. It waited for ever before
 // (the 100-fault soak with in-job etcd: a leader killed as slot 0 was lost).
