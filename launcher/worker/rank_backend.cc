@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <thread>
 
+#include "runtime/check.h"
+#include "runtime/text.h"
+
 namespace keel {
 
 Precision config_precision(const config::JobConfig& cfg) {
@@ -11,8 +14,17 @@ Precision config_precision(const config::JobConfig& cfg) {
 }
 
 int rank_threads(const config::JobConfig& cfg, int local_world_size) {
-  if (cfg.runtime().threads() > 0) return cfg.runtime().threads();
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = cfg.runtime().threads();
+  // The config's bound holds on every machine; this one is the machine's: OpenMP threads
+  // that spin for work many to a core starve each other (1000 on 2 cores stalled the job
+  // instead of starting it).
+  if (cfg.runtime().device() == config::RuntimeConfig::cpu && threads > kMaxThreadsPerCore * cores)
+    throw InputError(detail::concat(
+        "runtime.threads = ", threads, ": this machine has ", cores, " core(s), and more than ",
+        kMaxThreadsPerCore, " threads a core stall the workers instead of training (set at most ",
+        kMaxThreadsPerCore * cores, ", or 0: one share of the cores per worker)"));
+  if (threads > 0) return threads;
   return std::max(1, cores / std::max(1, local_world_size));
 }
 

@@ -13,7 +13,11 @@ namespace keel {
 // runtime.precision as the backend's GEMM precision.
 Precision config_precision(const config::JobConfig& cfg);
 
+// The most CPU threads a worker may run per core of its machine (runtime.threads).
+inline constexpr int kMaxThreadsPerCore = 8;
+
 // CPU threads per process: runtime.threads, else the machine's cores ÷ the processes on it.
+// Throws InputError naming runtime.threads when it is past kMaxThreadsPerCore × the cores.
 int rank_threads(const config::JobConfig& cfg, int local_world_size);
 
 // runtime.device: the GPU `rank` mod `local_world_size` with CUDA, else a CPU backend of

@@ -104,6 +104,14 @@ std::optional<membership::Rebuild> Worker::setup() {
         env_.slot < 0)
       throw InputError(fault_kind_name(f.kind()) +
                        " faults need slots (machines): start the job with keel-launch");
+  // A lone keel-worker has no supervisor to find a rank that stops and end it: the fault
+  // would stall the process for good, not test a recovery.
+  for (const auto& f : plan.schedule.fault())
+    if ((f.kind() == faults::Fault::hang || f.kind() == faults::Fault::freeze) && !env_.supervised)
+      throw InputError(fault_kind_name(f.kind()) +
+                       " faults need a supervisor that finds the stopped rank and ends it "
+                       "(keel-worker --nproc, or keel-launch): this keel-worker would wait "
+                       "for ever");
   apply_membership(AppliedMembership::from_config(cfg_));
   connect_store();
   if (env_.supervised) {

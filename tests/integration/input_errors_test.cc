@@ -5,6 +5,7 @@
 // happened (the report, written after the last step, is absent).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "launcher/worker/rank_backend.h"
 #include "model/token_shards.h"
 #include "test_paths.h"
 #include "worker_harness.h"
@@ -171,6 +173,31 @@ TEST(InputErrors, ThreadsAreBounded) {
   std::string cfg = write_config(dir);
   WorkerRun r = run_worker(dir, "--config " + cfg + " --set runtime.threads=100000");
   expect_refused(r, "runtime.threads = 100000: must be at most 1024");
+}
+
+// Within the config's bound but far beyond this machine: OpenMP threads many to a core
+// stalled the worker instead of starting it (runtime.threads=1000 on 2 cores).
+TEST(InputErrors, ThreadsFarBeyondTheMachinesCoresAreRefused) {
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = kMaxThreadsPerCore * cores + 1;
+  if (threads > 1024) GTEST_SKIP() << "skipped: " << cores << " cores allow any valid count";
+  std::string dir = temp_dir("threads-machine");
+  std::string cfg = write_config(dir);
+  WorkerRun r =
+      run_worker(dir, "--config " + cfg + " --set runtime.threads=" + std::to_string(threads));
+  expect_refused(r, "runtime.threads = " + std::to_string(threads) + ": this machine has " +
+                        std::to_string(cores) + " core(s)");
+}
+
+// A lone keel-worker has no supervisor to find a stopped rank: a hang or a freeze would stall
+// it for good, so they are refused before anything starts.
+TEST(InputErrors, AHangWithoutASupervisorIsRefused) {
+  std::string dir = temp_dir("lone-hang");
+  std::string cfg = write_config(dir);
+  for (const char* kind : {"hang", "freeze"}) {
+    WorkerRun r = run_worker(dir, "--config " + cfg + " --fault " + kind + "@step=2,rank=0");
+    expect_refused(r, std::string(kind) + " faults need a supervisor");
+  }
 }
 
 TEST(InputErrors, NprocIsCheckedOnceInTheParent) {
