@@ -39,6 +39,20 @@ size_t round_up(size_t n, size_t to) {
   return (n + to - 1) / to * to;
 }
 
+// A segment keel did not make is refused, not used: keel makes every segment 0600 as the
+// job's user (O_EXCL), so one that another user owns, or that others may read or write, was
+// planted (its name is predictable: the job id is on every agent's command line) to read the
+// backups written into it or to have a state restored from it.
+void refuse_if_not_ours(int fd, const std::string& name) {
+  struct stat st {};
+  KEEL_CHECK_ERRNO(::fstat(fd, &st));
+  if (st.st_uid == ::geteuid() && (st.st_mode & 077) == 0 && S_ISREG(st.st_mode)) return;
+  throw SnapshotError(detail::concat(
+      "shared-memory segment ", name, " is refused: owned by uid ", st.st_uid, " with mode ",
+      std::oct, st.st_mode & 07777, std::dec, ", not this job's (uid ", ::geteuid(),
+      ", mode 600): another user made or opened it up; remove it if it is not theirs"));
+}
+
 std::string checked_job(const std::string& job) {
   if (job.empty() || job.find('/') != std::string::npos)
     throw InputError(detail::concat("job name \"", job, "\" must be non-empty and contain no '/'"));
@@ -223,6 +237,7 @@ std::unique_ptr<SnapshotRegion> SnapshotRegion::open_or_create(const std::string
     KEEL_CHECK_ERRNO(fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600));
   }
   ScopedFd guard{fd};
+  if (!fresh) refuse_if_not_ours(fd, name);
   struct stat st {};
   KEEL_CHECK_ERRNO(::fstat(fd, &st));
   if (!fresh && static_cast<size_t>(st.st_size) >= sizeof(Header)) {
@@ -290,6 +305,7 @@ std::unique_ptr<SnapshotRegion> SnapshotRegion::open_existing(const std::string&
     return nullptr;
   }
   ScopedFd guard{fd};
+  refuse_if_not_ours(fd, name);
   struct stat st {};
   KEEL_CHECK_ERRNO(::fstat(fd, &st));
   if (static_cast<size_t>(st.st_size) < sizeof(Header)) return nullptr;  // still being made

@@ -300,6 +300,9 @@ int lead_as_candidate(const LaunchOptions& o, const volatile sig_atomic_t* stop)
   const fs::path dir = spec.run_dir();
   std::error_code ec;
   fs::create_directories(dir / "logs", ec);
+  // Its run directory (on this machine, made now if the first leader's was elsewhere) is
+  // read by keel-ctl for the job's key: this user's alone, as the first leader made its own.
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace, ec);
   EventLog events((dir / "events.jsonl").string());
   // keel-ctl finds the job's controller here: this one now (on the machine of the run
   // directory; elsewhere the run directory is this machine's own).

@@ -70,9 +70,12 @@ JobKey JobKey::from_bytes(std::string_view bytes, const std::string& source) {
 }
 
 JobKey JobKey::load(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Never through a link, and judged on the descriptor that is read: the file is this user's
+  // own, a plain file, mode 0600 (one another user planted or can read is no secret).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0)
-    throw InputError(detail::concat("job secret ", path, ": ", std::strerror(errno),
+    throw InputError(detail::concat("job secret ", path, ": ",
+                                    errno == ELOOP ? "a link, not the file" : std::strerror(errno),
                                     " (it lives in the job's run directory, mode 0600)"));
   struct stat st {};
   std::string text(2 * kBytes + 64, '\0');
@@ -80,6 +83,11 @@ JobKey JobKey::load(const std::string& path) {
   int err = errno;
   ::close(fd);
   if (n < 0) throw InputError(detail::concat("job secret ", path, ": ", std::strerror(err)));
+  if (!S_ISREG(st.st_mode))
+    throw InputError(detail::concat("job secret ", path, ": not a plain file"));
+  if (st.st_uid != ::geteuid())
+    throw InputError(detail::concat("job secret ", path, ": owned by uid ", st.st_uid,
+                                    ", not this user (uid ", ::geteuid(), ")"));
   if (st.st_mode & 077)
     throw InputError(detail::concat("job secret ", path, ": mode ", std::oct, (st.st_mode & 0777),
                                     std::dec, " lets others read it; it must be 0600 (chmod 600 ",
@@ -89,17 +97,20 @@ JobKey JobKey::load(const std::string& path) {
 }
 
 void JobKey::save(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // A temporary of a name no one can guess, made exclusively (0600, never through a link),
+  // then renamed over `path`: a reader sees the whole secret or none.
+  std::string tmp = path + ".tmp.XXXXXX";
+  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) throw Error(detail::concat("job secret ", tmp, ": ", std::strerror(errno)));
   const std::string text = hex() + "\n";
-  // fchmod: a file that was there keeps its old mode through O_CREAT.
-  bool ok = ::fchmod(fd, 0600) == 0 &&
-            ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   int err = errno;
   ok = (::close(fd) == 0) && ok;
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0)
-    throw Error(detail::concat("job secret ", path, ": ", std::strerror(ok ? errno : err)));
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    if (ok) err = errno;
+    ::unlink(tmp.c_str());
+    throw Error(detail::concat("job secret ", path, ": ", std::strerror(err)));
+  }
 }
 
 std::string JobKey::hex() const {

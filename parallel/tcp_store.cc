@@ -87,6 +87,13 @@ struct Reader {
     pos += n;
     return buf.substr(pos - n, n);
   }
+  // A count of strings: each takes 4 bytes at least, so a count the message cannot hold is
+  // refused before anything is allocated for it (2^32 - 1 asked for 128 GiB).
+  uint32_t count_of_strings() {
+    const uint32_t n = u32();
+    if (n > (buf.size() - pos) / 4) throw Error("tcp store: a count larger than its message");
+    return n;
+  }
 };
 
 std::string join_keys(const std::vector<std::string>& keys) {
@@ -353,8 +360,10 @@ void TcpStoreServer::Impl::process(Client& c) {
     c.in.erase(0, 4 + size_t(len));
     try {
       handle(c, payload);
-    } catch (const Error&) {
-      c.dead = true;  // a malformed request: drop the client rather than guess
+    } catch (const std::exception&) {
+      // A malformed request (or one the server could not hold): drop the client rather
+      // than guess, and never let it end the server's thread, which serves the whole job.
+      c.dead = true;
     }
   }
 }
@@ -392,8 +401,8 @@ void TcpStoreServer::Impl::handle(Client& c, const std::string& payload) {
     reply(c, w);
     notify_waiters();
   } else if (op == kErase) {
-    for (uint32_t i = 0, n = r.u32(); i < n; ++i) data.erase(r.str());
-    std::vector<std::string> prefixes(r.u32());
+    for (uint32_t i = 0, n = r.count_of_strings(); i < n; ++i) data.erase(r.str());
+    std::vector<std::string> prefixes(r.count_of_strings());
     for (auto& p : prefixes) p = r.str();
     std::erase_if(data, [&](const auto& kv) {
       return std::any_of(prefixes.begin(), prefixes.end(),

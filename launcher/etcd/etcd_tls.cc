@@ -1,16 +1,21 @@
 #include "launcher/etcd/etcd_tls.h"
 
+#include <fcntl.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
 #include "runtime/check.h"
+#include "runtime/text.h"
 
 namespace keel {
 namespace {
@@ -76,12 +81,35 @@ std::string pem(EVP_PKEY* k) {
   return std::string(data, static_cast<size_t>(n));
 }
 
+// A file only this user reads, made anew: whatever was at `path` (an earlier member's file,
+// or a link planted to make keel write its key elsewhere) is removed first, and the new one is
+// created exclusively, never through a link, with mode 0600 from its first byte.
 void write_private(const std::string& path, const std::string& text) {
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) throw Error("etcd TLS: cannot write " + path + ": " + std::strerror(errno));
-  ::fchmod(fileno(f), 0600);
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) throw Error("etcd TLS: cannot write " + path);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+    throw Error("etcd TLS: cannot replace " + path + ": " + std::strerror(errno));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) throw Error("etcd TLS: cannot write " + path + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  const int e = errno;
+  if (::close(fd) != 0 || done != text.size())
+    throw Error("etcd TLS: cannot write " + path + ": " + std::strerror(e));
+}
+
+// The certificates' folder is this user's alone: a folder another user made (or a link to
+// one) at a predictable name would let it swap the files between their write and etcd's read.
+void check_private_dir(const std::string& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) throw Error("etcd TLS: " + dir + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+    throw Error(detail::concat(
+        "etcd TLS: ", dir, " is refused: ", S_ISDIR(st.st_mode) ? "" : "not a folder (a link?), ",
+        "owned by uid ", st.st_uid, ", not this user (uid ", ::geteuid(), ")"));
 }
 
 }  // namespace
@@ -118,6 +146,7 @@ EtcdTlsCerts issue_etcd_certs(const std::string& ip, const JobKey& key) {
 
 void write_etcd_certs(const EtcdTlsCerts& certs, const std::string& dir) {
   std::filesystem::create_directories(dir);
+  check_private_dir(dir);
   std::filesystem::permissions(dir, std::filesystem::perms::owner_all,
                                std::filesystem::perm_options::replace);
   write_private(dir + "/ca.pem", certs.ca_pem);

@@ -28,6 +28,9 @@ struct EtcdTlsCerts {
 EtcdTlsCerts issue_etcd_certs(const std::string& ip, const JobKey& key = process_job_key());
 
 // Writes `certs` as ca.pem, cert.pem and key.pem (mode 0600) into `dir` (created, mode 0700).
+// Each file is made anew (whatever was at its name removed first, never written through a
+// link); a `dir` that is not this user's own folder (another user's, or a link) is refused
+// with keel::Error naming it.
 void write_etcd_certs(const EtcdTlsCerts& certs, const std::string& dir);
 
 }  // namespace keel

@@ -2,10 +2,14 @@
 // checksum and fingerprint refusal, survival of the writing process, and cleanup.
 #include "ckpt/snapshot_region.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "ckpt/checksum.h"
@@ -153,6 +157,25 @@ TEST_F(SnapshotRegionTest, OtherLayoutIsRefused) {
     EXPECT_HAS(e.what(), name);
     EXPECT_HAS(e.what(), "bytes");
   }
+}
+
+// Another local user pre-creates the segment a rank will use, open to all (mode 666), to read
+// the backups written into it or plant a state: neither the writer nor a reader takes it.
+TEST_F(SnapshotRegionTest, APlantedSegmentOpenToOthersIsRefused) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::fchmod(fd, 0666), 0);
+  ASSERT_EQ(::ftruncate(fd, 1 << 20), 0);
+  ::close(fd);
+  auto a = make_state(backend.get());
+  try {
+    open_writer(*a);
+    ADD_FAILURE() << "a segment open to others was taken";
+  } catch (const SnapshotError& e) {
+    EXPECT_HAS(e.what(), name);
+    EXPECT_HAS(e.what(), "mode 666");
+  }
+  EXPECT_THROW(SnapshotRegion::open_existing(name), SnapshotError);
 }
 
 TEST_F(SnapshotRegionTest, ReadOnlyOpen) {

@@ -53,6 +53,20 @@ bool closed_by_server(int port, const std::string& bytes, size_t* answered = nul
   return false;
 }
 
+// Sends `bytes` on the connected `fd` and reports whether the server closed it within 5 s.
+bool closed_by_server_after(int fd, const std::string& bytes) {
+  std::string err;
+  detail::send_all(fd, bytes.data(), bytes.size(), Clock::now() + 5s, &err);
+  char buf[4096];
+  const auto deadline = Clock::now() + 5s;
+  while (Clock::now() < deadline) {
+    ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
 TEST(PeerAuth, SameKeyPassesOtherKeyPurposeOrEpochIsRefused) {
   const JobKey job = JobKey::generate(), other = JobKey::generate();
   struct Case {
@@ -113,6 +127,39 @@ TEST(PeerAuth, KeyFileIsPrivateAndRoundTrips) {
   std::filesystem::remove_all(dir);
 }
 
+// A secret planted where keel reads it: a link to a file the intruder controls, or (with the
+// right to give files away, as root here) a file owned by another user: both refused by name;
+// and saving over a planted link replaces the link, never writes through it.
+TEST(PeerAuth, APlantedSecretIsRefusedAndSavingNeverWritesThroughALink) {
+  const std::string dir = ::testing::TempDir() + "keel-key-planted-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string theirs = dir + "/theirs", path = dir + "/secret";
+  const JobKey k = JobKey::generate();
+  k.save(theirs);
+  std::filesystem::create_symlink(theirs, path);
+  try {
+    JobKey::load(path);
+    ADD_FAILURE() << "a secret read through a link";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("a link"), std::string::npos) << e.what();
+  }
+  const JobKey mine = JobKey::generate();
+  mine.save(path);
+  EXPECT_FALSE(std::filesystem::is_symlink(path));
+  EXPECT_TRUE(JobKey::load(theirs) == k) << "the link's target was written";
+  EXPECT_TRUE(JobKey::load(path) == mine);
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
+    try {
+      JobKey::load(path);
+      ADD_FAILURE() << "another user's secret was taken";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("owned by uid 65534"), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // The rendezvous store: intruders are closed and counted, a client of another job is refused
 // with a clear error, and the job's own client is served throughout.
 TEST(PeerAuth, StoreRefusesIntrudersAndServesTheJob) {
@@ -145,6 +192,26 @@ TEST(PeerAuth, StoreRefusesIntrudersAndServesTheJob) {
     EXPECT_NE(std::string(e.what()).find("does not hold this job's key"), std::string::npos)
         << e.what();
   }
+  EXPECT_EQ(store.get("weights", 1s), "job data");
+  TcpStore again(kHost, server.port());
+  EXPECT_EQ(again.get("weights", 1s), "job data");
+}
+
+// A peer that holds the job's key (a buggy or compromised rank) asks the store to erase 0 keys
+// and then 2^32 - 1 prefixes, in a message of a few bytes: that connection is dropped, before
+// anything is allocated for the count (128 GiB: the bad_alloc ended the store's thread, and
+// with it the job), and the job's own client is served throughout.
+TEST(PeerAuth, AKeyedPeersImpossibleCountDropsOnlyItsConnection) {
+  TcpStoreServer server(kHost, 0);
+  TcpStore store(kHost, server.port());
+  store.set("weights", "job data");
+  Fd fd = raw_connect(server.port());
+  authenticate_to_server(fd.get(), {"store", 0}, Clock::now() + 5s, "a keyed peer");
+  // A frame: its length, then the erase op, 0 keys, 2^32 - 1 prefixes.
+  const std::string payload = std::string("\x05", 1) + std::string(4, '\0') + "\xff\xff\xff\xff";
+  std::string frame(4, '\0');
+  frame[0] = char(payload.size());
+  EXPECT_TRUE(closed_by_server_after(fd.get(), frame + payload));
   EXPECT_EQ(store.get("weights", 1s), "job data");
   TcpStore again(kHost, server.port());
   EXPECT_EQ(again.get("weights", 1s), "job data");
