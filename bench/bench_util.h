@@ -4,9 +4,12 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <fcntl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -38,10 +41,27 @@ inline std::string random_shards(const std::string& dir) {
   return dir + "/train_*.bin";
 }
 
-// A file's whole text; "" if it cannot be read (not there yet, or gone).
+// A file's whole text; "" if it cannot be read (not there yet, or gone). Plain read(2), not a
+// stream: a /proc file of a process that ends between open and read fails the read with
+// ESRCH, which libstdc++'s filebuf throws as an exception whatever the stream's mask (it
+// ended a soak once).
 inline std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      text.clear();
+      break;
+    }
+    if (n == 0) break;
+    text.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return text;
 }
 
 // Reads a --report JSON file into `r`; false if it is missing or not a report.
