@@ -41,6 +41,14 @@ Plan wait(std::string why) {
   return p;
 }
 
+// A wait for a standby: bounded by recovery.standby_wait_ms (the controller then decides
+// again with standby_wait_over).
+Plan wait_for_standby(std::string why) {
+  Plan p = wait(std::move(why));
+  p.waits_for_standby = true;
+  return p;
+}
+
 // Why a job that waited for a standby for slot `s`'s ranks stops.
 std::string no_standby_within(int s, const Options& o) {
   return detail::concat("slot ", s, " is out and no standby was ready within ",
@@ -310,15 +318,16 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
     std::set<int> free = v.ready_standbys;
     for (int s : lost_slots) {
       if (free.empty()) {
-        if (!v.pending_standbys.empty())
-          return wait(detail::concat("slot ", s, " is lost; standby slot ",
-                                     *v.pending_standbys.begin(), " is checking itself"));
+        if (!v.pending_standbys.empty() && !v.standby_wait_over)
+          return wait_for_standby(detail::concat("slot ", s, " is lost; standby slot ",
+                                                 *v.pending_standbys.begin(),
+                                                 " is checking itself"));
         if (o.recovery.on_no_standby() == config::RecoveryConfig::wait)
           return v.standby_wait_over
                      ? stop(no_standby_within(s, o))
-                     : wait(detail::concat("slot ", s,
-                                           " is lost and no standby is ready; waiting "
-                                           "(recovery.on_no_standby = wait)"));
+                     : wait_for_standby(detail::concat("slot ", s,
+                                                       " is lost and no standby is ready; waiting "
+                                                       "(recovery.on_no_standby = wait)"));
         return stop(detail::concat("slot ", s,
                                    " is lost and no standby is ready to take its "
                                    "ranks (recovery.mode = restart_all)"));
@@ -425,9 +434,10 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
       free.erase(free.begin());
       continue;
     }
-    if (!v.pending_standbys.empty())
-      return wait(detail::concat("slot ", s, " is out; standby slot ", *v.pending_standbys.begin(),
-                                 " is still checking itself"));
+    if (!v.pending_standbys.empty() && !v.standby_wait_over)
+      return wait_for_standby(detail::concat("slot ", s, " is out; standby slot ",
+                                             *v.pending_standbys.begin(),
+                                             " is still checking itself"));
     switch (o.recovery.on_no_standby()) {
       case config::RecoveryConfig::shrink_dp: {
         Plan sp = shrink(restart, v, have, o, evict);
@@ -461,9 +471,9 @@ Plan decide(const Failure& f, const ClusterView& v, const std::map<int, Holdings
       }
       case config::RecoveryConfig::wait:
         if (v.standby_wait_over) return stop(no_standby_within(s, o));
-        return wait(detail::concat("slot ", s,
-                                   " is out and no standby is ready; waiting "
-                                   "(recovery.on_no_standby = wait)"));
+        return wait_for_standby(detail::concat("slot ", s,
+                                               " is out and no standby is ready; waiting "
+                                               "(recovery.on_no_standby = wait)"));
       default:
         return stop(detail::concat("slot ", s,
                                    " is out and no standby is ready; "

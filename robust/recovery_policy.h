@@ -62,7 +62,7 @@ struct ClusterView {
   std::set<int> ready_standbys;    // standby slots whose self-check passed
   std::set<int> pending_standbys;  // standby slots still checking themselves
   // The recovery has waited recovery.standby_wait_ms: it decides without a standby (pending
-  // ones are left out by the caller, and on_no_standby = wait stops with the reason).
+  // ones are left out, and on_no_standby = wait stops with the reason).
   bool standby_wait_over = false;
 
   bool has_slots() const { return !rank_slot.empty(); }
@@ -157,6 +157,9 @@ struct Plan {
     kStop,     // the job must stop (`why` says why)
   };
   Kind kind = Kind::kRecover;
+  // kWait: for a standby (one still checking itself, or on_no_standby = wait), which
+  // recovery.standby_wait_ms bounds; else for a lost slot's return (on_slot_loss = wait).
+  bool waits_for_standby = false;
   PlanRung rung = PlanRung::kReattempt;  // the incident's `rung` is plan_rung_name(rung)
   std::string why;                       // one line: why this rung
   std::string action;                    // one line for the incident

@@ -4,6 +4,7 @@
 // fresh check of its slot (its agent resets it, the slot registers and is checked anew), a few
 // times in a row at most, and a slot that cannot be made ready says why in the event log.
 #include <string>
+#include <utility>
 
 #include "launcher/controller/agent_host.h"
 #include "launcher/job_env.h"
@@ -45,15 +46,16 @@ void AgentHost::start_standby(int slot) {
     for (const auto& arg : worker_argv_) c->add_args(arg);
     for (const auto& [k, v] : worker_env_) (*c->mutable_env())[k] = v;
     with_current_etcd(c->mutable_env());
-    auto& env = *c->mutable_env();
-    env[env::kStandby] = "1";
-    env[env::kSlot] = std::to_string(slot);
-    env[env::kStandbyIndex] = std::to_string(i);
-    env[env::kStandbyGen] = std::to_string(gen);
-    env[env::kLocalWorldSize] = std::to_string(per_slot);
-    env[env::kStandbyGroup] = group;
-    env[env::kStandbyGroupSize] = std::to_string(per_slot);
-    env[env::kStandbyGroupRank] = std::to_string(i);
+    const std::pair<const char*, std::string> standby_env[] = {
+        {env::kStandby, "1"},
+        {env::kSlot, std::to_string(slot)},
+        {env::kStandbyIndex, std::to_string(i)},
+        {env::kStandbyGen, std::to_string(gen)},
+        {env::kLocalWorldSize, std::to_string(per_slot)},
+        {env::kStandbyGroup, group},
+        {env::kStandbyGroupSize, std::to_string(per_slot)},
+        {env::kStandbyGroupRank, std::to_string(i)}};
+    for (const auto& [k, v] : standby_env) (*c->mutable_env())[k] = v;
     send(slot, m);
   }
 }
@@ -61,10 +63,11 @@ void AgentHost::start_standby(int slot) {
 void AgentHost::refresh() {
   if (!store_) return;  // no standby has started yet (set_store)
   for (int k = 0; k < members_->slot_count(); ++k) {
-    if (members_->state(k) != membership::SlotInfo::standby || members_->ready(k) ||
-        members_->check_failed(k))
-      continue;
     Agent& a = agents_[size_t(k)];
+    // A slot checked again (its worker ended) has only the old generation's results to read.
+    if (members_->state(k) != membership::SlotInfo::standby || members_->ready(k) ||
+        members_->check_failed(k) || a.standby_restarting)
+      continue;
     const int gen = members_->standby_gen(k);
     bool all_ok = !a.self_check.empty(), failed = false;
     for (size_t i = 0; i < a.self_check.size(); ++i) {
@@ -76,8 +79,6 @@ void AgentHost::refresh() {
       all_ok = all_ok && a.self_check[i].value_or(false);
       failed = failed || (a.self_check[i] && !*a.self_check[i]);
     }
-    // A check that failed while the slot is checked again (its worker ended) is the old one's.
-    if (a.standby_restarting) continue;
     if (all_ok) a.standby_restarts = 0;
     if (failed || all_ok) members_->standby_checked(k, gen, all_ok);
   }

@@ -147,10 +147,7 @@ std::optional<policy::Plan> Controller::Impl::decide(Detected* d,
     // without one (a standby still checking itself is left out, and on_no_standby = wait
     // stops), and says so.
     const auto bound = std::chrono::milliseconds(o.cfg.recovery().standby_wait_ms());
-    if (state == RunState::kWaiting && Clock::now() - wait_start > bound) {
-      v.pending_standbys.clear();
-      v.standby_wait_over = true;
-    }
+    v.standby_wait_over = state == RunState::kWaiting && Clock::now() - wait_start > bound;
     plan = policy::decide(d->failure, v, have, po);
     if (plan.kind != policy::Plan::Kind::kWait) {
       if (v.standby_wait_over) {
@@ -163,9 +160,8 @@ std::optional<policy::Plan> Controller::Impl::decide(Detected* d,
       break;
     }
     if (state != RunState::kWaiting) {
-      const bool for_standby = plan.why.find("standby") != std::string::npos;
       const std::string why =
-          for_standby
+          plan.waits_for_standby
               ? detail::concat(plan.why, " (at most recovery.standby_wait_ms = ", bound.count(),
                                " ms)")
               : plan.why;

@@ -638,11 +638,11 @@ void EtcdClient::member_remove(uint64_t id) {
   const grpc::Status s = impl_->member(*ch, &index, steady_clock::now() + impl_->attempt)
                              .cluster->MemberRemove(&c, req, &resp);
   if (!s.ok()) {
-    if (Impl::out_of_reach(s)) impl_->pass_over(*ch, index);
-    // A member asked to remove itself stops as it applies the change, and may answer "server
-    // stopped" instead of the response: the removal went through if the others list it no
-    // more (asked through them: this one was passed over).
     if (Impl::out_of_reach(s)) {
+      impl_->pass_over(*ch, index);
+      // A member asked to remove itself stops as it applies the change, and may answer
+      // "server stopped" instead of the response: the removal went through if the others list
+      // it no more (asked through them: this one was passed over).
       try {
         const std::vector<EtcdMemberInfo> now = member_list();
         if (std::none_of(now.begin(), now.end(),

@@ -117,7 +117,8 @@ TEST(KeelBenchSoak, HundredFaultsLoseNothing) {
   EXPECT_EQ(rep.steps_completed(), rep.steps());
   // Every step's record in the report (issue 45). Each loss the fault-free run's is counted
   // (losses_not_the_references) but not asserted yet: once in three runs a recovery at the
-  // job's very end left its last steps' losses different from the reference's (issue 45).
+  // job's very end left its last steps' losses different from the reference's (a rolled-back
+  // attempt's records; fixed since, to be asserted once runs confirm it).
   EXPECT_EQ(rep.steps_without_record(), 0) << log;
   if (rep.losses_not_the_references() > 0)
     std::printf("losses that differ from the fault-free run's: %d\n",
